@@ -1,0 +1,15 @@
+//! Compiles `proto/switchyard/v1/switchyard.proto` with the pure-Rust `protox`
+//! compiler (no system `protoc` needed) and writes the descriptor set that the
+//! server hands to gRPC reflection.
+
+use prost::Message;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "proto/switchyard/v1/switchyard.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let fds = protox::compile([proto], ["proto"])?;
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out.join("switchyard_descriptor.bin"), fds.encode_to_vec())?;
+    tonic_prost_build::configure().compile_fds(fds)?;
+    Ok(())
+}

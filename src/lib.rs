@@ -1,0 +1,14 @@
+//! Switchyard: a resilient gRPC router in front of LLM providers.
+
+pub mod mock;
+pub mod policy;
+pub mod upstream;
+
+/// Generated gRPC types and services for `switchyard.v1`.
+pub mod proto {
+    #![allow(clippy::all, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    tonic::include_proto!("switchyard.v1");
+    /// Encoded descriptor set for server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("switchyard_descriptor");
+}
