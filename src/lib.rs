@@ -1,7 +1,15 @@
 //! Switchyard: a resilient gRPC router in front of LLM providers.
 
+pub mod actors;
+pub mod api;
+pub mod app;
+pub mod attempt;
+pub mod config;
+pub mod dispatch;
+pub mod error;
 pub mod mock;
 pub mod policy;
+pub mod sink;
 pub mod upstream;
 
 /// Generated gRPC types and services for `switchyard.v1`.

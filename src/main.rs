@@ -1,1 +1,230 @@
-fn main() {}
+//! The `switchyard` command: `serve`, `check-config` and `mock-upstream`.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use switchyard::config::{Config, LogFormat};
+use switchyard::mock::{self, MockArgs, MockKind};
+
+#[derive(Parser)]
+#[command(name = "switchyard", version, about = "Resilient gRPC router in front of LLM providers")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the gRPC router. Without --config: real providers for whichever of
+    /// OPENAI_API_KEY / ANTHROPIC_API_KEY is set, built-in mock upstreams otherwise.
+    Serve(ServeArgs),
+    /// Validate a config file; prints the first error (with its dotted path) and exits non-zero.
+    CheckConfig {
+        /// The TOML file.
+        file: PathBuf,
+    },
+    /// Run a fault-injecting OpenAI/Anthropic-compatible upstream for tests and drills.
+    MockUpstream(MockArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// TOML config file.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Override `server.grpc_listen`.
+    #[arg(long)]
+    grpc_listen: Option<SocketAddr>,
+    /// Override `server.admin_listen`.
+    #[arg(long)]
+    admin_listen: Option<SocketAddr>,
+    /// Override `server.log_format`.
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Pretty => builder.init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command {
+        Command::CheckConfig { file } => check_config(&file),
+        Command::MockUpstream(args) => {
+            init_logging(LogFormat::Pretty);
+            match runtime.block_on(mock::run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: mock-upstream: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Serve(args) => runtime.block_on(serve(args)),
+    }
+}
+
+fn check_config(file: &std::path::Path) -> ExitCode {
+    match Config::load(file) {
+        Ok(config) => {
+            for (path, env) in config.missing_env() {
+                println!("warning: {path}: environment variable {env} is not set here");
+            }
+            println!(
+                "{}: ok ({} providers, {} routes)",
+                file.display(),
+                config.providers.len(),
+                config.routes.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {}: {e}", file.display());
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> ExitCode {
+    let mut mocks = Vec::new();
+    let mut config = match &args.config {
+        Some(path) => match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+        None => {
+            let mut urls = [None, None];
+            for (i, (env, kind)) in [("OPENAI_API_KEY", MockKind::Openai), ("ANTHROPIC_API_KEY", MockKind::Anthropic)]
+                .into_iter()
+                .enumerate()
+            {
+                if std::env::var_os(env).is_some() {
+                    continue;
+                }
+                match mock::start(builtin_mock_args(kind)).await {
+                    Ok(handle) => {
+                        urls[i] = Some(handle.base_url());
+                        mocks.push(handle);
+                    }
+                    Err(e) => {
+                        eprintln!("error: cannot start the built-in mock upstream: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
+            Config::builtin(urls[0].as_deref(), urls[1].as_deref())
+        }
+    };
+    if let Some(a) = args.grpc_listen {
+        config.server.grpc_listen = a;
+    }
+    if let Some(a) = args.admin_listen {
+        config.server.admin_listen = a;
+    }
+    if let Some(f) = args.log_format {
+        config.server.log_format = f;
+    }
+    init_logging(config.server.log_format);
+    if args.config.is_none() {
+        if mocks.is_empty() {
+            tracing::info!("no --config: routing `chat` to OpenAI and Anthropic with the keys from the environment");
+        } else {
+            for (m, p) in mocks.iter().zip(config.providers.iter().filter(|p| p.api_key_env.is_none())) {
+                tracing::warn!(
+                    provider = %p.id,
+                    url = %m.base_url(),
+                    "no API key in the environment: provider `{}` is a BUILT-IN MOCK upstream serving canned text",
+                    p.id
+                );
+            }
+        }
+    }
+    for (path, env) in config.missing_env() {
+        eprintln!("error: {path}: environment variable {env} is not set");
+        return ExitCode::from(2);
+    }
+
+    let mut running = match switchyard::app::start(config).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "switchyard serving grpc={} admin={}",
+        running.grpc_addr, running.admin_addr
+    );
+    let _ = std::io::stdout().flush();
+    tracing::info!(grpc = %running.grpc_addr, admin = %running.admin_addr, "serving");
+
+    let code = tokio::select! {
+        _ = shutdown_signal() => ExitCode::SUCCESS,
+        _ = running.supervisor_exited() => {
+            tracing::error!("the actor supervisor stopped; exiting");
+            ExitCode::FAILURE
+        }
+    };
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    for m in mocks {
+        m.shutdown().await;
+    }
+    code
+}
+
+fn builtin_mock_args(kind: MockKind) -> MockArgs {
+    MockArgs {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        kind,
+        tokens: 24,
+        token_delay_ms: 20,
+        fault: None,
+        max_concurrency: 0,
+        seed: 0,
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,280 @@
+//! The supervisor: spawns one provider actor per provider and the router
+//! actor, linked to itself, and restarts any that fails (ractor has no restart
+//! strategy of its own). A restarted actor gets the same shared runtime, so no
+//! permit is lost, and its new reference is swapped into the [`Registry`].
+//! Restarts are capped per window; past the cap the supervisor fails, and the
+//! process exits so the orchestrator can start a clean one.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use tokio::time::{Duration, Instant};
+
+use super::provider::{ProviderActor, ProviderRuntime};
+use super::registry::{ProviderEntry, Registry};
+use super::router::RouterActor;
+use crate::config::Config;
+
+/// Restarts allowed per child within [`RESTART_WINDOW`].
+pub const MAX_RESTARTS: usize = 10;
+pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+/// What the supervisor starts with.
+pub struct SupervisorArgs {
+    pub config: Arc<Config>,
+    pub registry: Arc<Registry>,
+    /// Runtimes by provider id, built before start so key errors surface early.
+    pub runtimes: HashMap<String, Arc<ProviderRuntime>>,
+}
+
+/// Which child a linked actor is, and how to start it again.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum ChildSpec {
+    Provider(String),
+    Router,
+}
+
+pub enum SupervisorMsg {}
+
+pub struct Supervisor;
+
+/// Mutable state of the supervisor.
+pub struct SupervisorState {
+    /// Current config (the router is restarted with it).
+    config: Arc<Config>,
+    /// Where request tasks find the current references.
+    registry: Arc<Registry>,
+    /// Provider runtimes by id; they outlive actor incarnations.
+    runtimes: HashMap<String, Arc<ProviderRuntime>>,
+    /// Live children by actor id.
+    children: HashMap<ActorId, ChildSpec>,
+    /// Recent restarts per child, for the restart cap.
+    restarts: HashMap<ChildSpec, RestartLog>,
+}
+
+/// Restart times of one child within the window: a pure policy struct.
+#[derive(Debug, Default)]
+struct RestartLog(VecDeque<Instant>);
+
+impl RestartLog {
+    /// Records a restart at `now`; `false` once the cap is exceeded.
+    fn allow(&mut self, now: Instant) -> bool {
+        while self.0.front().is_some_and(|t| now.duration_since(*t) > RESTART_WINDOW) {
+            self.0.pop_front();
+        }
+        self.0.push_back(now);
+        self.0.len() <= MAX_RESTARTS
+    }
+}
+
+impl SupervisorState {
+    async fn start_child(&mut self, spec: ChildSpec, supervisor: ActorCell) -> Result<(), ActorProcessingErr> {
+        let id = match &spec {
+            ChildSpec::Provider(pid) => {
+                let runtime = self
+                    .runtimes
+                    .get(pid)
+                    .cloned()
+                    .ok_or_else(|| format!("no runtime for provider {pid}"))?;
+                let (actor, _) = Actor::spawn_linked(None, ProviderActor, runtime.clone(), supervisor).await?;
+                self.registry.set_provider(pid, ProviderEntry { actor: actor.clone(), runtime });
+                actor.get_id()
+            }
+            ChildSpec::Router => {
+                let (actor, _) = Actor::spawn_linked(None, RouterActor, self.config.clone(), supervisor).await?;
+                self.registry.set_router(actor.clone());
+                actor.get_id()
+            }
+        };
+        self.children.insert(id, spec);
+        Ok(())
+    }
+
+    /// Records a restart; `false` once the child exceeded its cap.
+    fn allow_restart(&mut self, spec: &ChildSpec, now: Instant) -> bool {
+        self.restarts.entry(spec.clone()).or_default().allow(now)
+    }
+}
+
+impl Actor for Supervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let mut state = SupervisorState {
+            config: args.config,
+            registry: args.registry,
+            runtimes: args.runtimes,
+            children: HashMap::new(),
+            restarts: HashMap::new(),
+        };
+        let mut ids: Vec<String> = state.runtimes.keys().cloned().collect();
+        ids.sort();
+        for id in ids {
+            state.start_child(ChildSpec::Provider(id), myself.get_cell()).await?;
+        }
+        state.start_child(ChildSpec::Router, myself.get_cell()).await?;
+        Ok(state)
+    }
+
+    async fn post_stop(&self, _myself: ActorRef<Self::Msg>, state: &mut Self::State) -> Result<(), ActorProcessingErr> {
+        for entry in state.registry.providers() {
+            entry.actor.stop(None);
+        }
+        if let Some(router) = state.registry.router() {
+            router.stop(None);
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, why) = match event {
+            SupervisionEvent::ActorFailed(cell, err) => (cell, format!("failed: {err}")),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                (cell, format!("terminated: {}", reason.unwrap_or_else(|| "stopped".into())))
+            }
+            _ => return Ok(()),
+        };
+        let Some(spec) = state.children.remove(&cell.get_id()) else {
+            return Ok(());
+        };
+        if !state.allow_restart(&spec, Instant::now()) {
+            tracing::error!(child = ?spec, "restart cap reached ({MAX_RESTARTS} in {RESTART_WINDOW:?}); giving up");
+            return Err(format!("child {spec:?} restarted too often").into());
+        }
+        tracing::warn!(child = ?spec, %why, "actor exited; restarting it");
+        state.start_child(spec, myself.get_cell()).await
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::actors::provider::{ProviderMsg, TrafficClass};
+    use ractor::rpc::CallResult;
+
+    fn config() -> Arc<Config> {
+        Arc::new(
+            Config::from_toml_str(
+                r#"
+[[providers]]
+id = "a"
+kind = "openai"
+base_url = "http://127.0.0.1:9/v1"
+max_concurrency = 2
+failover_max_concurrency = 1
+  [[providers.models]]
+  name = "m"
+[[routes]]
+name = "r"
+targets = ["a/m"]
+"#,
+            )
+            .unwrap(),
+        )
+    }
+
+    async fn start() -> (ActorRef<SupervisorMsg>, Arc<Registry>) {
+        let config = config();
+        let registry = Arc::new(Registry::default());
+        let runtimes = config
+            .providers
+            .iter()
+            .map(|p| (p.id.clone(), Arc::new(ProviderRuntime::new(p).unwrap())))
+            .collect();
+        let (sup, _) = Actor::spawn(
+            None,
+            Supervisor,
+            SupervisorArgs { config, registry: registry.clone(), runtimes },
+        )
+        .await
+        .unwrap();
+        (sup, registry)
+    }
+
+    async fn admit(registry: &Registry, class: TrafficClass) -> Option<crate::actors::provider::Permit> {
+        let entry = registry.provider("a").unwrap();
+        match entry
+            .actor
+            .call(|reply| ProviderMsg::Admit { model: "m".into(), class, reply }, Some(CALL))
+            .await
+            .unwrap()
+        {
+            CallResult::Success(r) => r.ok(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    const CALL: Duration = Duration::from_secs(2);
+
+    async fn wait_for_new_incarnation(registry: &Registry, old: ActorId) {
+        for _ in 0..1000 {
+            if registry.provider("a").unwrap().actor.get_id() != old {
+                return;
+            }
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("provider actor was not restarted");
+    }
+
+    #[tokio::test]
+    async fn crashed_provider_is_restarted_and_keeps_its_permits() {
+        let (sup, registry) = start().await;
+        let held = admit(&registry, TrafficClass::Failover).await.expect("first permit");
+        let old = registry.provider("a").unwrap();
+        assert_eq!(old.runtime.in_flight(), 1);
+
+        old.actor.cast(ProviderMsg::Crash).unwrap();
+        wait_for_new_incarnation(&registry, old.actor.get_id()).await;
+
+        // The permit taken before the crash still counts against both ceilings.
+        assert_eq!(old.runtime.in_flight(), 1);
+        assert!(admit(&registry, TrafficClass::Failover).await.is_none(), "failover ceiling is 1");
+        let own = admit(&registry, TrafficClass::Own).await.expect("own traffic still has room");
+        assert!(admit(&registry, TrafficClass::Own).await.is_none(), "total ceiling is 2");
+        drop(held);
+        drop(own);
+        assert_eq!(old.runtime.in_flight(), 0, "no permit leaked across the restart");
+        assert!(admit(&registry, TrafficClass::Failover).await.is_some());
+        sup.stop(None);
+    }
+
+    #[tokio::test]
+    async fn killed_router_is_restarted() {
+        let (sup, registry) = start().await;
+        let old = registry.router().unwrap();
+        old.kill();
+        for _ in 0..1000 {
+            if registry.router().unwrap().get_id() != old.get_id() {
+                sup.stop(None);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("router actor was not restarted");
+    }
+
+    #[test]
+    fn restart_cap_counts_within_the_window() {
+        let mut log = RestartLog::default();
+        let now = Instant::now();
+        for _ in 0..MAX_RESTARTS {
+            assert!(log.allow(now));
+        }
+        assert!(!log.allow(now), "one restart past the cap within a window is refused");
+        assert!(log.allow(now + RESTART_WINDOW + Duration::from_secs(1)), "the window moves on");
+    }
+}

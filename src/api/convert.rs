@@ -1,0 +1,365 @@
+//! Conversions between the gRPC messages and the internal request and event
+//! types, with request validation (every rejection names the field).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::actors::router::Needs;
+use crate::dispatch::RequestSpec;
+use crate::error::RequestError;
+use crate::proto;
+use crate::sink::{Event, Finished, Started, Tier};
+use crate::upstream::{ChatMessage, ChatRequest, Chunk, FinishReason, ToolCall, ToolSpec};
+
+const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+
+fn invalid(msg: impl Into<String>) -> RequestError {
+    RequestError::InvalidRequest(msg.into())
+}
+
+/// Validates a request and turns it into a routable spec.
+pub fn request_spec(
+    req: proto::CompletionRequest,
+    request_id: String,
+    timeout: Option<Duration>,
+) -> Result<RequestSpec, RequestError> {
+    if req.route.is_empty() {
+        return Err(invalid("route: must not be empty"));
+    }
+    if req.messages.is_empty() {
+        return Err(invalid("messages: at least one message is required"));
+    }
+    let mut messages = Vec::with_capacity(req.messages.len());
+    for (i, m) in req.messages.into_iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(invalid(format!(
+                "messages[{i}].role: `{}` is not one of system, user, assistant, tool",
+                m.role
+            )));
+        }
+        if m.content.is_empty() && m.tool_calls.is_empty() {
+            return Err(invalid(format!("messages[{i}].content: must not be empty")));
+        }
+        if m.role == "tool" && m.tool_call_id.is_empty() {
+            return Err(invalid(format!("messages[{i}].tool_call_id: required for role tool")));
+        }
+        messages.push(ChatMessage {
+            role: m.role,
+            content: m.content,
+            tool_call_id: (!m.tool_call_id.is_empty()).then_some(m.tool_call_id),
+            tool_calls: m
+                .tool_calls
+                .into_iter()
+                .map(|c| ToolCall {
+                    id: c.id,
+                    name: c.name,
+                    arguments: c.arguments,
+                })
+                .collect(),
+        });
+    }
+    let mut tools = Vec::with_capacity(req.tools.len());
+    for (i, t) in req.tools.into_iter().enumerate() {
+        if t.name.is_empty()
+            || t.name.len() > 64
+            || !t.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(invalid(format!(
+                "tools[{i}].name: `{}` must be 1-64 letters, digits, `_` or `-`",
+                t.name
+            )));
+        }
+        let parameters = if t.parameters_json.trim().is_empty() {
+            serde_json::json!({"type": "object", "properties": {}})
+        } else {
+            match serde_json::from_str::<serde_json::Value>(&t.parameters_json) {
+                Ok(v) if v.is_object() => v,
+                _ => {
+                    return Err(invalid(format!(
+                        "tools[{i}].parameters_json: must be a JSON object (a JSON Schema)"
+                    )))
+                }
+            }
+        };
+        tools.push(ToolSpec {
+            name: t.name,
+            description: t.description,
+            parameters,
+        });
+    }
+    if let Some(t) = req.temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(invalid(format!("temperature: {t} is outside 0..=2")));
+        }
+    }
+    if let Some(p) = req.top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(invalid(format!("top_p: {p} is outside (0, 1]")));
+        }
+    }
+    let json_mode = req.response_format == proto::ResponseFormat::JsonObject as i32;
+    let reqs = req.requirements.unwrap_or_default();
+    let needs = Needs {
+        tools: reqs.tools || !tools.is_empty(),
+        json: reqs.json || json_mode,
+        vision: reqs.vision,
+        min_context_tokens: reqs.min_context_tokens,
+    };
+    Ok(RequestSpec {
+        request_id,
+        route: req.route,
+        chat: ChatRequest {
+            model: String::new(),
+            messages,
+            max_tokens: (req.max_tokens > 0).then_some(req.max_tokens),
+            temperature: req.temperature,
+            top_p: req.top_p,
+            stop: req.stop,
+            tools,
+            json_mode,
+            stream: true,
+        },
+        needs,
+        deadline: timeout.map(|t| Instant::now() + t),
+    })
+}
+
+/// Parses a `grpc-timeout` header value ("100m", "5S", ...).
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    if value.len() < 2 || value.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+pub fn tier(t: Tier) -> proto::Tier {
+    match t {
+        Tier::Primary => proto::Tier::Primary,
+        Tier::Fallback => proto::Tier::Fallback,
+        Tier::Downshift => proto::Tier::Downshift,
+        Tier::Cache => proto::Tier::Cache,
+        Tier::Queued => proto::Tier::Queued,
+        Tier::Refused => proto::Tier::Refused,
+    }
+}
+
+pub fn finish_reason(f: FinishReason) -> proto::FinishReason {
+    match f {
+        FinishReason::Stop => proto::FinishReason::Stop,
+        FinishReason::Length => proto::FinishReason::Length,
+        FinishReason::ToolCalls => proto::FinishReason::ToolCalls,
+        FinishReason::ContentFilter => proto::FinishReason::ContentFilter,
+        FinishReason::Refusal => proto::FinishReason::Refusal,
+    }
+}
+
+fn started(s: Started) -> proto::Started {
+    proto::Started {
+        provider: s.provider,
+        model: s.model,
+        attempt: s.attempt,
+        tier: tier(s.tier) as i32,
+        request_id: s.request_id,
+    }
+}
+
+fn finished(f: &Finished) -> proto::Finished {
+    proto::Finished {
+        finish_reason: finish_reason(f.finish_reason) as i32,
+        usage: Some(proto::Usage {
+            input_tokens: f.usage.input_tokens,
+            output_tokens: f.usage.output_tokens,
+            estimated: f.usage_estimated,
+        }),
+        served_by: Some(proto::ServedBy {
+            provider: f.provider.clone(),
+            model: f.model.clone(),
+        }),
+        tier: tier(f.tier) as i32,
+        attempts: f.attempts,
+        request_id: f.request_id.clone(),
+        upstream_request_id: f.upstream_request_id.clone().unwrap_or_default(),
+        cache_age_ms: 0,
+    }
+}
+
+/// One internal event as a gRPC stream message.
+pub fn event(e: Event) -> proto::CompletionEvent {
+    use proto::completion_event::Event as E;
+    let inner = match e {
+        Event::Started(s) => E::Started(started(s)),
+        Event::Chunk(Chunk::Text(text)) => E::Delta(proto::Delta {
+            text,
+            tool_calls: Vec::new(),
+        }),
+        Event::Chunk(Chunk::ToolCall {
+            index,
+            id,
+            name,
+            arguments,
+        }) => E::Delta(proto::Delta {
+            text: String::new(),
+            tool_calls: vec![proto::ToolCallDelta {
+                index,
+                id: id.unwrap_or_default(),
+                name: name.unwrap_or_default(),
+                arguments,
+            }],
+        }),
+        Event::Reset { reason, failed_attempt } => E::Reset(proto::Reset { reason, failed_attempt }),
+        Event::Finished(f) => E::Finished(finished(&f)),
+    };
+    proto::CompletionEvent { event: Some(inner) }
+}
+
+/// Folds the event stream of one request into a unary response.
+#[derive(Default)]
+pub struct Assembler {
+    text: String,
+    calls: Vec<proto::ToolCall>,
+}
+
+impl Assembler {
+    /// Feeds one event; returns the response once `Finished` arrives.
+    pub fn push(&mut self, e: Event) -> Option<proto::CompletionResponse> {
+        match e {
+            Event::Started(_) => None,
+            Event::Reset { .. } => {
+                self.text.clear();
+                self.calls.clear();
+                None
+            }
+            Event::Chunk(Chunk::Text(t)) => {
+                self.text.push_str(&t);
+                None
+            }
+            Event::Chunk(Chunk::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            }) => {
+                let i = index as usize;
+                if self.calls.len() <= i {
+                    self.calls.resize_with(i + 1, Default::default);
+                }
+                let call = &mut self.calls[i];
+                if let Some(id) = id {
+                    call.id = id;
+                }
+                if let Some(name) = name {
+                    call.name = name;
+                }
+                call.arguments.push_str(&arguments);
+                None
+            }
+            Event::Finished(f) => {
+                let fin = finished(&f);
+                Some(proto::CompletionResponse {
+                    text: std::mem::take(&mut self.text),
+                    tool_calls: std::mem::take(&mut self.calls),
+                    finish_reason: fin.finish_reason,
+                    usage: fin.usage,
+                    served_by: fin.served_by,
+                    tier: fin.tier,
+                    attempts: fin.attempts,
+                    request_id: fin.request_id,
+                    upstream_request_id: fin.upstream_request_id,
+                    cache_age_ms: fin.cache_age_ms,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn req() -> proto::CompletionRequest {
+        proto::CompletionRequest {
+            route: "chat".into(),
+            messages: vec![proto::Message {
+                role: "user".into(),
+                content: "hi".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn rejects(r: proto::CompletionRequest, field: &str) {
+        match request_spec(r, "id".into(), None) {
+            Err(RequestError::InvalidRequest(m)) => assert!(m.starts_with(field), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        rejects(proto::CompletionRequest { route: String::new(), ..req() }, "route");
+        rejects(proto::CompletionRequest { messages: vec![], ..req() }, "messages");
+        let mut r = req();
+        r.messages[0].role = "robot".into();
+        rejects(r, "messages[0].role");
+        let mut r = req();
+        r.tools.push(proto::Tool { name: "f".into(), description: String::new(), parameters_json: "[1".into() });
+        rejects(r, "tools[0].parameters_json");
+        rejects(proto::CompletionRequest { temperature: Some(3.0), ..req() }, "temperature");
+    }
+
+    #[test]
+    fn tools_imply_the_tools_capability() {
+        let mut r = req();
+        r.tools.push(proto::Tool { name: "f".into(), description: String::new(), parameters_json: String::new() });
+        let spec = request_spec(r, "id".into(), None).unwrap();
+        assert!(spec.needs.tools);
+    }
+
+    #[test]
+    fn grpc_timeout_units() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("1x"), None);
+        assert_eq!(parse_grpc_timeout("123456789m"), None);
+    }
+
+    #[test]
+    fn assembler_discards_output_on_reset_and_joins_tool_fragments() {
+        let mut a = Assembler::default();
+        assert!(a.push(Event::Chunk(Chunk::Text("partial".into()))).is_none());
+        a.push(Event::Reset { reason: "x".into(), failed_attempt: 1 });
+        a.push(Event::Chunk(Chunk::ToolCall { index: 0, id: Some("c1".into()), name: Some("f".into()), arguments: "{\"a\":".into() }));
+        a.push(Event::Chunk(Chunk::ToolCall { index: 0, id: None, name: None, arguments: "1}".into() }));
+        let done = a
+            .push(Event::Finished(Finished {
+                finish_reason: FinishReason::ToolCalls,
+                usage: Default::default(),
+                usage_estimated: false,
+                provider: "p".into(),
+                model: "m".into(),
+                tier: Tier::Fallback,
+                attempts: 2,
+                request_id: "r".into(),
+                upstream_request_id: None,
+            }))
+            .unwrap();
+        assert_eq!(done.text, "");
+        assert_eq!(done.tool_calls[0].arguments, "{\"a\":1}");
+        assert_eq!(done.tool_calls[0].name, "f");
+        assert_eq!(done.attempts, 2);
+    }
+}

@@ -1,0 +1,8 @@
+//! The caller-facing surfaces: the gRPC `Router` service, the one mapping from
+//! request errors to gRPC statuses, and the admin HTTP listener. Nothing here
+//! knows upstream wire details.
+
+pub mod admin_http;
+pub mod convert;
+pub mod router_service;
+pub mod status;

@@ -1,0 +1,114 @@
+//! The gRPC `switchyard.v1.Router` service. Each call is validated, handed to
+//! a request task, and answered from that task's bounded channel. Response
+//! headers wait for the first event, so anything that fails before the first
+//! token is a plain status the caller can act on.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures_util::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use super::status::to_status;
+use crate::dispatch::Dispatcher;
+use crate::proto;
+use crate::sink::{EventSink, Item};
+
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<proto::CompletionEvent, Status>> + Send>>;
+
+/// The service; cheap to clone.
+#[derive(Clone)]
+pub struct RouterService {
+    dispatcher: Arc<Dispatcher>,
+    buffer: usize,
+    /// Prefix unique to this process, so ids from replicas don't collide.
+    id_prefix: Arc<str>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl RouterService {
+    pub fn new(dispatcher: Arc<Dispatcher>, buffer: usize) -> Self {
+        let prefix: u32 = rand::random();
+        RouterService {
+            dispatcher,
+            buffer,
+            id_prefix: format!("{prefix:08x}").into(),
+            next_id: Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    fn request_id(&self) -> String {
+        format!("sy-{}-{}", self.id_prefix, self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Validates and starts the request task; returns its channel.
+    fn start(
+        &self,
+        request: Request<proto::CompletionRequest>,
+        buffered: bool,
+    ) -> Result<(String, mpsc::Receiver<Item>), Status> {
+        let timeout = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(convert::parse_grpc_timeout);
+        let request_id = self.request_id();
+        let spec = convert::request_spec(request.into_inner(), request_id.clone(), timeout)
+            .map_err(|e| to_status(&e))?;
+        let (tx, rx) = mpsc::channel(self.buffer);
+        tokio::spawn(self.dispatcher.clone().run(spec, EventSink::new(tx, buffered)));
+        Ok((request_id, rx))
+    }
+}
+
+fn with_request_id<T>(mut response: Response<T>, id: &str) -> Response<T> {
+    if let Ok(v) = id.parse() {
+        response.metadata_mut().insert("x-request-id", v);
+    }
+    response
+}
+
+#[tonic::async_trait]
+impl proto::router_server::Router for RouterService {
+    type StreamCompletionStream = EventStream;
+
+    async fn stream_completion(
+        &self,
+        request: Request<proto::CompletionRequest>,
+    ) -> Result<Response<Self::StreamCompletionStream>, Status> {
+        let (id, mut rx) = self.start(request, false)?;
+        let first = match rx.recv().await {
+            Some(Ok(event)) => event,
+            Some(Err(e)) => return Err(to_status(&e)),
+            None => return Err(Status::internal("request ended without an answer")),
+        };
+        let rest = ReceiverStream::new(rx);
+        let stream = futures_util::stream::once(async move { Ok(first) })
+            .chain(rest)
+            .map(|item| item.map(convert::event).map_err(|e| to_status(&e)));
+        Ok(with_request_id(Response::new(Box::pin(stream)), &id))
+    }
+
+    async fn complete(
+        &self,
+        request: Request<proto::CompletionRequest>,
+    ) -> Result<Response<proto::CompletionResponse>, Status> {
+        let (id, mut rx) = self.start(request, true)?;
+        let mut assembler = convert::Assembler::default();
+        while let Some(item) = rx.recv().await {
+            match item {
+                Ok(event) => {
+                    if let Some(response) = assembler.push(event) {
+                        return Ok(with_request_id(Response::new(response), &id));
+                    }
+                }
+                Err(e) => return Err(to_status(&e)),
+            }
+        }
+        Err(Status::internal("request ended without an answer"))
+    }
+}

@@ -1,0 +1,149 @@
+//! The one place a [`RequestError`] becomes a gRPC status, with
+//! `google.rpc.ErrorInfo` (reason, provider, upstream request id) and
+//! `RetryInfo` when a retry time is known. Upstream auth bodies never pass:
+//! `Failure::message` is already sanitised, and auth failures get a fixed text.
+
+use std::collections::HashMap;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::error::RequestError;
+use crate::policy::outcome::OutcomeClass;
+
+/// `ErrorInfo.domain` of every Switchyard error.
+pub const DOMAIN: &str = "switchyard.dev";
+
+/// Maps a request error to the status the caller receives.
+pub fn to_status(err: &RequestError) -> Status {
+    let mut meta: HashMap<String, String> = HashMap::new();
+    let (code, reason) = match err {
+        RequestError::InvalidRequest(_) => (Code::InvalidArgument, "INVALID_REQUEST"),
+        RequestError::UnknownRoute(route) => {
+            meta.insert("route".into(), route.clone());
+            (Code::NotFound, "UNKNOWN_ROUTE")
+        }
+        RequestError::NoCapableTarget { route, missing } => {
+            meta.insert("route".into(), route.clone());
+            meta.insert("missing".into(), missing.join(","));
+            (Code::FailedPrecondition, "NO_CAPABLE_TARGET")
+        }
+        RequestError::DeadlineExceeded { attempts } => {
+            meta.insert("attempts".into(), attempts.to_string());
+            (Code::DeadlineExceeded, "DEADLINE_EXCEEDED")
+        }
+        RequestError::Saturated { route } => {
+            meta.insert("route".into(), route.clone());
+            (Code::ResourceExhausted, "CONCURRENCY_LIMIT")
+        }
+        RequestError::Exhausted { failure, provider, attempts } => {
+            meta.insert("provider".into(), provider.clone());
+            meta.insert("attempts".into(), attempts.to_string());
+            meta.insert("outcome".into(), failure.class.as_str().into());
+            if let Some(id) = &failure.upstream_request_id {
+                meta.insert("upstream_request_id".into(), id.clone());
+            }
+            exhausted_code(failure.class)
+        }
+        RequestError::MidStream { failure, provider, tokens_emitted, attempts } => {
+            meta.insert("provider".into(), provider.clone());
+            meta.insert("attempts".into(), attempts.to_string());
+            meta.insert("tokens_emitted".into(), tokens_emitted.to_string());
+            meta.insert("outcome".into(), failure.class.as_str().into());
+            if let Some(id) = &failure.upstream_request_id {
+                meta.insert("upstream_request_id".into(), id.clone());
+            }
+            match failure.class {
+                OutcomeClass::Protocol => (Code::Internal, "UPSTREAM_PROTOCOL_ERROR"),
+                OutcomeClass::Overloaded => (Code::Unavailable, "UPSTREAM_OVERLOADED"),
+                _ => (Code::Unavailable, "UPSTREAM_STREAM_TRUNCATED"),
+            }
+        }
+        RequestError::Unavailable(_) => (Code::Unavailable, "ROUTER_UNAVAILABLE"),
+    };
+    let mut details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
+    if let Some(delay) = err.retry_after() {
+        details.set_retry_info(Some(delay));
+    }
+    Status::with_error_details(code, err.to_string(), details)
+}
+
+/// Status for "no target could serve", by the last failure's class.
+fn exhausted_code(class: OutcomeClass) -> (Code, &'static str) {
+    match class {
+        OutcomeClass::Invalid => (Code::InvalidArgument, "UPSTREAM_INVALID_REQUEST"),
+        OutcomeClass::TooLarge => (Code::ResourceExhausted, "UPSTREAM_REQUEST_TOO_LARGE"),
+        OutcomeClass::RateLimited => (Code::ResourceExhausted, "UPSTREAM_RATE_LIMITED"),
+        OutcomeClass::Quota => (Code::Unavailable, "PROVIDER_QUOTA_EXHAUSTED"),
+        OutcomeClass::Auth => (Code::Unavailable, "PROVIDER_AUTH_FAILED"),
+        OutcomeClass::NotFound => (Code::NotFound, "UPSTREAM_MODEL_NOT_FOUND"),
+        OutcomeClass::Protocol => (Code::Unavailable, "UPSTREAM_PROTOCOL_ERROR"),
+        OutcomeClass::Overloaded => (Code::Unavailable, "UPSTREAM_OVERLOADED"),
+        OutcomeClass::Timeout => (Code::Unavailable, "UPSTREAM_TIMEOUT"),
+        OutcomeClass::Connect => (Code::Unavailable, "UPSTREAM_UNREACHABLE"),
+        OutcomeClass::Truncated => (Code::Unavailable, "UPSTREAM_STREAM_TRUNCATED"),
+        OutcomeClass::ServerError => (Code::Unavailable, "UPSTREAM_SERVER_ERROR"),
+        OutcomeClass::Ok | OutcomeClass::Refusal | OutcomeClass::Cancelled => {
+            (Code::Unavailable, "UPSTREAM_UNAVAILABLE")
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::policy::outcome::Failure;
+    use std::time::Duration;
+
+    fn exhausted(class: OutcomeClass) -> RequestError {
+        let mut failure = Failure::new(class, "boom");
+        failure.retry_after = Some(Duration::from_secs(3));
+        failure.upstream_request_id = Some("req_1".into());
+        RequestError::Exhausted { failure, provider: "p".into(), attempts: 2 }
+    }
+
+    #[test]
+    fn deadline_is_deadline_exceeded_not_cancelled() {
+        let s = to_status(&RequestError::DeadlineExceeded { attempts: 1 });
+        assert_eq!(s.code(), Code::DeadlineExceeded);
+    }
+
+    #[test]
+    fn exhausted_carries_error_info_and_retry_info() {
+        let s = to_status(&exhausted(OutcomeClass::Overloaded));
+        assert_eq!(s.code(), Code::Unavailable);
+        let d = s.get_error_details();
+        let info = d.error_info().unwrap();
+        assert_eq!(info.reason, "UPSTREAM_OVERLOADED");
+        assert_eq!(info.metadata["provider"], "p");
+        assert_eq!(info.metadata["upstream_request_id"], "req_1");
+        assert_eq!(d.retry_info().unwrap().retry_delay, Some(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn caller_errors_and_provider_errors_differ() {
+        assert_eq!(to_status(&exhausted(OutcomeClass::Invalid)).code(), Code::InvalidArgument);
+        assert_eq!(to_status(&exhausted(OutcomeClass::Auth)).code(), Code::Unavailable);
+        assert_eq!(to_status(&exhausted(OutcomeClass::RateLimited)).code(), Code::ResourceExhausted);
+        let s = to_status(&RequestError::NoCapableTarget { route: "r".into(), missing: vec!["tools".into()] });
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert!(s.message().contains("tools"));
+    }
+
+    #[test]
+    fn mid_stream_reasons() {
+        let mk = |class| RequestError::MidStream {
+            failure: Failure::new(class, "x"),
+            provider: "p".into(),
+            tokens_emitted: 7,
+            attempts: 1,
+        };
+        let s = to_status(&mk(OutcomeClass::Truncated));
+        assert_eq!(s.code(), Code::Unavailable);
+        let info = s.get_error_details().error_info().cloned().unwrap();
+        assert_eq!(info.reason, "UPSTREAM_STREAM_TRUNCATED");
+        assert_eq!(info.metadata["tokens_emitted"], "7");
+        assert_eq!(to_status(&mk(OutcomeClass::Protocol)).code(), Code::Internal);
+    }
+}

@@ -1,0 +1,177 @@
+//! Assembly: builds provider runtimes, starts the supervisor (and with it the
+//! provider and router actors), and serves the gRPC and admin listeners until
+//! told to stop. Shutdown runs in phases (see [`Running::shutdown`]).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use ractor::{Actor, ActorRef};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
+
+use crate::actors::provider::ProviderRuntime;
+use crate::actors::registry::Registry;
+use crate::actors::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
+use crate::api::admin_http::{self, AdminState};
+use crate::api::router_service::RouterService;
+use crate::config::{Config, ConfigError};
+use crate::dispatch::Dispatcher;
+use crate::proto;
+
+/// Starting the service failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot start the actors: {0}")]
+    Actors(String),
+}
+
+/// A running server.
+pub struct Running {
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub registry: Arc<Registry>,
+    supervisor: ActorRef<SupervisorMsg>,
+    supervisor_done: JoinHandle<()>,
+    stop: CancellationToken,
+    ready: Arc<AtomicBool>,
+    health: tonic_health::server::HealthReporter,
+    grpc: JoinHandle<Result<(), tonic::transport::Error>>,
+    admin: JoinHandle<std::io::Result<()>>,
+}
+
+fn runtimes(config: &Config) -> Result<HashMap<String, Arc<ProviderRuntime>>, ConfigError> {
+    config
+        .providers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            ProviderRuntime::new(p)
+                .map(|rt| (p.id.clone(), Arc::new(rt)))
+                .map_err(|e| ConfigError {
+                    path: format!("providers[{i}].api_key_env"),
+                    message: e.to_string(),
+                })
+        })
+        .collect()
+}
+
+/// Starts actors and listeners; returns once both listeners are bound.
+pub async fn start(config: Config) -> Result<Running, StartError> {
+    config.validate()?;
+    let config = Arc::new(config);
+    let registry = Arc::new(Registry::default());
+    let (supervisor, supervisor_handle) = Actor::spawn(
+        None,
+        Supervisor,
+        SupervisorArgs {
+            config: config.clone(),
+            registry: registry.clone(),
+            runtimes: runtimes(&config)?,
+        },
+    )
+    .await
+    .map_err(|e| StartError::Actors(e.to_string()))?;
+    let supervisor_done = tokio::spawn(async move {
+        let _ = supervisor_handle.await;
+    });
+
+    let dispatcher = Arc::new(Dispatcher {
+        registry: registry.clone(),
+        default_deadline: config.server.default_deadline,
+    });
+    let router = RouterService::new(dispatcher, config.server.stream_buffer);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<proto::router_server::RouterServer<RouterService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| StartError::Actors(format!("reflection: {e}")))?;
+
+    let bind = |addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { addr, source })
+    };
+    let grpc_listener = bind(config.server.grpc_listen).await?;
+    let grpc_addr = grpc_listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr: config.server.grpc_listen, source })?;
+    let admin_listener = bind(config.server.admin_listen).await?;
+    let admin_addr = admin_listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr: config.server.admin_listen, source })?;
+
+    let stop = CancellationToken::new();
+    let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+    let grpc_stop = stop.clone();
+    let grpc = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(proto::router_server::RouterServer::new(router))
+            .serve_with_incoming_shutdown(incoming, async move { grpc_stop.cancelled().await }),
+    );
+
+    let ready = Arc::new(AtomicBool::new(true));
+    let admin_router = admin_http::router(AdminState {
+        registry: registry.clone(),
+        ready: ready.clone(),
+    });
+    let admin_stop = stop.clone();
+    let admin = tokio::spawn(async move {
+        use axum::serve::ListenerExt;
+        let listener = admin_listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(listener, admin_router)
+            .with_graceful_shutdown(async move { admin_stop.cancelled().await })
+            .await
+    });
+
+    Ok(Running {
+        grpc_addr,
+        admin_addr,
+        registry,
+        supervisor,
+        supervisor_done,
+        stop,
+        ready,
+        health,
+        grpc,
+        admin,
+    })
+}
+
+impl Running {
+    /// Resolves if the supervisor gave up (restart cap reached).
+    pub async fn supervisor_exited(&mut self) {
+        let _ = (&mut self.supervisor_done).await;
+    }
+
+    /// Stops the server, in phases:
+    /// 1. readiness and gRPC health go NOT_SERVING;
+    /// 2. the listeners stop accepting; in-flight calls run to their end;
+    /// 3. the actors stop.
+    pub async fn shutdown(self) {
+        self.ready.store(false, Ordering::Relaxed);
+        self.health
+            .set_not_serving::<proto::router_server::RouterServer<RouterService>>()
+            .await;
+        self.stop.cancel();
+        let _ = self.grpc.await;
+        let _ = self.admin.await;
+        self.supervisor.stop(None);
+        let _ = self.supervisor_done.await;
+    }
+}

@@ -1,0 +1,316 @@
+//! One upstream attempt: send the request with the permit it was given, read
+//! the body under first-token, idle and overall deadlines, decode it with the
+//! provider's adapter, pipe chunks into the sink as they arrive, and return
+//! exactly one classified end. It decides nothing and reports to no actor.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::time::{timeout_at, Instant};
+
+use crate::actors::provider::ProviderRuntime;
+use crate::policy::outcome::{Failure, OutcomeClass};
+use crate::sink::EventSink;
+use crate::upstream::{
+    anthropic, classify, openai, sse::SseParser, ChatRequest, Completion, ProviderKind, StreamDecoder,
+};
+
+/// Largest error body read from an upstream (the rest is ignored).
+const MAX_ERROR_BODY: usize = 64 * 1024;
+/// Largest non-streamed response body accepted.
+const MAX_BODY: usize = 16 * 1024 * 1024;
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptEnd {
+    /// The stream passed its completion predicate.
+    Completed(Completion),
+    /// The upstream failed, classified.
+    Failed(Failure),
+    /// The caller went away; the upstream request was dropped.
+    ClientGone,
+    /// The caller's deadline passed; the upstream request was dropped.
+    DeadlineExceeded,
+}
+
+impl AttemptEnd {
+    /// The class reported to the provider actor.
+    pub fn class(&self) -> OutcomeClass {
+        match self {
+            AttemptEnd::Completed(c) if c.finish_reason == crate::upstream::FinishReason::Refusal => {
+                OutcomeClass::Refusal
+            }
+            AttemptEnd::Completed(c) if c.finish_reason == crate::upstream::FinishReason::ContentFilter => {
+                OutcomeClass::Refusal
+            }
+            AttemptEnd::Completed(_) => OutcomeClass::Ok,
+            AttemptEnd::Failed(f) => f.class,
+            AttemptEnd::ClientGone | AttemptEnd::DeadlineExceeded => OutcomeClass::Cancelled,
+        }
+    }
+}
+
+/// The end plus what was measured on the way.
+#[derive(Debug, Clone)]
+pub struct AttemptResult {
+    pub end: AttemptEnd,
+    /// Time to the first forwarded chunk.
+    pub ttft: Option<Duration>,
+    pub elapsed: Duration,
+    pub upstream_request_id: Option<String>,
+}
+
+/// Everything one attempt needs.
+pub struct AttemptInput<'a> {
+    pub runtime: &'a ProviderRuntime,
+    /// With `model` set to the target's model.
+    pub chat: &'a ChatRequest,
+    /// The caller's deadline.
+    pub deadline: Instant,
+    /// 1-based attempt number, sent upstream as `x-switchyard-attempt`.
+    pub attempt: u32,
+}
+
+/// Which timer fired.
+enum Expired {
+    Deadline,
+    Timeout(&'static str),
+}
+
+fn expired(limit: Instant, deadline: Instant, what: &'static str) -> Expired {
+    if limit >= deadline {
+        Expired::Deadline
+    } else {
+        Expired::Timeout(what)
+    }
+}
+
+/// Runs one attempt to its end.
+pub async fn run(input: AttemptInput<'_>, sink: &mut EventSink) -> AttemptResult {
+    let started = Instant::now();
+    let mut meta = Meta {
+        started,
+        ttft: None,
+        upstream_request_id: None,
+    };
+    let end = run_inner(&input, sink, &mut meta).await;
+    AttemptResult {
+        end,
+        ttft: meta.ttft,
+        elapsed: started.elapsed(),
+        upstream_request_id: meta.upstream_request_id,
+    }
+}
+
+struct Meta {
+    started: Instant,
+    ttft: Option<Duration>,
+    upstream_request_id: Option<String>,
+}
+
+async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Meta) -> AttemptEnd {
+    let rt = input.runtime;
+    let first_limit = (meta.started + rt.first_token_timeout).min(input.deadline);
+    let request = build_request(input);
+
+    let response = tokio::select! {
+        _ = sink.closed() => return AttemptEnd::ClientGone,
+        r = timeout_at(first_limit, request.send()) => r,
+    };
+    let response = match response {
+        Err(_) => return timed_out(expired(first_limit, input.deadline, "no response headers before the first-token timeout")),
+        Ok(Err(e)) => return AttemptEnd::Failed(classify::classify_transport(&e)),
+        Ok(Ok(r)) => r,
+    };
+    meta.upstream_request_id = request_id(response.headers());
+    let status = response.status();
+    if !status.is_success() {
+        let headers = response.headers().clone();
+        let body = tokio::select! {
+            _ = sink.closed() => return AttemptEnd::ClientGone,
+            b = timeout_at(first_limit, read_capped(response, MAX_ERROR_BODY)) => b.unwrap_or_default(),
+        };
+        let mut failure = classify::classify_http(rt.kind, status.as_u16(), &headers, &body);
+        failure.upstream_request_id = failure.upstream_request_id.or_else(|| meta.upstream_request_id.clone());
+        return AttemptEnd::Failed(failure);
+    }
+    let end = if input.chat.stream {
+        stream_body(input, response, sink, meta, first_limit).await
+    } else {
+        whole_body(input, response, sink, meta, first_limit).await
+    };
+    match end {
+        AttemptEnd::Failed(mut f) => {
+            f.upstream_request_id = f.upstream_request_id.or_else(|| meta.upstream_request_id.clone());
+            AttemptEnd::Failed(f)
+        }
+        other => other,
+    }
+}
+
+fn timed_out(e: Expired) -> AttemptEnd {
+    match e {
+        Expired::Deadline => AttemptEnd::DeadlineExceeded,
+        Expired::Timeout(what) => AttemptEnd::Failed(Failure::new(OutcomeClass::Timeout, what)),
+    }
+}
+
+fn build_request(input: &AttemptInput<'_>) -> reqwest::RequestBuilder {
+    let rt = input.runtime;
+    let key = rt.api_key.as_ref().map(|k| k.expose());
+    let (url, body, headers) = match rt.kind {
+        ProviderKind::Openai => (
+            openai::endpoint(&rt.base_url),
+            openai::build_body(input.chat),
+            openai::auth_headers(key),
+        ),
+        ProviderKind::Anthropic => (
+            anthropic::endpoint(&rt.base_url),
+            anthropic::build_body(input.chat),
+            anthropic::auth_headers(key),
+        ),
+    };
+    rt.http
+        .post(url)
+        .headers(headers)
+        .header("x-switchyard-attempt", input.attempt.to_string())
+        .json(&body)
+}
+
+fn decoder_for(kind: ProviderKind, chat: &ChatRequest) -> Box<dyn StreamDecoder> {
+    match kind {
+        ProviderKind::Openai => Box::new(openai::OpenAiDecoder::new(chat.stream)),
+        ProviderKind::Anthropic => Box::new(anthropic::AnthropicDecoder::new()),
+    }
+}
+
+fn request_id(headers: &reqwest::header::HeaderMap) -> Option<String> {
+    ["x-request-id", "request-id"]
+        .iter()
+        .find_map(|h| headers.get(*h)?.to_str().ok().map(str::to_string))
+}
+
+async fn read_capped(response: reqwest::Response, cap: usize) -> Vec<u8> {
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(Ok(bytes)) = stream.next().await {
+        let room = cap.saturating_sub(body.len());
+        body.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        if body.len() >= cap {
+            break;
+        }
+    }
+    body
+}
+
+async fn stream_body(
+    input: &AttemptInput<'_>,
+    response: reqwest::Response,
+    sink: &mut EventSink,
+    meta: &mut Meta,
+    first_limit: Instant,
+) -> AttemptEnd {
+    let rt = input.runtime;
+    let mut body = response.bytes_stream();
+    let mut parser = SseParser::new();
+    let mut decoder = decoder_for(rt.kind, input.chat);
+    let mut events = Vec::new();
+    let mut chunks = Vec::new();
+    let mut last_activity = Instant::now();
+    loop {
+        let limit = if meta.ttft.is_none() {
+            first_limit
+        } else {
+            (last_activity + rt.idle_timeout).min(input.deadline)
+        };
+        let what = if meta.ttft.is_none() {
+            "no token before the first-token timeout"
+        } else {
+            "stream went idle past the idle timeout"
+        };
+        let next = tokio::select! {
+            _ = sink.closed() => return AttemptEnd::ClientGone,
+            n = timeout_at(limit, body.next()) => n,
+        };
+        let eof = match next {
+            Err(_) => return timed_out(expired(limit, input.deadline, what)),
+            Ok(Some(Err(e))) => {
+                let mut f = classify::classify_transport(&e);
+                if f.class == OutcomeClass::Connect || f.class == OutcomeClass::Timeout {
+                    f.class = OutcomeClass::Truncated;
+                }
+                return AttemptEnd::Failed(f);
+            }
+            Ok(Some(Ok(bytes))) => {
+                last_activity = Instant::now();
+                parser.feed(&bytes, &mut events);
+                false
+            }
+            Ok(None) => {
+                parser.finish(&mut events);
+                true
+            }
+        };
+        for event in events.drain(..) {
+            if let Err(f) = decoder.on_event(&event, &mut chunks) {
+                // Forward what the frame carried before failing.
+                if forward(&mut chunks, sink, meta).await.is_err() {
+                    return AttemptEnd::ClientGone;
+                }
+                return AttemptEnd::Failed(f);
+            }
+            if forward(&mut chunks, sink, meta).await.is_err() {
+                return AttemptEnd::ClientGone;
+            }
+        }
+        if eof {
+            return match decoder.finish() {
+                Ok(c) => AttemptEnd::Completed(c),
+                Err(f) => AttemptEnd::Failed(f),
+            };
+        }
+    }
+}
+
+async fn forward(
+    chunks: &mut Vec<crate::upstream::Chunk>,
+    sink: &mut EventSink,
+    meta: &mut Meta,
+) -> Result<(), crate::sink::ClientGone> {
+    for chunk in chunks.drain(..) {
+        if meta.ttft.is_none() {
+            meta.ttft = Some(meta.started.elapsed());
+        }
+        sink.chunk(chunk).await?;
+    }
+    Ok(())
+}
+
+async fn whole_body(
+    input: &AttemptInput<'_>,
+    response: reqwest::Response,
+    sink: &mut EventSink,
+    meta: &mut Meta,
+    first_limit: Instant,
+) -> AttemptEnd {
+    let body = tokio::select! {
+        _ = sink.closed() => return AttemptEnd::ClientGone,
+        b = timeout_at(first_limit, read_capped(response, MAX_BODY)) => b,
+    };
+    let Ok(body) = body else {
+        return timed_out(expired(first_limit, input.deadline, "no complete response before the first-token timeout"));
+    };
+    let decoded = match input.runtime.kind {
+        ProviderKind::Openai => openai::decode_non_streaming(&body),
+        ProviderKind::Anthropic => anthropic::decode_non_streaming(&body),
+    };
+    match decoded {
+        Ok((mut chunks, completion)) => {
+            if forward(&mut chunks, sink, meta).await.is_err() {
+                return AttemptEnd::ClientGone;
+            }
+            AttemptEnd::Completed(completion)
+        }
+        Err(f) => AttemptEnd::Failed(f),
+    }
+}

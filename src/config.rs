@@ -1,0 +1,499 @@
+//! Configuration: one strictly validated TOML file. Unknown fields are errors,
+//! every error names the dotted path of the bad value, and secrets appear only
+//! as the *name* of an environment variable. Pure data plus validation; no I/O
+//! beyond reading the file and the environment variables it names.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub use crate::upstream::ProviderKind;
+
+/// A configuration error, naming the dotted path of the offending value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    /// Dotted path such as `providers[0].kind` (empty for the whole file).
+    pub path: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub providers: Vec<ProviderConfig>,
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Pretty,
+    Json,
+}
+
+/// `[server]`: listeners and request-wide defaults.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// gRPC listener (Router, health, reflection).
+    pub grpc_listen: SocketAddr,
+    /// Admin HTTP listener: `/metrics`, `/healthz`, `/readyz`.
+    pub admin_listen: SocketAddr,
+    pub log_format: LogFormat,
+    /// Deadline for a request that carries no `grpc-timeout` and whose route sets none.
+    #[serde(with = "humantime_serde")]
+    pub default_deadline: Duration,
+    /// Events buffered per stream between the upstream task and the client.
+    pub stream_buffer: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            log_format: LogFormat::Pretty,
+            default_deadline: Duration::from_secs(120),
+            stream_buffer: 64,
+        }
+    }
+}
+
+/// A capability a model may declare and a request may need.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Capability {
+    Chat,
+    Stream,
+    Tools,
+    Json,
+    Vision,
+}
+
+impl Capability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Capability::Chat => "chat",
+            Capability::Stream => "stream",
+            Capability::Tools => "tools",
+            Capability::Json => "json",
+            Capability::Vision => "vision",
+        }
+    }
+}
+
+/// `[[providers]]`: one upstream endpoint, owned by one provider actor.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub id: String,
+    pub kind: ProviderKind,
+    /// Base URL including the version prefix, e.g. `https://api.openai.com/v1`.
+    pub base_url: String,
+    /// Name of the environment variable holding the API key (never the key).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Ceiling on concurrent requests of all traffic.
+    #[serde(default = "default_max_concurrency")]
+    pub max_concurrency: u32,
+    /// Lower ceiling on concurrent failover traffic (requests for which this
+    /// provider is not the route's first target).
+    #[serde(default = "default_failover_max_concurrency")]
+    pub failover_max_concurrency: u32,
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Time from sending the request to the first token.
+    #[serde(default = "default_first_token_timeout", with = "humantime_serde")]
+    pub first_token_timeout: Duration,
+    /// Longest silence between two chunks of a stream.
+    #[serde(default = "default_idle_timeout", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    pub models: Vec<ModelConfig>,
+}
+
+fn default_max_concurrency() -> u32 {
+    64
+}
+fn default_failover_max_concurrency() -> u32 {
+    16
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_first_token_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// `[[providers.models]]`: a model served by the provider and what it can do.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub name: String,
+    #[serde(default = "default_capabilities")]
+    pub capabilities: Vec<Capability>,
+    #[serde(default = "default_context_tokens")]
+    pub context_tokens: u32,
+}
+
+fn default_capabilities() -> Vec<Capability> {
+    vec![Capability::Chat, Capability::Stream]
+}
+fn default_context_tokens() -> u32 {
+    8192
+}
+
+impl ModelConfig {
+    pub fn has(&self, cap: Capability) -> bool {
+        self.capabilities.contains(&cap)
+    }
+}
+
+/// `[[routes]]`: a name callers use and the targets that may serve it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub name: String,
+    /// `provider/model` in fallback order; the first is the primary.
+    pub targets: Vec<String>,
+    /// `max_tokens` for requests that leave it at 0.
+    #[serde(default)]
+    pub default_max_tokens: Option<u32>,
+    /// Deadline for requests without `grpc-timeout` (overrides the server default).
+    #[serde(default, with = "humantime_serde")]
+    pub deadline: Option<Duration>,
+}
+
+/// A route target resolved to indices into `Config::providers` and its models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TargetRef {
+    pub provider: usize,
+    pub model: usize,
+}
+
+impl Config {
+    /// Parses and validates a TOML document.
+    pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+        let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::new("", e.to_string()))?;
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            ConfigError::new(if path == "." { String::new() } else { path }, inner.message().to_string())
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a file.
+    pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
+        Self::from_toml_str(&text)
+    }
+
+    /// Semantic checks serde cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.server.stream_buffer == 0 {
+            return Err(ConfigError::new("server.stream_buffer", "must be at least 1"));
+        }
+        if self.server.default_deadline.is_zero() {
+            return Err(ConfigError::new("server.default_deadline", "must be positive"));
+        }
+        let mut ids = HashSet::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            let at = |field: &str| format!("providers[{i}].{field}");
+            if !valid_name(&p.id) {
+                return Err(ConfigError::new(at("id"), format!("`{}` must be non-empty letters, digits, `-` or `_`", p.id)));
+            }
+            if !ids.insert(p.id.as_str()) {
+                return Err(ConfigError::new(at("id"), format!("duplicate provider id `{}`", p.id)));
+            }
+            match reqwest::Url::parse(&p.base_url) {
+                Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+                _ => return Err(ConfigError::new(at("base_url"), format!("`{}` is not an http(s) URL", p.base_url))),
+            }
+            if let Some(env) = &p.api_key_env {
+                if env.is_empty() || env.contains('=') {
+                    return Err(ConfigError::new(at("api_key_env"), format!("`{env}` is not an environment variable name")));
+                }
+            }
+            if p.max_concurrency == 0 {
+                return Err(ConfigError::new(at("max_concurrency"), "must be at least 1"));
+            }
+            if p.failover_max_concurrency > p.max_concurrency {
+                return Err(ConfigError::new(
+                    at("failover_max_concurrency"),
+                    format!("{} exceeds max_concurrency {}", p.failover_max_concurrency, p.max_concurrency),
+                ));
+            }
+            for (field, d) in [
+                ("connect_timeout", p.connect_timeout),
+                ("first_token_timeout", p.first_token_timeout),
+                ("idle_timeout", p.idle_timeout),
+            ] {
+                if d.is_zero() {
+                    return Err(ConfigError::new(at(field), "must be positive"));
+                }
+            }
+            if p.models.is_empty() {
+                return Err(ConfigError::new(at("models"), "at least one model is required"));
+            }
+            let mut names = HashSet::new();
+            for (j, m) in p.models.iter().enumerate() {
+                if m.name.is_empty() {
+                    return Err(ConfigError::new(format!("providers[{i}].models[{j}].name"), "must not be empty"));
+                }
+                if !names.insert(m.name.as_str()) {
+                    return Err(ConfigError::new(
+                        format!("providers[{i}].models[{j}].name"),
+                        format!("duplicate model `{}`", m.name),
+                    ));
+                }
+            }
+        }
+        let mut routes = HashSet::new();
+        for (i, r) in self.routes.iter().enumerate() {
+            if !valid_name(&r.name) {
+                return Err(ConfigError::new(format!("routes[{i}].name"), format!("`{}` must be non-empty letters, digits, `-`, `_` or `.`", r.name)));
+            }
+            if !routes.insert(r.name.as_str()) {
+                return Err(ConfigError::new(format!("routes[{i}].name"), format!("duplicate route `{}`", r.name)));
+            }
+            if r.targets.is_empty() {
+                return Err(ConfigError::new(format!("routes[{i}].targets"), "at least one target is required"));
+            }
+            let mut seen = HashSet::new();
+            for (j, t) in r.targets.iter().enumerate() {
+                let path = format!("routes[{i}].targets[{j}]");
+                self.resolve_target(t).map_err(|m| ConfigError::new(path.clone(), m))?;
+                if !seen.insert(t.as_str()) {
+                    return Err(ConfigError::new(path, format!("duplicate target `{t}`")));
+                }
+            }
+            if r.default_max_tokens == Some(0) {
+                return Err(ConfigError::new(format!("routes[{i}].default_max_tokens"), "must be at least 1"));
+            }
+            if r.deadline.is_some_and(|d| d.is_zero()) {
+                return Err(ConfigError::new(format!("routes[{i}].deadline"), "must be positive"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves `provider/model` to indices.
+    pub fn resolve_target(&self, target: &str) -> Result<TargetRef, String> {
+        let Some((provider, model)) = target.split_once('/') else {
+            return Err(format!("`{target}` is not of the form provider/model"));
+        };
+        let p = self
+            .providers
+            .iter()
+            .position(|p| p.id == provider)
+            .ok_or_else(|| format!("unknown provider `{provider}` in `{target}`"))?;
+        let m = self.providers[p]
+            .models
+            .iter()
+            .position(|m| m.name == model)
+            .ok_or_else(|| format!("provider `{provider}` has no model `{model}` in `{target}`"))?;
+        Ok(TargetRef { provider: p, model: m })
+    }
+
+    /// Environment variables the file names that are not set (warned by
+    /// `check-config`, fatal at `serve`).
+    pub fn missing_env(&self) -> Vec<(String, String)> {
+        self.providers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let env = p.api_key_env.as_ref()?;
+                std::env::var_os(env)
+                    .is_none()
+                    .then(|| (format!("providers[{i}].api_key_env"), env.clone()))
+            })
+            .collect()
+    }
+
+    /// The built-in configuration used by `serve` without `--config`: real
+    /// providers for whichever of `OPENAI_API_KEY` / `ANTHROPIC_API_KEY` is set,
+    /// the given mock base URLs for the others, and one route `chat` spanning both.
+    pub fn builtin(openai_mock: Option<&str>, anthropic_mock: Option<&str>) -> Config {
+        let openai_url = openai_mock.unwrap_or("https://api.openai.com/v1");
+        let anthropic_url = anthropic_mock.unwrap_or("https://api.anthropic.com/v1");
+        let all = vec![
+            Capability::Chat,
+            Capability::Stream,
+            Capability::Tools,
+            Capability::Json,
+            Capability::Vision,
+        ];
+        let providers = vec![
+            ProviderConfig {
+                id: "openai".into(),
+                kind: ProviderKind::Openai,
+                base_url: openai_url.into(),
+                api_key_env: openai_mock.is_none().then(|| "OPENAI_API_KEY".into()),
+                max_concurrency: default_max_concurrency(),
+                failover_max_concurrency: default_failover_max_concurrency(),
+                connect_timeout: default_connect_timeout(),
+                first_token_timeout: default_first_token_timeout(),
+                idle_timeout: default_idle_timeout(),
+                models: vec![ModelConfig {
+                    name: "gpt-4o-mini".into(),
+                    capabilities: all.clone(),
+                    context_tokens: 128_000,
+                }],
+            },
+            ProviderConfig {
+                id: "anthropic".into(),
+                kind: ProviderKind::Anthropic,
+                base_url: anthropic_url.into(),
+                api_key_env: anthropic_mock.is_none().then(|| "ANTHROPIC_API_KEY".into()),
+                max_concurrency: default_max_concurrency(),
+                failover_max_concurrency: default_failover_max_concurrency(),
+                connect_timeout: default_connect_timeout(),
+                first_token_timeout: default_first_token_timeout(),
+                idle_timeout: default_idle_timeout(),
+                models: vec![ModelConfig {
+                    name: "claude-sonnet-4-5".into(),
+                    capabilities: vec![Capability::Chat, Capability::Stream, Capability::Tools, Capability::Vision],
+                    context_tokens: 200_000,
+                }],
+            },
+        ];
+        Config {
+            server: ServerConfig::default(),
+            providers,
+            routes: vec![RouteConfig {
+                name: "chat".into(),
+                targets: vec!["openai/gpt-4o-mini".into(), "anthropic/claude-sonnet-4-5".into()],
+                default_max_tokens: None,
+                deadline: None,
+            }],
+        }
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[server]
+grpc_listen = "127.0.0.1:50051"
+admin_listen = "127.0.0.1:9464"
+
+[[providers]]
+id = "primary"
+kind = "openai"
+base_url = "http://127.0.0.1:8001/v1"
+api_key_env = "PRIMARY_API_KEY"
+max_concurrency = 64
+failover_max_concurrency = 16
+
+  [[providers.models]]
+  name = "gpt-4o-mini"
+  capabilities = ["chat", "stream", "tools", "json"]
+  context_tokens = 128000
+
+[[providers]]
+id = "secondary"
+kind = "anthropic"
+base_url = "http://127.0.0.1:8002/v1"
+
+  [[providers.models]]
+  name = "claude-sonnet-4-5"
+
+[[routes]]
+name = "chat"
+targets = ["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
+"#;
+
+    #[test]
+    fn the_issue_example_parses() {
+        let c = Config::from_toml_str(GOOD).unwrap();
+        assert_eq!(c.providers.len(), 2);
+        assert_eq!(c.providers[1].max_concurrency, 64);
+        assert_eq!(c.providers[1].models[0].capabilities, vec![Capability::Chat, Capability::Stream]);
+        assert_eq!(c.resolve_target("secondary/claude-sonnet-4-5").unwrap(), TargetRef { provider: 1, model: 0 });
+    }
+
+    fn err(text: &str) -> ConfigError {
+        Config::from_toml_str(text).unwrap_err()
+    }
+
+    #[test]
+    fn unknown_field_names_its_path() {
+        let e = err(&GOOD.replace("max_concurrency = 64", "max_concurrency = 64\nmax_concurency = 3"));
+        assert_eq!(e.path, "providers[0].max_concurency");
+        assert!(e.message.contains("max_concurency"), "{e}");
+    }
+
+    #[test]
+    fn bad_kind_names_its_path_and_value() {
+        let e = err(&GOOD.replace("kind = \"anthropic\"", "kind = \"antropic\""));
+        assert_eq!(e.path, "providers[1].kind");
+        assert!(e.message.contains("antropic"), "{e}");
+    }
+
+    #[test]
+    fn bad_duration_names_its_path() {
+        let e = err(&GOOD.replace("max_concurrency = 64\nfailover", "idle_timeout = \"soon\"\nmax_concurrency = 64\nfailover"));
+        assert_eq!(e.path, "providers[0].idle_timeout");
+    }
+
+    #[test]
+    fn unknown_target_names_route_and_index() {
+        let e = err(&GOOD.replace("secondary/claude-sonnet-4-5\"]", "secondary/claude-3\"]"));
+        assert_eq!(e.path, "routes[0].targets[1]");
+        assert!(e.message.contains("claude-3"), "{e}");
+    }
+
+    #[test]
+    fn failover_ceiling_above_total_is_rejected() {
+        let e = err(&GOOD.replace("failover_max_concurrency = 16", "failover_max_concurrency = 100"));
+        assert_eq!(e.path, "providers[0].failover_max_concurrency");
+    }
+
+    #[test]
+    fn duplicate_provider_is_rejected() {
+        let e = err(&GOOD.replace("id = \"secondary\"", "id = \"primary\""));
+        assert_eq!(e.path, "providers[1].id");
+    }
+
+    #[test]
+    fn builtin_config_is_valid_and_spans_both_kinds() {
+        let c = Config::builtin(Some("http://127.0.0.1:1/v1"), Some("http://127.0.0.1:2/v1"));
+        c.validate().unwrap();
+        assert_eq!(c.routes[0].name, "chat");
+        assert!(c.providers.iter().all(|p| p.api_key_env.is_none()));
+        let real = Config::builtin(None, None);
+        real.validate().unwrap();
+        assert_eq!(real.providers[0].api_key_env.as_deref(), Some("OPENAI_API_KEY"));
+    }
+}

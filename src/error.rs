@@ -1,0 +1,65 @@
+//! Request-phase errors: why a request ended without a complete answer.
+//! Classified once here; `api::status` maps each to a gRPC status in one place.
+
+use std::time::Duration;
+
+use crate::policy::outcome::{Failure, OutcomeClass};
+
+/// How a request failed, as the caller should learn it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RequestError {
+    /// The request itself is malformed (field named in the message).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("unknown route `{0}`")]
+    UnknownRoute(String),
+    /// No target of the route declares every needed capability.
+    #[error("no target of route `{route}` has {}", missing.join(", "))]
+    NoCapableTarget { route: String, missing: Vec<String> },
+    /// The caller's deadline passed.
+    #[error("deadline exceeded after {attempts} upstream attempt(s)")]
+    DeadlineExceeded { attempts: u32 },
+    /// Every candidate refused locally (concurrency ceilings): shed, not queued.
+    #[error("all targets of route `{route}` are at their concurrency ceiling")]
+    Saturated { route: String },
+    /// No target could serve before any output was sent; `failure` is the last one.
+    #[error("no target could serve: {provider} {}: {}", failure.class, failure.message)]
+    Exhausted {
+        failure: Failure,
+        provider: String,
+        attempts: u32,
+    },
+    /// The serving upstream failed after output reached the caller.
+    #[error("stream from {provider} failed after {tokens_emitted} chunk(s): {}: {}", failure.class, failure.message)]
+    MidStream {
+        failure: Failure,
+        provider: String,
+        tokens_emitted: u32,
+        attempts: u32,
+    },
+    /// Switchyard itself could not act (an actor did not answer).
+    #[error("router unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl RequestError {
+    /// When the caller may usefully try again, if known.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            RequestError::Exhausted { failure, .. } | RequestError::MidStream { failure, .. } => {
+                failure.retry_after
+            }
+            _ => None,
+        }
+    }
+
+    /// The outcome class behind an upstream failure.
+    pub fn upstream_class(&self) -> Option<OutcomeClass> {
+        match self {
+            RequestError::Exhausted { failure, .. } | RequestError::MidStream { failure, .. } => {
+                Some(failure.class)
+            }
+            _ => None,
+        }
+    }
+}

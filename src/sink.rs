@@ -1,0 +1,175 @@
+//! The event sink: the request task's end of the bounded channel to the
+//! caller. It holds back `Started` until the first chunk of an attempt (so a
+//! failure before it stays invisible and can fail over), knows whether output
+//! was committed, and notices when the caller went away.
+
+use tokio::sync::mpsc;
+
+use crate::error::RequestError;
+use crate::upstream::{Chunk, FinishReason, Usage};
+
+/// Which rung of the degradation ladder served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Primary,
+    Fallback,
+    Downshift,
+    Cache,
+    Queued,
+    Refused,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Primary => "primary",
+            Tier::Fallback => "fallback",
+            Tier::Downshift => "downshift",
+            Tier::Cache => "cache",
+            Tier::Queued => "queued",
+            Tier::Refused => "refused",
+        }
+    }
+}
+
+/// Announces the attempt whose output follows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Started {
+    pub provider: String,
+    pub model: String,
+    pub attempt: u32,
+    pub tier: Tier,
+    pub request_id: String,
+}
+
+/// The last event of a served request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    pub usage_estimated: bool,
+    pub provider: String,
+    pub model: String,
+    pub tier: Tier,
+    pub attempts: u32,
+    pub request_id: String,
+    pub upstream_request_id: Option<String>,
+}
+
+/// What flows to the caller, in order: `Started`, chunks, then `Finished`
+/// (or `Reset` and a new `Started`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Started(Started),
+    Chunk(Chunk),
+    Reset { reason: String, failed_attempt: u32 },
+    Finished(Finished),
+}
+
+/// One item of the channel: an event, or the terminal error.
+pub type Item = Result<Event, RequestError>;
+
+/// The caller hung up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientGone;
+
+/// The request task's side of the channel.
+pub struct EventSink {
+    tx: mpsc::Sender<Item>,
+    /// `Started` of the current attempt, sent with its first chunk.
+    pending_start: Option<Started>,
+    /// Chunks forwarded in the current attempt.
+    attempt_chunks: u32,
+    /// Any event reached the caller (the gRPC response headers are out).
+    committed: bool,
+    /// Characters of output forwarded in the current attempt (usage estimates).
+    attempt_chars: usize,
+    /// The caller buffers the whole answer (unary): partial output can be
+    /// discarded with a `Reset`, so nothing is ever committed.
+    buffered: bool,
+}
+
+impl EventSink {
+    pub fn new(tx: mpsc::Sender<Item>, buffered: bool) -> Self {
+        EventSink {
+            tx,
+            pending_start: None,
+            attempt_chunks: 0,
+            committed: false,
+            attempt_chars: 0,
+            buffered,
+        }
+    }
+
+    /// Begins a new attempt; `Started` is sent with its first chunk.
+    pub fn begin_attempt(&mut self, started: Started) {
+        self.pending_start = Some(started);
+        self.attempt_chunks = 0;
+        self.attempt_chars = 0;
+    }
+
+    /// Forwards one chunk (after the pending `Started`).
+    pub async fn chunk(&mut self, chunk: Chunk) -> Result<(), ClientGone> {
+        if let Some(started) = self.pending_start.take() {
+            self.send(Event::Started(started)).await?;
+        }
+        self.attempt_chars += match &chunk {
+            Chunk::Text(t) => t.len(),
+            Chunk::ToolCall { arguments, .. } => arguments.len(),
+        };
+        self.attempt_chunks += 1;
+        self.send(Event::Chunk(chunk)).await
+    }
+
+    /// Tells the caller to discard the failed attempt's output.
+    pub async fn reset(&mut self, reason: String, failed_attempt: u32) -> Result<(), ClientGone> {
+        self.send(Event::Reset { reason, failed_attempt }).await
+    }
+
+    /// Sends the final event (and `Started` if the answer had no chunk).
+    pub async fn finish(&mut self, finished: Finished) -> Result<(), ClientGone> {
+        if let Some(started) = self.pending_start.take() {
+            self.send(Event::Started(started)).await?;
+        }
+        self.send(Event::Finished(finished)).await
+    }
+
+    /// Ends the request with an error.
+    pub async fn fail(&mut self, error: RequestError) {
+        let _ = self.tx.send(Err(error)).await;
+    }
+
+    /// Output of the current attempt reached a streaming caller: the attempt
+    /// can no longer be replaced transparently.
+    pub fn committed(&self) -> bool {
+        !self.buffered && self.committed
+    }
+
+    /// Some output of the current attempt was forwarded.
+    pub fn attempt_had_output(&self) -> bool {
+        self.attempt_chunks > 0
+    }
+
+    pub fn attempt_chunks(&self) -> u32 {
+        self.attempt_chunks
+    }
+
+    pub fn attempt_chars(&self) -> usize {
+        self.attempt_chars
+    }
+
+    /// Resolves when the caller has gone away.
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    async fn send(&mut self, event: Event) -> Result<(), ClientGone> {
+        self.tx.send(Ok(event)).await.map_err(|_| ClientGone)?;
+        self.committed = true;
+        Ok(())
+    }
+}

@@ -1,0 +1,346 @@
+//! Test harness: starts the real `switchyard` binary (`serve` and
+//! `mock-upstream`) on 127.0.0.1 with ephemeral ports, reads the addresses they
+//! print, and offers a gRPC client and the mock's control API.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use switchyard::proto;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
+
+/// Reads lines from a child's pipe into a shared buffer; returns the first line.
+async fn first_line_and_capture(
+    pipe: impl AsyncRead + Unpin + Send + 'static,
+    sink: Arc<Mutex<String>>,
+) -> String {
+    let mut lines = BufReader::new(pipe).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("process printed its address in time")
+        .expect("read stdout")
+        .expect("process exited before printing its address");
+    sink.lock().unwrap().push_str(&format!("{first}\n"));
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            sink.lock().unwrap().push_str(&format!("{line}\n"));
+        }
+    });
+    first
+}
+
+fn capture(pipe: impl AsyncRead + Unpin + Send + 'static, sink: Arc<Mutex<String>>) {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(pipe).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            sink.lock().unwrap().push_str(&format!("{line}\n"));
+        }
+    });
+}
+
+/// A running `switchyard mock-upstream`.
+pub struct Mock {
+    pub child: Child,
+    pub addr: String,
+    http: reqwest::Client,
+}
+
+impl Mock {
+    pub async fn start(kind: &str, extra: &[&str]) -> Mock {
+        let mut child = Command::new(BIN)
+            .args(["mock-upstream", "--listen", "127.0.0.1:0", "--kind", kind])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn mock-upstream");
+        let line = first_line_and_capture(child.stdout.take().unwrap(), Default::default()).await;
+        // "mock-upstream listening on http://ADDR kind=KIND"
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .unwrap_or_else(|| panic!("unexpected mock banner: {line}"))
+            .to_string();
+        Mock { child, addr, http: reqwest::Client::new() }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub async fn set_fault(&self, fault: Value) {
+        let r = self
+            .http
+            .put(format!("http://{}/_mock/faults", self.addr))
+            .json(&fault)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "fault rejected: {}", r.text().await.unwrap());
+    }
+
+    pub async fn set_config(&self, config: Value) {
+        let r = self
+            .http
+            .put(format!("http://{}/_mock/config", self.addr))
+            .json(&config)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+    }
+
+    pub async fn requests(&self) -> Vec<Value> {
+        self.http
+            .get(format!("http://{}/_mock/requests", self.addr))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    pub async fn stats(&self) -> Value {
+        self.http
+            .get(format!("http://{}/_mock/stats", self.addr))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    pub async fn clear(&self) {
+        self.http
+            .delete(format!("http://{}/_mock/requests", self.addr))
+            .send()
+            .await
+            .unwrap();
+    }
+
+    /// Polls the log until `pred` holds for it (the mock records asynchronously).
+    pub async fn wait_for(&self, what: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        for _ in 0..500 {
+            let log = self.requests().await;
+            if pred(&log) {
+                return log;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("mock log never showed: {what}: {:#?}", self.requests().await);
+    }
+}
+
+/// A running `switchyard serve`.
+pub struct Switchyard {
+    pub child: Child,
+    pub grpc: String,
+    pub admin: String,
+    pub stdout: Arc<Mutex<String>>,
+    pub stderr: Arc<Mutex<String>>,
+    pub config_file: Option<tempfile::NamedTempFile>,
+}
+
+impl Switchyard {
+    /// Starts `serve --config` with the given TOML (listeners forced to ephemeral ports).
+    pub async fn start(config: &str) -> Switchyard {
+        Self::start_with(config, &[]).await
+    }
+
+    pub async fn start_with(config: &str, env: &[(&str, &str)]) -> Switchyard {
+        let file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+        std::fs::write(file.path(), config).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--config"])
+            .arg(file.path())
+            .args(["--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Self::spawn(cmd, Some(file)).await
+    }
+
+    /// Starts `serve` with no config and the given environment.
+    pub async fn start_default(env: &[(&str, &str)]) -> Switchyard {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("ANTHROPIC_API_KEY");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Self::spawn(cmd, None).await
+    }
+
+    async fn spawn(mut cmd: Command, config_file: Option<tempfile::NamedTempFile>) -> Switchyard {
+        let mut child = cmd
+            .env("RUST_LOG", std::env::var("SWITCHYARD_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn switchyard");
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        capture(child.stderr.take().unwrap(), stderr.clone());
+        let line = first_line_and_capture(child.stdout.take().unwrap(), stdout.clone()).await;
+        // "switchyard serving grpc=ADDR admin=ADDR"
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .unwrap_or_else(|| panic!("unexpected banner: {line}; stderr: {}", stderr.lock().unwrap()))
+                .to_string()
+        };
+        Switchyard {
+            grpc: field("grpc"),
+            admin: field("admin"),
+            child,
+            stdout,
+            stderr,
+            config_file,
+        }
+    }
+
+    pub async fn client(&self) -> proto::router_client::RouterClient<tonic::transport::Channel> {
+        proto::router_client::RouterClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("connect to switchyard")
+    }
+
+    pub async fn channel(&self) -> tonic::transport::Channel {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", self.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    pub fn logs(&self) -> String {
+        format!("{}{}", self.stdout.lock().unwrap(), self.stderr.lock().unwrap())
+    }
+
+    pub async fn admin_get(&self, path: &str) -> (u16, String) {
+        let r = reqwest::get(format!("http://{}{}", self.admin, path)).await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+}
+
+/// One provider block of a test config.
+pub fn provider(id: &str, kind: &str, base_url: &str, model: &str) -> String {
+    format!(
+        r#"
+[[providers]]
+id = "{id}"
+kind = "{kind}"
+base_url = "{base_url}"
+first_token_timeout = "5s"
+idle_timeout = "5s"
+  [[providers.models]]
+  name = "{model}"
+  capabilities = ["chat", "stream", "tools", "json"]
+  context_tokens = 128000
+"#
+    )
+}
+
+pub fn route(name: &str, targets: &[&str]) -> String {
+    let t: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
+    format!("\n[[routes]]\nname = \"{name}\"\ntargets = [{}]\n", t.join(", "))
+}
+
+pub fn user(text: &str) -> proto::Message {
+    proto::Message {
+        role: "user".into(),
+        content: text.into(),
+        ..Default::default()
+    }
+}
+
+pub fn request(route: &str) -> proto::CompletionRequest {
+    proto::CompletionRequest {
+        route: route.into(),
+        messages: vec![user("Say hello.")],
+        max_tokens: 64,
+        ..Default::default()
+    }
+}
+
+/// Everything a streaming call delivered.
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub started: Vec<proto::Started>,
+    pub text: String,
+    pub deltas: usize,
+    pub tool_calls: Vec<proto::ToolCallDelta>,
+    pub resets: Vec<proto::Reset>,
+    pub finished: Option<proto::Finished>,
+    pub status: Option<tonic::Status>,
+}
+
+/// Runs one streaming call to its end and collects what arrived.
+pub async fn stream(
+    client: &mut proto::router_client::RouterClient<tonic::transport::Channel>,
+    req: impl tonic::IntoRequest<proto::CompletionRequest>,
+) -> Collected {
+    use proto::completion_event::Event;
+    let mut out = Collected::default();
+    let mut s = match client.stream_completion(req).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            out.status = Some(status);
+            return out;
+        }
+    };
+    loop {
+        match s.message().await {
+            Ok(Some(ev)) => match ev.event {
+                Some(Event::Started(x)) => out.started.push(x),
+                Some(Event::Delta(d)) => {
+                    out.deltas += 1;
+                    out.text.push_str(&d.text);
+                    out.tool_calls.extend(d.tool_calls);
+                }
+                Some(Event::Reset(r)) => {
+                    out.text.clear();
+                    out.resets.push(r);
+                }
+                Some(Event::Finished(f)) => out.finished = Some(f),
+                None => {}
+            },
+            Ok(None) => return out,
+            Err(status) => {
+                out.status = Some(status);
+                return out;
+            }
+        }
+    }
+}
+
+/// The `ErrorInfo.reason` of a status.
+pub fn reason(status: &tonic::Status) -> String {
+    use tonic_types::StatusExt;
+    status
+        .get_error_details()
+        .error_info()
+        .map(|i| i.reason.clone())
+        .unwrap_or_default()
+}
+
+pub fn error_meta(status: &tonic::Status, key: &str) -> Option<String> {
+    use tonic_types::StatusExt;
+    status.get_error_details().error_info().and_then(|i| i.metadata.get(key).cloned())
+}
+
+/// Requests in a mock log that hit the chat endpoints (not control).
+pub fn attempts(log: &[Value]) -> usize {
+    log.len()
+}
