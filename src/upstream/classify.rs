@@ -275,6 +275,14 @@ pub fn classify_error_object(_kind: ProviderKind, v: &Value, http_status: Option
     }
 }
 
+/// A failure found inside a 200 response body (a stream frame or a JSON body).
+pub fn in_body(class: OutcomeClass, message: impl Into<String>) -> Failure {
+    Failure {
+        http_status: Some(200),
+        ..Failure::new(class, message)
+    }
+}
+
 /// Classifies a transport error from reqwest (no response, or the body broke).
 pub fn classify_transport(err: &reqwest::Error) -> Failure {
     let (class, message) = if err.is_timeout() {
