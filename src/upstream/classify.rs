@@ -426,9 +426,12 @@ mod tests {
         h
     }
 
+    /// Response headers and the wait they should yield.
+    type RetryCase<'a> = (&'a [(&'a str, &'a str)], Option<Duration>);
+
     #[test]
     fn retry_after_edge_values() {
-        let cases: &[(&[(&str, &str)], Option<Duration>)] = &[
+        let cases: &[RetryCase] = &[
             (&[("retry-after", "0")], None),
             (&[("retry-after", "-1")], None),
             (&[("retry-after", "NaN")], None),
