@@ -1,1 +1,779 @@
-//! (in progress)
+//! Anthropic Messages adapter: request body (system prompt, tool_use and
+//! tool_result blocks), auth headers, and a strict stream decoder that requires
+//! `message_stop` and classifies in-stream `error` events by `error.type` (A.3).
+//! Pure functions over values and bytes: no I/O, and the API key is never logged
+//! or kept anywhere but the sensitive header value handed back.
+
+use std::collections::BTreeMap;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::{json, Map, Value};
+
+use crate::policy::outcome::{Failure, OutcomeClass};
+use crate::upstream::classify::{classify_error_object, in_body};
+use crate::upstream::openai::{f32_json, u32_field};
+use crate::upstream::sse::SseEvent;
+use crate::upstream::{
+    ChatMessage, ChatRequest, Chunk, Completion, FinishReason, ProviderKind, StreamDecoder, Usage,
+};
+
+/// The API version this adapter speaks.
+pub const API_VERSION: &str = "2023-06-01";
+
+/// `max_tokens` is required by Anthropic; used when the request sets none.
+pub const DEFAULT_MAX_TOKENS: u32 = 1024;
+
+/// The messages URL under `base_url` (e.g. `https://api.anthropic.com/v1`).
+pub fn endpoint(base_url: &str) -> String {
+    format!("{}/messages", base_url.trim_end_matches('/'))
+}
+
+/// The JSON request body. System messages are joined into the top-level
+/// `system`; `json_mode` has no Anthropic equivalent and is not sent (routes
+/// needing it should not list Anthropic targets as JSON-capable).
+pub fn build_body(req: &ChatRequest) -> Value {
+    let mut body = Map::new();
+    body.insert("model".into(), json!(req.model));
+    let system: Vec<&str> = req
+        .messages
+        .iter()
+        .filter(|m| m.role == "system")
+        .map(|m| m.content.as_str())
+        .collect();
+    if !system.is_empty() {
+        body.insert("system".into(), json!(system.join("\n\n")));
+    }
+    body.insert(
+        "messages".into(),
+        Value::Array(messages_json(&req.messages)),
+    );
+    let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    body.insert("max_tokens".into(), json!(max_tokens));
+    if let Some(t) = req.temperature.and_then(f32_json) {
+        body.insert("temperature".into(), t);
+    }
+    if let Some(p) = req.top_p.and_then(f32_json) {
+        body.insert("top_p".into(), p);
+    }
+    if !req.stop.is_empty() {
+        body.insert("stop_sequences".into(), json!(req.stop));
+    }
+    if !req.tools.is_empty() {
+        let tools = req.tools.iter().map(
+            |t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}),
+        );
+        body.insert("tools".into(), Value::Array(tools.collect()));
+    }
+    if req.stream {
+        body.insert("stream".into(), json!(true));
+    }
+    Value::Object(body)
+}
+
+/// Non-system messages; consecutive tool results share one user message.
+fn messages_json(messages: &[ChatMessage]) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    for m in messages.iter().filter(|m| m.role != "system") {
+        match m.role.as_str() {
+            "tool" => push_tool_result(&mut out, m),
+            "assistant" => out.push(assistant_json(m)),
+            _ => out.push(json!({"role": "user", "content": m.content})),
+        }
+    }
+    out
+}
+
+fn push_tool_result(out: &mut Vec<Value>, m: &ChatMessage) {
+    let block = json!({
+        "type": "tool_result",
+        "tool_use_id": m.tool_call_id.clone().unwrap_or_default(),
+        "content": m.content,
+    });
+    if let Some(blocks) = out.last_mut().and_then(tool_result_blocks) {
+        blocks.push(block);
+    } else {
+        out.push(json!({"role": "user", "content": [block]}));
+    }
+}
+
+/// The content array of a user message made only of tool results.
+fn tool_result_blocks(msg: &mut Value) -> Option<&mut Vec<Value>> {
+    if msg.get("role").and_then(Value::as_str) != Some("user") {
+        return None;
+    }
+    let blocks = msg.get_mut("content")?.as_array_mut()?;
+    let all_results = blocks
+        .iter()
+        .all(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"));
+    all_results.then_some(blocks)
+}
+
+/// An assistant turn; earlier tool calls become `tool_use` blocks. Arguments
+/// that are not a JSON object are sent as `{}` (Anthropic requires an object).
+fn assistant_json(m: &ChatMessage) -> Value {
+    if m.tool_calls.is_empty() {
+        return json!({"role": "assistant", "content": m.content});
+    }
+    let mut blocks = Vec::new();
+    if !m.content.is_empty() {
+        blocks.push(json!({"type": "text", "text": m.content}));
+    }
+    for call in &m.tool_calls {
+        let input = serde_json::from_str::<Value>(&call.arguments)
+            .ok()
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}));
+        blocks.push(json!({"type": "tool_use", "id": call.id, "name": call.name, "input": input}));
+    }
+    json!({"role": "assistant", "content": blocks})
+}
+
+/// `x-api-key` (sensitive) and `anthropic-version`. A missing or invalid key
+/// gives no `x-api-key`: the upstream answers 401 and the attempt is `Auth`.
+pub fn auth_headers(api_key: Option<&str>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        HeaderName::from_static("anthropic-version"),
+        HeaderValue::from_static(API_VERSION),
+    );
+    if let Some(key) = api_key.filter(|k| !k.is_empty()) {
+        if let Ok(mut value) = HeaderValue::from_str(key) {
+            value.set_sensitive(true);
+            headers.insert(HeaderName::from_static("x-api-key"), value);
+        }
+    }
+    headers
+}
+
+/// A content block being streamed, by its index.
+#[derive(Debug)]
+enum Block {
+    Text,
+    /// A client tool call; `args` accumulates `input_json_delta` fragments.
+    ToolUse {
+        args: String,
+    },
+    /// Thinking, server tools and future block types: not forwarded.
+    Other,
+}
+
+/// Streaming decoder for Messages API events.
+///
+/// Choices made where the reference leaves room: `pause_turn` finishes as
+/// `Stop` (the server paused a long tool turn; the caller may continue it);
+/// an unknown `stop_reason` is `Protocol` with `should_retry = Some(false)`;
+/// a tool_use block with no input fragments is completed with a `{}` fragment
+/// at its `content_block_stop`; events after `message_stop` are ignored.
+#[derive(Debug, Default)]
+pub struct AnthropicDecoder {
+    /// `message_stop` arrived.
+    stopped: bool,
+    /// The mapped `stop_reason` from the last `message_delta` that carried one.
+    finish_reason: Option<FinishReason>,
+    /// Content blocks seen, by index.
+    blocks: BTreeMap<u32, Block>,
+    /// Input tokens from `message_start`, output tokens from the last `message_delta`.
+    usage: Option<Usage>,
+    /// The failure that ended the stream; repeated by later calls.
+    failed: Option<Failure>,
+}
+
+/// Event types this decoder understands; others are ignored.
+const KNOWN_EVENTS: [&str; 8] = [
+    "message_start",
+    "content_block_start",
+    "content_block_delta",
+    "content_block_stop",
+    "message_delta",
+    "message_stop",
+    "ping",
+    "error",
+];
+
+impl AnthropicDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn handle(&mut self, ev: &SseEvent, out: &mut Vec<Chunk>) -> Result<(), Failure> {
+        if let Some(raw) = &ev.error {
+            return Err(error_payload_failure(raw));
+        }
+        if self.stopped || ev.event.as_deref() == Some("ping") || ev.data.trim().is_empty() {
+            return Ok(());
+        }
+        let v: Value = match serde_json::from_str(&ev.data) {
+            Ok(v) => v,
+            Err(_) if ev.event.as_deref() == Some("error") => {
+                return Err(error_payload_failure(&ev.data))
+            }
+            Err(_) if is_unknown_event(ev) => return Ok(()),
+            Err(_) => {
+                return Err(in_body(
+                    OutcomeClass::Protocol,
+                    "malformed JSON in stream event",
+                ))
+            }
+        };
+        let kind = v
+            .get("type")
+            .and_then(Value::as_str)
+            .or(ev.event.as_deref())
+            .unwrap_or("");
+        match kind {
+            "message_start" => self.on_message_start(&v),
+            "content_block_start" => self.on_block_start(&v, out),
+            "content_block_delta" => self.on_block_delta(&v, out),
+            "content_block_stop" => self.on_block_stop(&v, out),
+            "message_delta" => return self.on_message_delta(&v),
+            "message_stop" => self.stopped = true,
+            "error" => {
+                return Err(classify_error_object(
+                    ProviderKind::Anthropic,
+                    &v,
+                    Some(200),
+                ))
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn on_message_start(&mut self, v: &Value) {
+        if let Some(u) = v.get("message").and_then(|m| m.get("usage")) {
+            self.update_usage(u);
+        }
+    }
+
+    fn on_block_start(&mut self, v: &Value, out: &mut Vec<Chunk>) {
+        let index = u32_field(v, "index").unwrap_or(0);
+        let block = v.get("content_block").unwrap_or(&Value::Null);
+        let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
+        let state = match kind {
+            "text" => {
+                if let Some(text) = block
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .filter(|t| !t.is_empty())
+                {
+                    out.push(Chunk::Text(text.to_owned()));
+                }
+                Block::Text
+            }
+            "tool_use" => {
+                let args = initial_input(block);
+                out.push(Chunk::ToolCall {
+                    index,
+                    id: block.get("id").and_then(Value::as_str).map(str::to_owned),
+                    name: block.get("name").and_then(Value::as_str).map(str::to_owned),
+                    arguments: args.clone(),
+                });
+                Block::ToolUse { args }
+            }
+            _ => Block::Other,
+        };
+        self.blocks.insert(index, state);
+    }
+
+    fn on_block_delta(&mut self, v: &Value, out: &mut Vec<Chunk>) {
+        let index = u32_field(v, "index").unwrap_or(0);
+        let delta = v.get("delta").unwrap_or(&Value::Null);
+        match delta.get("type").and_then(Value::as_str) {
+            Some("text_delta") => {
+                if let Some(text) = delta
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .filter(|t| !t.is_empty())
+                {
+                    out.push(Chunk::Text(text.to_owned()));
+                }
+            }
+            Some("input_json_delta") => {
+                let part = delta
+                    .get("partial_json")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                if let Some(Block::ToolUse { args }) = self.blocks.get_mut(&index) {
+                    if !part.is_empty() {
+                        args.push_str(part);
+                        out.push(tool_fragment(index, part));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_block_stop(&mut self, v: &Value, out: &mut Vec<Chunk>) {
+        let index = u32_field(v, "index").unwrap_or(0);
+        if let Some(Block::ToolUse { args }) = self.blocks.get_mut(&index) {
+            if args.is_empty() {
+                args.push_str("{}");
+                out.push(tool_fragment(index, "{}"));
+            }
+        }
+    }
+
+    fn on_message_delta(&mut self, v: &Value) -> Result<(), Failure> {
+        if let Some(u) = v.get("usage") {
+            self.update_usage(u);
+        }
+        let reason = v
+            .get("delta")
+            .and_then(|d| d.get("stop_reason"))
+            .and_then(Value::as_str);
+        if let Some(reason) = reason {
+            self.finish_reason = Some(map_stop_reason(reason)?);
+        }
+        Ok(())
+    }
+
+    /// Usage is cumulative: each value replaces the previous one.
+    fn update_usage(&mut self, u: &Value) {
+        let usage = self.usage.get_or_insert_with(Usage::default);
+        if let Some(n) = u32_field(u, "input_tokens") {
+            usage.input_tokens = n;
+        }
+        if let Some(n) = u32_field(u, "output_tokens") {
+            usage.output_tokens = n;
+        }
+    }
+
+    fn check_tool_input(&self) -> Result<(), Failure> {
+        let tools: Vec<&String> = self
+            .blocks
+            .values()
+            .filter_map(|b| match b {
+                Block::ToolUse { args } => Some(args),
+                _ => None,
+            })
+            .collect();
+        if tools.is_empty() {
+            return Err(in_body(
+                OutcomeClass::Protocol,
+                "stop_reason tool_use without a tool_use block",
+            ));
+        }
+        if tools
+            .iter()
+            .any(|args| serde_json::from_str::<Value>(args).is_err())
+        {
+            return Err(in_body(
+                OutcomeClass::Truncated,
+                "tool_use input is not complete JSON",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl StreamDecoder for AnthropicDecoder {
+    fn on_event(&mut self, event: &SseEvent, out: &mut Vec<Chunk>) -> Result<(), Failure> {
+        if let Some(f) = &self.failed {
+            return Err(f.clone());
+        }
+        let result = self.handle(event, out);
+        if let Err(f) = &result {
+            self.failed = Some(f.clone());
+        }
+        result
+    }
+
+    fn finish(&mut self) -> Result<Completion, Failure> {
+        if let Some(f) = &self.failed {
+            return Err(f.clone());
+        }
+        if !self.stopped {
+            return Err(in_body(
+                OutcomeClass::Truncated,
+                "stream ended without message_stop",
+            ));
+        }
+        let Some(finish_reason) = self.finish_reason else {
+            return Err(in_body(
+                OutcomeClass::Truncated,
+                "message_stop without a stop_reason",
+            ));
+        };
+        if finish_reason == FinishReason::ToolCalls {
+            self.check_tool_input()?;
+        }
+        Ok(Completion {
+            finish_reason,
+            usage: self.usage,
+        })
+    }
+}
+
+fn is_unknown_event(ev: &SseEvent) -> bool {
+    ev.event
+        .as_deref()
+        .is_some_and(|e| !KNOWN_EVENTS.contains(&e))
+}
+
+/// The tool input already present in `content_block_start` (normally `{}`,
+/// in which case the input streams as `input_json_delta`).
+fn initial_input(block: &Value) -> String {
+    match block.get("input") {
+        Some(Value::Object(o)) if !o.is_empty() => Value::Object(o.clone()).to_string(),
+        _ => String::new(),
+    }
+}
+
+fn tool_fragment(index: u32, arguments: &str) -> Chunk {
+    Chunk::ToolCall {
+        index,
+        id: None,
+        name: None,
+        arguments: arguments.to_owned(),
+    }
+}
+
+/// An `error` payload that may not be JSON.
+fn error_payload_failure(raw: &str) -> Failure {
+    match serde_json::from_str::<Value>(raw) {
+        Ok(v) => classify_error_object(ProviderKind::Anthropic, &v, Some(200)),
+        Err(_) => in_body(
+            OutcomeClass::ServerError,
+            "upstream sent a non-JSON error event",
+        ),
+    }
+}
+
+/// Maps a `stop_reason`; unknown values are abnormal.
+fn map_stop_reason(reason: &str) -> Result<FinishReason, Failure> {
+    match reason {
+        "end_turn" | "stop_sequence" | "pause_turn" => Ok(FinishReason::Stop),
+        "max_tokens" | "model_context_window_exceeded" => Ok(FinishReason::Length),
+        "tool_use" => Ok(FinishReason::ToolCalls),
+        "refusal" => Ok(FinishReason::Refusal),
+        other => {
+            let label: String = other
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .take(32)
+                .collect();
+            Err(Failure {
+                should_retry: Some(false),
+                ..in_body(
+                    OutcomeClass::Protocol,
+                    format!("abnormal stop_reason {label}"),
+                )
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::upstream::sse::transcript::{run_all, text_of};
+    use crate::upstream::{ToolCall, ToolSpec};
+
+    macro_rules! fixture {
+        ($name:literal) => {
+            include_str!(concat!("../../tests/fixtures/transcripts/", $name))
+        };
+    }
+
+    fn decode(text: &str) -> (Vec<Chunk>, Result<Completion, Failure>) {
+        run_all(text, AnthropicDecoder::new)
+    }
+
+    fn frag(index: u32, id: Option<&str>, name: Option<&str>, args: &str) -> Chunk {
+        Chunk::ToolCall {
+            index,
+            id: id.map(Into::into),
+            name: name.map(Into::into),
+            arguments: args.into(),
+        }
+    }
+
+    fn msg(role: &str, content: &str) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn endpoint_trims_trailing_slash() {
+        assert_eq!(
+            endpoint("https://api.anthropic.com/v1/"),
+            "https://api.anthropic.com/v1/messages"
+        );
+    }
+
+    #[test]
+    fn body_maps_system_tools_and_tool_turns() {
+        let req = ChatRequest {
+            model: "claude-sonnet-4-5".into(),
+            messages: vec![
+                msg("system", "be brief"),
+                msg("system", "be kind"),
+                msg("user", "weather and time?"),
+                ChatMessage {
+                    role: "assistant".into(),
+                    content: "Checking.".into(),
+                    tool_calls: vec![
+                        ToolCall {
+                            id: "toolu_1".into(),
+                            name: "weather".into(),
+                            arguments: "{\"city\":\"Paris\"}".into(),
+                        },
+                        ToolCall {
+                            id: "toolu_2".into(),
+                            name: "time".into(),
+                            arguments: "not json".into(),
+                        },
+                    ],
+                    ..Default::default()
+                },
+                ChatMessage {
+                    tool_call_id: Some("toolu_1".into()),
+                    ..msg("tool", "sunny")
+                },
+                ChatMessage {
+                    tool_call_id: Some("toolu_2".into()),
+                    ..msg("tool", "noon")
+                },
+                msg("user", "thanks"),
+            ],
+            temperature: Some(0.5),
+            stop: vec!["END".into()],
+            tools: vec![ToolSpec {
+                name: "weather".into(),
+                description: "get weather".into(),
+                parameters: json!({"type": "object"}),
+            }],
+            json_mode: true,
+            stream: true,
+            ..Default::default()
+        };
+        let want = json!({
+            "model": "claude-sonnet-4-5",
+            "system": "be brief\n\nbe kind",
+            "messages": [
+                {"role": "user", "content": "weather and time?"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}},
+                    {"type": "tool_use", "id": "toolu_2", "name": "time", "input": {}}
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "noon"}
+                ]},
+                {"role": "user", "content": "thanks"}
+            ],
+            "max_tokens": 1024,
+            "temperature": 0.5,
+            "stop_sequences": ["END"],
+            "tools": [{"name": "weather", "description": "get weather", "input_schema": {"type": "object"}}],
+            "stream": true
+        });
+        assert_eq!(build_body(&req), want);
+    }
+
+    #[test]
+    fn body_keeps_explicit_max_tokens() {
+        let req = ChatRequest {
+            model: "m".into(),
+            max_tokens: Some(7),
+            ..Default::default()
+        };
+        assert_eq!(
+            build_body(&req),
+            json!({"model": "m", "messages": [], "max_tokens": 7})
+        );
+    }
+
+    #[test]
+    fn auth_headers_are_versioned_and_sensitive() {
+        let h = auth_headers(Some("sk-ant-test"));
+        assert_eq!(h.get("anthropic-version").unwrap(), API_VERSION);
+        let key = h.get("x-api-key").unwrap();
+        assert_eq!(key.to_str().unwrap(), "sk-ant-test");
+        assert!(key.is_sensitive());
+        assert!(auth_headers(None).get("x-api-key").is_none());
+    }
+
+    #[test]
+    fn text_stream_completes_with_cumulative_usage() {
+        let (chunks, done) = decode(fixture!("anthropic_text.sse"));
+        assert_eq!(
+            chunks,
+            vec![Chunk::Text("Hello".into()), Chunk::Text("!".into())]
+        );
+        let done = done.unwrap();
+        assert_eq!(done.finish_reason, FinishReason::Stop);
+        assert_eq!(
+            done.usage,
+            Some(Usage {
+                input_tokens: 25,
+                output_tokens: 15
+            })
+        );
+    }
+
+    #[test]
+    fn crlf_fixture_decodes_like_lf() {
+        assert_eq!(
+            decode(fixture!("anthropic_text_crlf.sse")),
+            decode(fixture!("anthropic_text.sse"))
+        );
+    }
+
+    #[test]
+    fn tool_use_streams_fragments_at_block_index() {
+        let (chunks, done) = decode(fixture!("anthropic_tool_use.sse"));
+        assert_eq!(
+            chunks,
+            vec![
+                Chunk::Text("Let me check.".into()),
+                frag(1, Some("toolu_01A"), Some("get_weather"), ""),
+                frag(1, None, None, "{\"city\": "),
+                frag(1, None, None, "\"Paris\"}"),
+                frag(2, Some("toolu_01B"), Some("get_time"), ""),
+                frag(2, None, None, "{}"),
+            ]
+        );
+        let done = done.unwrap();
+        assert_eq!(done.finish_reason, FinishReason::ToolCalls);
+        assert_eq!(
+            done.usage,
+            Some(Usage {
+                input_tokens: 400,
+                output_tokens: 89
+            })
+        );
+    }
+
+    #[test]
+    fn overloaded_error_midstream_is_overloaded() {
+        let (chunks, end) = decode(fixture!("anthropic_overloaded_midstream.sse"));
+        assert_eq!(text_of(&chunks), "Hel");
+        let f = end.unwrap_err();
+        assert_eq!(f.class, OutcomeClass::Overloaded);
+        assert_eq!(f.http_status, Some(200));
+    }
+
+    #[test]
+    fn overloaded_before_any_delta_emits_nothing() {
+        let (chunks, end) = decode(fixture!("anthropic_overloaded_before_content.sse"));
+        assert!(chunks.is_empty());
+        assert_eq!(end.unwrap_err().class, OutcomeClass::Overloaded);
+    }
+
+    #[test]
+    fn midstream_error_types() {
+        let cases = [
+            (
+                r#"{"type":"error","error":{"type":"api_error","message":"Internal server error"}}"#,
+                OutcomeClass::ServerError,
+            ),
+            (
+                r#"{"type":"error","error":{"type":"rate_limit_error","message":"x"}}"#,
+                OutcomeClass::RateLimited,
+            ),
+            (
+                r#"{"type":"error","error":{"type":"rate_limit_error","message":"x","details":{"error_code":"enforced_spend_limit_reached"}}}"#,
+                OutcomeClass::Quota,
+            ),
+            (
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"x"}}"#,
+                OutcomeClass::Invalid,
+            ),
+            (
+                r#"{"type":"error","error":{"details":null,"type":"overloaded_error","message":"Overloaded"}}"#,
+                OutcomeClass::Overloaded,
+            ),
+            ("not json", OutcomeClass::ServerError),
+        ];
+        for (data, want) in cases {
+            let text = format!("event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{}}}}\n\nevent: error\ndata: {data}\n\n");
+            assert_eq!(decode(&text).1.unwrap_err().class, want, "{data}");
+        }
+    }
+
+    #[test]
+    fn no_message_stop_is_truncated() {
+        let (chunks, end) = decode(fixture!("anthropic_no_message_stop.sse"));
+        assert_eq!(text_of(&chunks), "Hello there");
+        assert_eq!(end.unwrap_err().class, OutcomeClass::Truncated);
+    }
+
+    #[test]
+    fn eof_after_content_block_delta_is_truncated() {
+        let text = "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n";
+        assert_eq!(decode(text).1.unwrap_err().class, OutcomeClass::Truncated);
+    }
+
+    #[test]
+    fn refusal_forwards_partial_text_and_finishes_as_refusal() {
+        let (chunks, done) = decode(fixture!("anthropic_refusal.sse"));
+        assert_eq!(text_of(&chunks), "Sure, the first step");
+        assert_eq!(done.unwrap().finish_reason, FinishReason::Refusal);
+    }
+
+    #[test]
+    fn pings_thinking_and_unknown_events_are_ignored() {
+        let (chunks, done) = decode(fixture!("anthropic_pings_unknown_events.sse"));
+        assert_eq!(chunks, vec![Chunk::Text("42".into())]);
+        let done = done.unwrap();
+        assert_eq!(done.finish_reason, FinishReason::Length);
+        assert_eq!(
+            done.usage,
+            Some(Usage {
+                input_tokens: 12,
+                output_tokens: 64
+            })
+        );
+    }
+
+    #[test]
+    fn truncated_tool_input_is_truncated() {
+        let (chunks, end) = decode(fixture!("anthropic_truncated_tool_input.sse"));
+        assert_eq!(chunks.len(), 2);
+        assert_eq!(end.unwrap_err().class, OutcomeClass::Truncated);
+    }
+
+    #[test]
+    fn stop_reason_mapping() {
+        let cases = [
+            ("end_turn", FinishReason::Stop),
+            ("stop_sequence", FinishReason::Stop),
+            ("pause_turn", FinishReason::Stop),
+            ("max_tokens", FinishReason::Length),
+            ("model_context_window_exceeded", FinishReason::Length),
+            ("refusal", FinishReason::Refusal),
+            ("tool_use", FinishReason::ToolCalls),
+        ];
+        for (reason, want) in cases {
+            assert_eq!(map_stop_reason(reason).unwrap(), want);
+        }
+        let f = map_stop_reason("something_new").unwrap_err();
+        assert_eq!(f.class, OutcomeClass::Protocol);
+        assert!(!f.retry_same_target());
+    }
+
+    #[test]
+    fn message_stop_without_stop_reason_is_truncated() {
+        let text = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        assert_eq!(decode(text).1.unwrap_err().class, OutcomeClass::Truncated);
+    }
+
+    #[test]
+    fn tool_use_stop_without_tool_block_is_protocol() {
+        let text = "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        assert_eq!(decode(text).1.unwrap_err().class, OutcomeClass::Protocol);
+    }
+
+    #[test]
+    fn malformed_known_event_is_protocol() {
+        let text = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\n\n";
+        assert_eq!(decode(text).1.unwrap_err().class, OutcomeClass::Protocol);
+    }
+}

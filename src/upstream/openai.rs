@@ -1,1 +1,913 @@
-//! (in progress)
+//! OpenAI Chat Completions adapter, also used for vLLM, llama.cpp and Ollama:
+//! request body, auth headers, and a strict decoder that enforces the completion
+//! predicate (reference A.1) and the compat-server normalisation rules (A.4 a-g).
+//! Pure functions over values and bytes: no I/O, and the API key is never logged
+//! or kept anywhere but the sensitive header value handed back.
+
+use std::collections::BTreeMap;
+
+use http::header::AUTHORIZATION;
+use http::{HeaderMap, HeaderValue};
+use serde_json::{json, Map, Value};
+
+use crate::policy::outcome::{Failure, OutcomeClass};
+use crate::upstream::classify::{classify_error_object, in_body};
+use crate::upstream::sse::SseEvent;
+use crate::upstream::{
+    ChatMessage, ChatRequest, Chunk, Completion, FinishReason, ProviderKind, StreamDecoder, Usage,
+};
+
+/// The chat completions URL under `base_url` (e.g. `https://api.openai.com/v1`).
+pub fn endpoint(base_url: &str) -> String {
+    format!("{}/chat/completions", base_url.trim_end_matches('/'))
+}
+
+/// The JSON request body. Streaming asks for the usage chunk (`include_usage`).
+pub fn build_body(req: &ChatRequest) -> Value {
+    let mut body = Map::new();
+    body.insert("model".into(), json!(req.model));
+    let messages = req.messages.iter().map(message_json).collect();
+    body.insert("messages".into(), Value::Array(messages));
+    if let Some(n) = req.max_tokens {
+        body.insert("max_tokens".into(), json!(n));
+    }
+    if let Some(t) = req.temperature.and_then(f32_json) {
+        body.insert("temperature".into(), t);
+    }
+    if let Some(p) = req.top_p.and_then(f32_json) {
+        body.insert("top_p".into(), p);
+    }
+    if !req.stop.is_empty() {
+        body.insert("stop".into(), json!(req.stop));
+    }
+    if !req.tools.is_empty() {
+        let tools = req.tools.iter().map(|t| {
+            json!({"type": "function", "function": {
+                "name": t.name, "description": t.description, "parameters": t.parameters}})
+        });
+        body.insert("tools".into(), Value::Array(tools.collect()));
+    }
+    if req.json_mode {
+        body.insert("response_format".into(), json!({"type": "json_object"}));
+    }
+    if req.stream {
+        body.insert("stream".into(), json!(true));
+        body.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    Value::Object(body)
+}
+
+fn message_json(m: &ChatMessage) -> Value {
+    let mut o = Map::new();
+    o.insert("role".into(), json!(m.role));
+    if m.tool_calls.is_empty() {
+        o.insert("content".into(), json!(m.content));
+    } else {
+        let content = if m.content.is_empty() {
+            Value::Null
+        } else {
+            json!(m.content)
+        };
+        o.insert("content".into(), content);
+        let calls = m.tool_calls.iter().map(|c| {
+            json!({"id": c.id, "type": "function",
+                   "function": {"name": c.name, "arguments": c.arguments}})
+        });
+        o.insert("tool_calls".into(), Value::Array(calls.collect()));
+    }
+    if let Some(id) = &m.tool_call_id {
+        o.insert("tool_call_id".into(), json!(id));
+    }
+    Value::Object(o)
+}
+
+/// An `f32` as the JSON number a human wrote (`0.7`, not `0.699999988`); `None` if not finite.
+pub(crate) fn f32_json(x: f32) -> Option<Value> {
+    let shortest: f64 = x.to_string().parse().ok()?;
+    serde_json::Number::from_f64(shortest).map(Value::Number)
+}
+
+/// `Authorization: Bearer <key>`, marked sensitive. No key (or one that is not a
+/// valid header value) gives no header: the upstream answers 401 and the attempt
+/// is classified `Auth`.
+pub fn auth_headers(api_key: Option<&str>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    if let Some(key) = api_key.filter(|k| !k.is_empty()) {
+        if let Ok(mut value) = HeaderValue::from_str(&format!("Bearer {key}")) {
+            value.set_sensitive(true);
+            headers.insert(AUTHORIZATION, value);
+        }
+    }
+    headers
+}
+
+/// Streaming decoder for `chat.completion.chunk` frames.
+///
+/// Choices made where the reference leaves room:
+/// - a missing usage chunk (even when requested) is accepted with `usage: None`;
+///   the router estimates usage and flags it;
+/// - `delta.refusal` text is forwarded as text and a `stop` finish becomes `Refusal`;
+/// - finish reason `error` is `ServerError` (retryable); `abort`, `repetition` and
+///   any other unknown reason are `Protocol` with `should_retry = Some(false)`;
+/// - `[DONE]` with no output and no finish reason (vLLM PR #40986) is `ServerError`;
+/// - frames after `[DONE]` are ignored, except a non-standard `error:` field.
+#[derive(Debug, Default)]
+pub struct OpenAiDecoder {
+    /// `data: [DONE]` arrived.
+    done: bool,
+    /// Every choice index seen, with its finish reason once one arrived.
+    choices: BTreeMap<u32, Option<FinishReason>>,
+    /// Accumulated `function.arguments` per tool-call index.
+    tool_args: BTreeMap<u32, String>,
+    /// Some text or tool-call fragment was emitted.
+    produced: bool,
+    /// A `delta.refusal` fragment was seen.
+    refusal: bool,
+    /// The last usage object seen (the usage chunk, or continuous usage stats).
+    usage: Option<Usage>,
+    /// The failure that ended the stream; repeated by later calls.
+    failed: Option<Failure>,
+}
+
+impl OpenAiDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn handle(&mut self, ev: &SseEvent, out: &mut Vec<Chunk>) -> Result<(), Failure> {
+        if let Some(raw) = &ev.error {
+            return Err(error_field_failure(raw));
+        }
+        if self.done {
+            return Ok(());
+        }
+        let data = ev.data.trim();
+        if ev.event.as_deref() == Some("error") {
+            return Err(error_field_failure(data));
+        }
+        if data.starts_with("[DONE]") {
+            self.done = true;
+            return Ok(());
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let v: Value = serde_json::from_str(data)
+            .map_err(|_| in_body(OutcomeClass::Protocol, "malformed JSON in stream frame"))?;
+        if !v.is_object() {
+            return Err(in_body(
+                OutcomeClass::Protocol,
+                "stream frame is not a JSON object",
+            ));
+        }
+        if is_error_object(&v) {
+            return Err(classify_error_object(ProviderKind::Openai, &v, Some(200)));
+        }
+        if let Some(u) = parse_usage(v.get("usage")) {
+            self.usage = Some(u);
+        }
+        match v.get("choices") {
+            Some(Value::Array(choices)) => choices.iter().try_for_each(|c| self.on_choice(c, out)),
+            None | Some(Value::Null) => Ok(()),
+            Some(_) => Err(in_body(OutcomeClass::Protocol, "`choices` is not an array")),
+        }
+    }
+
+    fn on_choice(&mut self, c: &Value, out: &mut Vec<Chunk>) -> Result<(), Failure> {
+        let index = u32_field(c, "index").unwrap_or(0);
+        self.choices.entry(index).or_insert(None);
+        if let Some(delta) = c.get("delta") {
+            self.on_delta(delta, out);
+        }
+        if let Some(reason) = c.get("finish_reason").and_then(Value::as_str) {
+            if !reason.is_empty() {
+                self.choices.insert(index, Some(map_finish_reason(reason)?));
+            }
+        }
+        Ok(())
+    }
+
+    fn on_delta(&mut self, delta: &Value, out: &mut Vec<Chunk>) {
+        if let Some(text) = non_empty_str(delta, "content") {
+            self.push_text(text, out);
+        }
+        if let Some(text) = non_empty_str(delta, "refusal") {
+            self.refusal = true;
+            self.push_text(text, out);
+        }
+        if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+            for (pos, call) in calls.iter().enumerate() {
+                let index = u32_field(call, "index").unwrap_or(pos_u32(pos));
+                self.on_tool_fragment(index, call.get("id"), call.get("function"), out);
+            }
+        }
+        if let Some(call) = delta.get("function_call").filter(|f| f.is_object()) {
+            self.on_tool_fragment(0, None, Some(call), out);
+        }
+    }
+
+    fn push_text(&mut self, text: &str, out: &mut Vec<Chunk>) {
+        self.produced = true;
+        out.push(Chunk::Text(text.to_owned()));
+    }
+
+    fn on_tool_fragment(
+        &mut self,
+        index: u32,
+        id: Option<&Value>,
+        function: Option<&Value>,
+        out: &mut Vec<Chunk>,
+    ) {
+        let id = id.and_then(Value::as_str).map(str::to_owned);
+        let name = function
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let arguments = function
+            .and_then(|f| f.get("arguments"))
+            .map(arguments_text)
+            .unwrap_or_default();
+        if id.is_none() && name.is_none() && arguments.is_empty() {
+            return;
+        }
+        self.tool_args
+            .entry(index)
+            .or_default()
+            .push_str(&arguments);
+        self.produced = true;
+        out.push(Chunk::ToolCall {
+            index,
+            id,
+            name,
+            arguments,
+        });
+    }
+}
+
+impl StreamDecoder for OpenAiDecoder {
+    fn on_event(&mut self, event: &SseEvent, out: &mut Vec<Chunk>) -> Result<(), Failure> {
+        if let Some(f) = &self.failed {
+            return Err(f.clone());
+        }
+        let result = self.handle(event, out);
+        if let Err(f) = &result {
+            self.failed = Some(f.clone());
+        }
+        result
+    }
+
+    fn finish(&mut self) -> Result<Completion, Failure> {
+        if let Some(f) = &self.failed {
+            return Err(f.clone());
+        }
+        if !self.done {
+            return Err(in_body(
+                OutcomeClass::Truncated,
+                "stream ended without [DONE]",
+            ));
+        }
+        if !self.produced && self.choices.values().all(Option::is_none) {
+            return Err(in_body(
+                OutcomeClass::ServerError,
+                "upstream sent [DONE] without any output or finish_reason",
+            ));
+        }
+        let mut reasons = Vec::with_capacity(self.choices.len());
+        for (index, reason) in &self.choices {
+            match reason {
+                Some(r) => reasons.push(*r),
+                None => {
+                    let msg = format!("choice {index} ended without finish_reason");
+                    return Err(in_body(OutcomeClass::Truncated, msg));
+                }
+            }
+        }
+        let first = reasons.first().copied().unwrap_or(FinishReason::Stop);
+        let args = self.tool_args.values().map(String::as_str);
+        let finish_reason = settle(first, self.refusal, args)?;
+        Ok(Completion {
+            finish_reason,
+            usage: self.usage,
+        })
+    }
+}
+
+/// Final checks shared by the streaming and non-streaming paths: tool-call
+/// arguments must parse as JSON, and refusal text turns a `stop` into `Refusal`.
+fn settle<'a>(
+    reason: FinishReason,
+    refusal: bool,
+    mut tool_args: impl ExactSizeIterator<Item = &'a str>,
+) -> Result<FinishReason, Failure> {
+    if reason == FinishReason::ToolCalls {
+        if tool_args.len() == 0 {
+            return Err(in_body(
+                OutcomeClass::Protocol,
+                "finish_reason tool_calls without a tool call",
+            ));
+        }
+        if tool_args.any(|a| serde_json::from_str::<Value>(a).is_err()) {
+            return Err(in_body(
+                OutcomeClass::Truncated,
+                "tool call arguments are not complete JSON",
+            ));
+        }
+    }
+    Ok(if refusal && reason == FinishReason::Stop {
+        FinishReason::Refusal
+    } else {
+        reason
+    })
+}
+
+/// Maps a finish reason; anything outside the documented set is a failure.
+fn map_finish_reason(reason: &str) -> Result<FinishReason, Failure> {
+    match reason {
+        "stop" => Ok(FinishReason::Stop),
+        "length" => Ok(FinishReason::Length),
+        "tool_calls" | "function_call" => Ok(FinishReason::ToolCalls),
+        "content_filter" => Ok(FinishReason::ContentFilter),
+        "error" => Err(in_body(
+            OutcomeClass::ServerError,
+            "upstream finished with finish_reason error",
+        )),
+        other => {
+            let label: String = other
+                .chars()
+                .filter(char::is_ascii_alphanumeric)
+                .take(32)
+                .collect();
+            Err(Failure {
+                should_retry: Some(false),
+                ..in_body(
+                    OutcomeClass::Protocol,
+                    format!("abnormal finish_reason {label}"),
+                )
+            })
+        }
+    }
+}
+
+/// A truthy `error` key (not null, false, "" or {}), or a flat `{"object":"error"}`.
+fn is_error_object(v: &Value) -> bool {
+    let truthy = match v.get("error") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(_) => true,
+    };
+    truthy || v.get("object").and_then(Value::as_str) == Some("error")
+}
+
+/// A non-standard `error:` field or `event: error` payload (llama.cpp legacy).
+fn error_field_failure(raw: &str) -> Failure {
+    match serde_json::from_str::<Value>(raw) {
+        Ok(v) => classify_error_object(ProviderKind::Openai, &v, Some(200)),
+        Err(_) => in_body(
+            OutcomeClass::ServerError,
+            "upstream sent a non-JSON error field",
+        ),
+    }
+}
+
+fn parse_usage(v: Option<&Value>) -> Option<Usage> {
+    let u = v.filter(|u| u.is_object())?;
+    Some(Usage {
+        input_tokens: u32_field(u, "prompt_tokens").unwrap_or(0),
+        output_tokens: u32_field(u, "completion_tokens").unwrap_or(0),
+    })
+}
+
+/// `function.arguments` as text; some compat servers send an object instead of a string.
+fn arguments_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+pub(crate) fn u32_field(v: &Value, key: &str) -> Option<u32> {
+    let n = v.get(key)?.as_u64()?;
+    Some(u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+pub(crate) fn pos_u32(pos: usize) -> u32 {
+    u32::try_from(pos).unwrap_or(u32::MAX)
+}
+
+fn non_empty_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key)?.as_str().filter(|s| !s.is_empty())
+}
+
+/// Decodes a non-streamed `chat.completion` body (status 200).
+/// An empty, HTML or otherwise non-JSON body is `Protocol`; `{"error":..}` is
+/// classified like a stream error frame.
+pub fn decode_non_streaming(body: &[u8]) -> Result<(Vec<Chunk>, Completion), Failure> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(in_body(OutcomeClass::Protocol, "empty response body"));
+    }
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|_| in_body(OutcomeClass::Protocol, "response body is not JSON"))?;
+    if !v.is_object() {
+        return Err(in_body(
+            OutcomeClass::Protocol,
+            "response body is not a JSON object",
+        ));
+    }
+    if is_error_object(&v) {
+        return Err(classify_error_object(ProviderKind::Openai, &v, Some(200)));
+    }
+    let choice = v
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first())
+        .ok_or_else(|| in_body(OutcomeClass::Protocol, "response has no choices"))?;
+    let message = choice
+        .get("message")
+        .ok_or_else(|| in_body(OutcomeClass::Protocol, "choice has no message"))?;
+    let (chunks, refusal, args) = message_chunks(message);
+    let reason = match choice.get("finish_reason").and_then(Value::as_str) {
+        Some(r) if !r.is_empty() => map_finish_reason(r)?,
+        _ => {
+            return Err(in_body(
+                OutcomeClass::Truncated,
+                "response has no finish_reason",
+            ))
+        }
+    };
+    let finish_reason = settle(reason, refusal, args.iter().map(String::as_str))?;
+    Ok((
+        chunks,
+        Completion {
+            finish_reason,
+            usage: parse_usage(v.get("usage")),
+        },
+    ))
+}
+
+/// Chunks of a complete assistant message, whether it held refusal text, and
+/// each tool call's arguments.
+fn message_chunks(message: &Value) -> (Vec<Chunk>, bool, Vec<String>) {
+    let mut chunks = Vec::new();
+    if let Some(text) = non_empty_str(message, "content") {
+        chunks.push(Chunk::Text(text.to_owned()));
+    }
+    let refusal = non_empty_str(message, "refusal");
+    if let Some(text) = refusal {
+        chunks.push(Chunk::Text(text.to_owned()));
+    }
+    let mut args = Vec::new();
+    let calls = message.get("tool_calls").and_then(Value::as_array);
+    for (pos, call) in calls.into_iter().flatten().enumerate() {
+        let function = call.get("function");
+        let arguments = function
+            .and_then(|f| f.get("arguments"))
+            .map(arguments_text)
+            .unwrap_or_default();
+        args.push(arguments.clone());
+        chunks.push(Chunk::ToolCall {
+            index: pos_u32(pos),
+            id: call.get("id").and_then(Value::as_str).map(str::to_owned),
+            name: function
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            arguments,
+        });
+    }
+    (chunks, refusal.is_some(), args)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::upstream::sse::transcript::{run_all, text_of};
+    use crate::upstream::{ToolCall, ToolSpec};
+
+    macro_rules! fixture {
+        ($name:literal) => {
+            include_str!(concat!("../../tests/fixtures/transcripts/", $name))
+        };
+    }
+
+    fn decode(text: &str) -> (Vec<Chunk>, Result<Completion, Failure>) {
+        run_all(text, OpenAiDecoder::new)
+    }
+
+    fn class_of(text: &str) -> OutcomeClass {
+        decode(text).1.unwrap_err().class
+    }
+
+    #[test]
+    fn endpoint_trims_trailing_slash() {
+        assert_eq!(
+            endpoint("https://api.openai.com/v1/"),
+            "https://api.openai.com/v1/chat/completions"
+        );
+        assert_eq!(
+            endpoint("http://h:8000/v1"),
+            "http://h:8000/v1/chat/completions"
+        );
+    }
+
+    #[test]
+    fn body_has_every_field() {
+        let req = ChatRequest {
+            model: "gpt-4o-mini".into(),
+            messages: vec![
+                ChatMessage {
+                    role: "system".into(),
+                    content: "be brief".into(),
+                    ..Default::default()
+                },
+                ChatMessage {
+                    role: "user".into(),
+                    content: "weather?".into(),
+                    ..Default::default()
+                },
+                ChatMessage {
+                    role: "assistant".into(),
+                    tool_calls: vec![ToolCall {
+                        id: "call_1".into(),
+                        name: "f".into(),
+                        arguments: "{\"a\":1}".into(),
+                    }],
+                    ..Default::default()
+                },
+                ChatMessage {
+                    role: "tool".into(),
+                    content: "sunny".into(),
+                    tool_call_id: Some("call_1".into()),
+                    ..Default::default()
+                },
+            ],
+            max_tokens: Some(64),
+            temperature: Some(0.7),
+            top_p: Some(0.9),
+            stop: vec!["END".into()],
+            tools: vec![ToolSpec {
+                name: "f".into(),
+                description: "get weather".into(),
+                parameters: json!({"type": "object"}),
+            }],
+            json_mode: true,
+            stream: true,
+        };
+        let want = json!({
+            "model": "gpt-4o-mini",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]},
+                {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
+            ],
+            "max_tokens": 64,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "stop": ["END"],
+            "tools": [{"type": "function", "function": {
+                "name": "f", "description": "get weather", "parameters": {"type": "object"}}}],
+            "response_format": {"type": "json_object"},
+            "stream": true,
+            "stream_options": {"include_usage": true}
+        });
+        assert_eq!(build_body(&req), want);
+    }
+
+    #[test]
+    fn minimal_body_omits_optional_fields() {
+        let req = ChatRequest {
+            model: "m".into(),
+            ..Default::default()
+        };
+        assert_eq!(build_body(&req), json!({"model": "m", "messages": []}));
+    }
+
+    #[test]
+    fn auth_header_is_bearer_and_sensitive() {
+        let h = auth_headers(Some("sk-test"));
+        let v = h.get(AUTHORIZATION).unwrap();
+        assert_eq!(v.to_str().unwrap(), "Bearer sk-test");
+        assert!(v.is_sensitive());
+        assert!(auth_headers(None).is_empty());
+        assert!(auth_headers(Some("bad\nkey")).is_empty());
+    }
+
+    #[test]
+    fn text_stream_completes_with_usage() {
+        let (chunks, done) = decode(fixture!("openai_text.sse"));
+        assert_eq!(
+            chunks,
+            vec![Chunk::Text("Hello".into()), Chunk::Text(" world".into())]
+        );
+        let done = done.unwrap();
+        assert_eq!(done.finish_reason, FinishReason::Stop);
+        assert_eq!(
+            done.usage,
+            Some(Usage {
+                input_tokens: 24,
+                output_tokens: 2
+            })
+        );
+    }
+
+    #[test]
+    fn crlf_fixture_decodes_like_lf() {
+        assert_eq!(
+            decode(fixture!("openai_text_crlf.sse")),
+            decode(fixture!("openai_text.sse"))
+        );
+    }
+
+    #[test]
+    fn tool_call_fragments_by_index() {
+        let (chunks, done) = decode(fixture!("openai_tool_calls.sse"));
+        let done = done.unwrap();
+        assert_eq!(done.finish_reason, FinishReason::ToolCalls);
+        assert_eq!(
+            done.usage,
+            Some(Usage {
+                input_tokens: 24,
+                output_tokens: 58
+            })
+        );
+        let frag = |index, id: Option<&str>, name: Option<&str>, args: &str| Chunk::ToolCall {
+            index,
+            id: id.map(Into::into),
+            name: name.map(Into::into),
+            arguments: args.into(),
+        };
+        assert_eq!(
+            chunks,
+            vec![
+                frag(0, Some("call_1"), Some("get_weather"), ""),
+                frag(0, None, None, "{\"city\":"),
+                frag(0, None, None, "\"Paris\"}"),
+                frag(1, Some("call_2"), Some("get_time"), "{\"tz\":"),
+                frag(1, None, None, "\"CET\"}"),
+            ]
+        );
+    }
+
+    #[test]
+    fn missing_usage_chunk_is_accepted_without_usage() {
+        let (chunks, done) = decode(fixture!("openai_usage_missing.sse"));
+        assert_eq!(text_of(&chunks), "Hi there");
+        let done = done.unwrap();
+        assert_eq!(done.finish_reason, FinishReason::Stop);
+        assert_eq!(done.usage, None);
+    }
+
+    #[test]
+    fn vllm_error_frame_fails_even_though_done_follows() {
+        let (chunks, end) = decode(fixture!("openai_error_then_done_vllm.sse"));
+        assert_eq!(text_of(&chunks), "The answer");
+        let f = end.unwrap_err();
+        assert_eq!(f.class, OutcomeClass::ServerError);
+        assert_eq!(f.http_status, Some(200));
+    }
+
+    #[test]
+    fn vllm_done_only_is_a_server_error() {
+        let (chunks, end) = decode(fixture!("openai_done_only_vllm.sse"));
+        assert!(chunks.is_empty());
+        assert_eq!(end.unwrap_err().class, OutcomeClass::ServerError);
+    }
+
+    #[test]
+    fn role_only_delta_then_done_is_a_server_error() {
+        let text = "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\ndata: [DONE]\n\n";
+        assert_eq!(class_of(text), OutcomeClass::ServerError);
+    }
+
+    #[test]
+    fn llamacpp_legacy_error_field_is_invalid() {
+        let (chunks, end) = decode(fixture!("llamacpp_legacy_error.sse"));
+        assert!(chunks.is_empty());
+        let f = end.unwrap_err();
+        assert_eq!(f.class, OutcomeClass::Invalid);
+        assert!(f.message.contains("context size"), "{}", f.message);
+    }
+
+    #[test]
+    fn llamacpp_new_error_frame_is_invalid() {
+        assert_eq!(
+            class_of(fixture!("llamacpp_error_frame.sse")),
+            OutcomeClass::Invalid
+        );
+    }
+
+    #[test]
+    fn llamacpp_done_without_blank_line_completes() {
+        let (chunks, done) = decode(fixture!("llamacpp_done_no_blank_line.sse"));
+        assert_eq!(text_of(&chunks), "ok");
+        assert_eq!(done.unwrap().finish_reason, FinishReason::Stop);
+    }
+
+    #[test]
+    fn ollama_empty_delta_then_eof_is_truncated() {
+        let (chunks, end) = decode(fixture!("ollama_truncated.sse"));
+        assert_eq!(text_of(&chunks), "Once upon");
+        assert_eq!(end.unwrap_err().class, OutcomeClass::Truncated);
+    }
+
+    #[test]
+    fn eof_without_done_is_truncated() {
+        assert_eq!(
+            class_of(fixture!("openai_no_done.sse")),
+            OutcomeClass::Truncated
+        );
+    }
+
+    #[test]
+    fn done_without_finish_reason_is_truncated() {
+        let text = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\ndata: [DONE]\n\n";
+        assert_eq!(class_of(text), OutcomeClass::Truncated);
+    }
+
+    #[test]
+    fn every_choice_needs_a_finish_reason() {
+        let text = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: {\"choices\":[{\"index\":1,\"delta\":{\"content\":\"b\"},\"finish_reason\":null}]}\n\n",
+            "data: [DONE]\n\n"
+        );
+        assert_eq!(class_of(text), OutcomeClass::Truncated);
+    }
+
+    #[test]
+    fn truncated_tool_arguments_are_truncated() {
+        let (chunks, end) = decode(fixture!("openai_truncated_tool_args.sse"));
+        assert_eq!(chunks.len(), 2);
+        assert_eq!(end.unwrap_err().class, OutcomeClass::Truncated);
+    }
+
+    #[test]
+    fn malformed_json_frame_is_protocol() {
+        let (chunks, end) = decode(fixture!("openai_malformed.sse"));
+        assert_eq!(text_of(&chunks), "Hel");
+        assert_eq!(end.unwrap_err().class, OutcomeClass::Protocol);
+    }
+
+    #[test]
+    fn content_filter_finishes_as_content_filter() {
+        let (chunks, done) = decode(fixture!("openai_content_filter.sse"));
+        assert_eq!(text_of(&chunks), "Here is");
+        assert_eq!(done.unwrap().finish_reason, FinishReason::ContentFilter);
+    }
+
+    #[test]
+    fn refusal_text_is_forwarded_and_finishes_as_refusal() {
+        let (chunks, done) = decode(fixture!("openai_refusal.sse"));
+        assert_eq!(text_of(&chunks), "I'm sorry, I can't help with that.");
+        assert_eq!(done.unwrap().finish_reason, FinishReason::Refusal);
+    }
+
+    #[test]
+    fn vllm_finish_reason_error_is_retryable_server_error() {
+        let f = decode(fixture!("openai_finish_error_vllm.sse"))
+            .1
+            .unwrap_err();
+        assert_eq!(f.class, OutcomeClass::ServerError);
+        assert!(f.retry_same_target());
+    }
+
+    #[test]
+    fn other_unknown_finish_reasons_are_abnormal_and_not_retried_here() {
+        for reason in ["abort", "repetition", "eos_token"] {
+            let text = format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"a\"}},\"finish_reason\":\"{reason}\"}}]}}\n\ndata: [DONE]\n\n"
+            );
+            let f = decode(&text).1.unwrap_err();
+            assert_eq!(f.class, OutcomeClass::Protocol, "{reason}");
+            assert!(!f.retry_same_target());
+            assert!(f.class.fail_over());
+        }
+    }
+
+    #[test]
+    fn function_call_finish_maps_to_tool_calls() {
+        let text = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"function_call\":{\"name\":\"f\",\"arguments\":\"{}\"}},\"finish_reason\":null}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"function_call\"}]}\n\n",
+            "data: [DONE]\n\n"
+        );
+        assert_eq!(
+            decode(text).1.unwrap().finish_reason,
+            FinishReason::ToolCalls
+        );
+    }
+
+    #[test]
+    fn error_frame_shapes_are_all_failures() {
+        let frames = [
+            (
+                r#"{"error":{"message":"x","type":"server_error","param":null,"code":null}}"#,
+                OutcomeClass::ServerError,
+            ),
+            (
+                r#"{"object":"error","message":"bad","type":"BadRequestError","code":400}"#,
+                OutcomeClass::Invalid,
+            ),
+            (r#"{"error":"boom"}"#, OutcomeClass::ServerError),
+            (
+                r#"{"error":{"message":"x","code":"rate_limit_exceeded"}}"#,
+                OutcomeClass::RateLimited,
+            ),
+        ];
+        for (frame, want) in frames {
+            let text = format!("data: {frame}\n\ndata: [DONE]\n\n");
+            assert_eq!(class_of(&text), want, "{frame}");
+        }
+    }
+
+    #[test]
+    fn null_error_key_is_not_an_error() {
+        let text = "data: {\"error\":null,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+        assert!(decode(text).1.is_ok());
+    }
+
+    #[test]
+    fn decoder_repeats_its_failure() {
+        let mut d = OpenAiDecoder::new();
+        let mut out = Vec::new();
+        let bad = SseEvent {
+            data: "{".into(),
+            ..Default::default()
+        };
+        assert!(d.on_event(&bad, &mut out).is_err());
+        let done = SseEvent {
+            data: "[DONE]".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            d.on_event(&done, &mut out).unwrap_err().class,
+            OutcomeClass::Protocol
+        );
+        assert_eq!(d.finish().unwrap_err().class, OutcomeClass::Protocol);
+    }
+
+    #[test]
+    fn non_streaming_text_and_tools() {
+        let body = br#"{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi","tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
+        let (chunks, done) = decode_non_streaming(body).unwrap();
+        assert_eq!(
+            chunks,
+            vec![
+                Chunk::Text("Hi".into()),
+                Chunk::ToolCall {
+                    index: 0,
+                    id: Some("call_1".into()),
+                    name: Some("f".into()),
+                    arguments: "{\"a\":1}".into()
+                }
+            ]
+        );
+        assert_eq!(done.finish_reason, FinishReason::ToolCalls);
+        assert_eq!(
+            done.usage,
+            Some(Usage {
+                input_tokens: 5,
+                output_tokens: 7
+            })
+        );
+    }
+
+    #[test]
+    fn non_streaming_failures() {
+        let cases: &[(&[u8], OutcomeClass)] = &[
+            (b"", OutcomeClass::Protocol),
+            (b"  \n", OutcomeClass::Protocol),
+            (b"<html><body>502 Bad Gateway</body></html>", OutcomeClass::Protocol),
+            (b"[]", OutcomeClass::Protocol),
+            (br#"{"choices":[]}"#, OutcomeClass::Protocol),
+            (br#"{"error":{"message":"x","type":"server_error"}}"#, OutcomeClass::ServerError),
+            (br#"{"object":"error","message":"x","type":"NotFoundError","code":404}"#, OutcomeClass::NotFound),
+            (br#"{"choices":[{"index":0,"message":{"content":"a"},"finish_reason":null}]}"#, OutcomeClass::Truncated),
+            (br#"{"choices":[{"index":0,"message":{"content":"a"},"finish_reason":"error"}]}"#, OutcomeClass::ServerError),
+            (br#"{"choices":[{"index":0,"message":{"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{"}}]},"finish_reason":"tool_calls"}]}"#, OutcomeClass::Truncated),
+        ];
+        for (body, want) in cases {
+            let got = decode_non_streaming(body).unwrap_err();
+            assert_eq!(got.class, *want, "{}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn non_streaming_refusal() {
+        let body = br#"{"choices":[{"index":0,"message":{"content":null,"refusal":"I can't."},"finish_reason":"stop"}]}"#;
+        let (chunks, done) = decode_non_streaming(body).unwrap();
+        assert_eq!(chunks, vec![Chunk::Text("I can't.".into())]);
+        assert_eq!(done.finish_reason, FinishReason::Refusal);
+        assert_eq!(done.usage, None);
+    }
+
+    #[test]
+    fn temperature_is_written_as_typed() {
+        assert_eq!(f32_json(0.7), Some(json!(0.7)));
+        assert_eq!(f32_json(f32::NAN), None);
+    }
+}

@@ -1,4 +1,8 @@
-//! (in progress) WHATWG server-sent-events parser.
+//! Incremental WHATWG server-sent-events parser: bytes in, dispatched events out,
+//! identical results under any chunking of the same bytes.
+//! Owns line splitting (CR, LF, CRLF across feeds), field rules and the EOF flush.
+//! Knows nothing of JSON or providers, does no I/O, and never fails: odd input
+//! is skipped, except a non-standard `error:` field, which is surfaced.
 
 /// One dispatched SSE event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -7,6 +11,445 @@ pub struct SseEvent {
     pub event: Option<String>,
     /// `data:` lines joined with `\n`.
     pub data: String,
+    /// The `id:` field of this event (not carried over to later events).
     pub id: Option<String>,
     pub retry: Option<u64>,
+    /// A non-standard `error:` field (llama.cpp legacy builds send `error: {json}`).
+    /// Spec parsers drop it; we surface it so the decoder can fail the attempt.
+    pub error: Option<String>,
+}
+
+/// Incremental parser. Feed it bytes as they arrive, then call [`SseParser::finish`].
+#[derive(Debug, Default)]
+pub struct SseParser {
+    /// Bytes of the current, not yet terminated line.
+    line: Vec<u8>,
+    /// The previous feed ended on CR: a leading LF of the next feed belongs to it.
+    skip_lf: bool,
+    /// No line has completed yet (a leading UTF-8 BOM is stripped from the first).
+    first_line: bool,
+    /// Fields of the event being built.
+    pending: Pending,
+}
+
+/// The event under construction.
+#[derive(Debug, Default)]
+struct Pending {
+    event: Option<String>,
+    /// `None` until a `data` line arrives; `Some("")` after `data:` with no value.
+    data: Option<String>,
+    id: Option<String>,
+    retry: Option<u64>,
+    error: Option<String>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.event.is_none()
+            && self.data.is_none()
+            && self.id.is_none()
+            && self.retry.is_none()
+            && self.error.is_none()
+    }
+
+    fn take_event(&mut self) -> Option<SseEvent> {
+        if self.is_empty() {
+            return None;
+        }
+        let p = std::mem::take(self);
+        Some(SseEvent {
+            event: p.event,
+            data: p.data.unwrap_or_default(),
+            id: p.id,
+            retry: p.retry,
+            error: p.error,
+        })
+    }
+}
+
+/// Appends `value` to a multi-line buffer, joining lines with `\n`.
+fn append_line(buf: &mut Option<String>, value: &str) {
+    match buf {
+        Some(existing) => {
+            existing.push('\n');
+            existing.push_str(value);
+        }
+        None => *buf = Some(value.to_owned()),
+    }
+}
+
+impl SseParser {
+    pub fn new() -> Self {
+        SseParser {
+            first_line: true,
+            ..Default::default()
+        }
+    }
+
+    /// Parses `bytes`, pushing every event completed by them onto `out`.
+    pub fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<SseEvent>) {
+        if self.skip_lf {
+            if let Some(rest) = bytes.strip_prefix(b"\n") {
+                bytes = rest;
+                self.skip_lf = false;
+            } else if !bytes.is_empty() {
+                self.skip_lf = false;
+            }
+        }
+        while let Some(pos) = bytes.iter().position(|&b| b == b'\r' || b == b'\n') {
+            self.line.extend_from_slice(&bytes[..pos]);
+            self.end_line(out);
+            let is_cr = bytes[pos] == b'\r';
+            bytes = &bytes[pos + 1..];
+            if is_cr {
+                match bytes.first() {
+                    Some(b'\n') => bytes = &bytes[1..],
+                    Some(_) => {}
+                    None => self.skip_lf = true,
+                }
+            }
+        }
+        self.line.extend_from_slice(bytes);
+    }
+
+    /// The body ended: flushes an unterminated last line and dispatches the
+    /// pending event even without its blank line (llama.cpp sends a bare
+    /// `data: [DONE]`). The parser is reset afterwards.
+    pub fn finish(&mut self, out: &mut Vec<SseEvent>) {
+        if !self.line.is_empty() {
+            self.end_line(out);
+        }
+        out.extend(self.pending.take_event());
+        *self = SseParser::new();
+    }
+
+    fn end_line(&mut self, out: &mut Vec<SseEvent>) {
+        let bytes = std::mem::take(&mut self.line);
+        let mut line = String::from_utf8_lossy(&bytes);
+        if self.first_line {
+            self.first_line = false;
+            if let Some(rest) = line.strip_prefix('\u{feff}') {
+                line = std::borrow::Cow::Owned(rest.to_owned());
+            }
+        }
+        self.process_line(&line, out);
+    }
+
+    fn process_line(&mut self, line: &str, out: &mut Vec<SseEvent>) {
+        if line.is_empty() {
+            out.extend(self.pending.take_event());
+            return;
+        }
+        if line.starts_with(':') {
+            return;
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
+            None => (line, ""),
+        };
+        self.apply_field(field, value);
+    }
+
+    fn apply_field(&mut self, field: &str, value: &str) {
+        let p = &mut self.pending;
+        match field {
+            "event" => p.event = Some(value.to_owned()),
+            "data" => append_line(&mut p.data, value),
+            "id" if !value.contains('\0') => p.id = Some(value.to_owned()),
+            "retry" if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) => {
+                if let Ok(ms) = value.parse() {
+                    p.retry = Some(ms);
+                }
+            }
+            "error" => append_line(&mut p.error, value),
+            _ => {}
+        }
+    }
+}
+
+/// Test helper shared by the decoder tests: runs bytes through the parser and a
+/// decoder under a given chunking.
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+pub(crate) mod transcript {
+    use super::{SseEvent, SseParser};
+    use crate::policy::outcome::Failure;
+    use crate::upstream::{Chunk, Completion, StreamDecoder};
+    use rand::{Rng, SeedableRng};
+
+    /// What one run produced: forwarded chunks and the attempt's end.
+    pub type Run = (Vec<Chunk>, Result<Completion, Failure>);
+
+    /// Splits `bytes` into pieces: whole, byte-by-byte, fixed sizes and seeded random cuts.
+    pub fn chunkings(bytes: &[u8]) -> Vec<Vec<&[u8]>> {
+        let mut all = vec![vec![bytes], bytes.chunks(1).collect()];
+        for size in [2, 3, 7, 64] {
+            all.push(bytes.chunks(size).collect());
+        }
+        for seed in 0..8u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut pieces = Vec::new();
+            let mut rest = bytes;
+            while !rest.is_empty() {
+                let n = rng.random_range(1..=rest.len().min(40));
+                let (head, tail) = rest.split_at(n);
+                pieces.push(head);
+                rest = tail;
+            }
+            all.push(pieces);
+        }
+        all
+    }
+
+    /// Feeds `pieces` through a parser and `decoder`; stops at the first error.
+    pub fn run(pieces: &[&[u8]], decoder: &mut dyn StreamDecoder) -> Run {
+        let mut parser = SseParser::new();
+        let mut chunks = Vec::new();
+        let mut events: Vec<SseEvent> = Vec::new();
+        for piece in pieces {
+            parser.feed(piece, &mut events);
+            for ev in events.drain(..) {
+                if let Err(f) = decoder.on_event(&ev, &mut chunks) {
+                    return (chunks, Err(f));
+                }
+            }
+        }
+        parser.finish(&mut events);
+        for ev in events.drain(..) {
+            if let Err(f) = decoder.on_event(&ev, &mut chunks) {
+                return (chunks, Err(f));
+            }
+        }
+        (chunks, decoder.finish())
+    }
+
+    /// Runs `text` (and its CRLF and CR variants) under every chunking, asserts
+    /// all runs agree and returns the common result.
+    pub fn run_all<D: StreamDecoder>(text: &str, mut new: impl FnMut() -> D) -> Run {
+        let crlf = text.replace('\n', "\r\n");
+        let cr = text.replace('\n', "\r");
+        let first = run(&[text.as_bytes()], &mut new());
+        for variant in [text, crlf.as_str(), cr.as_str()] {
+            for pieces in chunkings(variant.as_bytes()) {
+                let got = run(&pieces, &mut new());
+                assert_eq!(got, first, "chunking changed the result");
+            }
+        }
+        first
+    }
+
+    /// Concatenates all text chunks.
+    pub fn text_of(chunks: &[Chunk]) -> String {
+        chunks
+            .iter()
+            .filter_map(|c| match c {
+                Chunk::Text(t) => Some(t.as_str()),
+                Chunk::ToolCall { .. } => None,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn parse(bytes: &[u8]) -> Vec<SseEvent> {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        p.feed(bytes, &mut out);
+        p.finish(&mut out);
+        out
+    }
+
+    fn parse_pieces(pieces: &[&[u8]]) -> Vec<SseEvent> {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        for piece in pieces {
+            p.feed(piece, &mut out);
+        }
+        p.finish(&mut out);
+        out
+    }
+
+    fn data(d: &str) -> SseEvent {
+        SseEvent {
+            data: d.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn splits_on_lf_crlf_and_cr() {
+        for sep in ["\n", "\r\n", "\r"] {
+            let text = format!("data: a{sep}{sep}data: b{sep}{sep}");
+            assert_eq!(
+                parse(text.as_bytes()),
+                vec![data("a"), data("b")],
+                "{sep:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn crlf_split_across_feeds_is_one_break() {
+        let got = parse_pieces(&[b"data: a\r", b"\ndata: b\r", b"\n\r", b"\n"]);
+        assert_eq!(got, vec![data("a\nb")]);
+    }
+
+    #[test]
+    fn cr_at_end_of_feed_then_empty_feed_then_lf() {
+        let got = parse_pieces(&[b"data: a\r", b"", b"\n\r\n"]);
+        assert_eq!(got, vec![data("a")]);
+    }
+
+    #[test]
+    fn cr_cr_is_two_breaks() {
+        assert_eq!(parse(b"data: a\r\rdata: b\r\r"), vec![data("a"), data("b")]);
+    }
+
+    #[test]
+    fn comments_are_ignored() {
+        assert_eq!(parse(b": keep-alive\n\n:\ndata: x\n\n"), vec![data("x")]);
+    }
+
+    #[test]
+    fn multi_line_data_joined_with_newline() {
+        assert_eq!(parse(b"data: a\ndata:b\ndata\n\n"), vec![data("a\nb\n")]);
+    }
+
+    #[test]
+    fn only_one_leading_space_is_stripped() {
+        assert_eq!(parse(b"data:  two\n\n"), vec![data(" two")]);
+        assert_eq!(parse(b"data:none\n\n"), vec![data("none")]);
+    }
+
+    #[test]
+    fn event_and_id_fields() {
+        let got = parse(b"event: message_start\nid: 7\ndata: {}\n\n");
+        let want = SseEvent {
+            event: Some("message_start".into()),
+            id: Some("7".into()),
+            data: "{}".into(),
+            ..Default::default()
+        };
+        assert_eq!(got, vec![want]);
+    }
+
+    #[test]
+    fn id_with_nul_is_ignored() {
+        assert_eq!(parse(b"id: a\0b\ndata: x\n\n"), vec![data("x")]);
+    }
+
+    #[test]
+    fn id_does_not_carry_over() {
+        let got = parse(b"id: 1\ndata: a\n\ndata: b\n\n");
+        assert_eq!(got[1], data("b"));
+    }
+
+    #[test]
+    fn retry_must_be_an_integer() {
+        assert_eq!(parse(b"retry: 10x\ndata: x\n\n"), vec![data("x")]);
+        assert_eq!(parse(b"retry: -1\ndata: x\n\n"), vec![data("x")]);
+        assert_eq!(parse(b"retry:\ndata: x\n\n"), vec![data("x")]);
+        let got = parse(b"retry: 1500\n\n");
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].retry, Some(1500));
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_do_not_dispatch() {
+        assert_eq!(parse(b"foo: bar\n\nbaz\n\n"), vec![]);
+        assert_eq!(parse(b"foo: bar\ndata: x\n\n"), vec![data("x")]);
+    }
+
+    #[test]
+    fn error_field_is_surfaced() {
+        let got = parse(b"error: {\"code\":400}\n\ndata: [DONE]\n\n");
+        let want = SseEvent {
+            error: Some("{\"code\":400}".into()),
+            ..Default::default()
+        };
+        assert_eq!(got, vec![want, data("[DONE]")]);
+    }
+
+    #[test]
+    fn blank_lines_alone_dispatch_nothing() {
+        assert_eq!(parse(b"\n\n\r\n\r\r\n"), vec![]);
+    }
+
+    #[test]
+    fn empty_data_field_dispatches_empty_event() {
+        assert_eq!(parse(b"data:\n\n"), vec![data("")]);
+    }
+
+    #[test]
+    fn eof_flushes_event_without_blank_line() {
+        assert_eq!(
+            parse(b"data: a\n\ndata: [DONE]"),
+            vec![data("a"), data("[DONE]")]
+        );
+        assert_eq!(parse(b"data: [DONE]\n"), vec![data("[DONE]")]);
+    }
+
+    #[test]
+    fn leading_bom_is_stripped() {
+        assert_eq!(parse(b"\xef\xbb\xbfdata: x\n\n"), vec![data("x")]);
+    }
+
+    #[test]
+    fn invalid_utf8_is_replaced_not_fatal() {
+        assert_eq!(parse(b"data: \xff\n\n"), vec![data("\u{fffd}")]);
+    }
+
+    #[test]
+    fn line_without_colon_is_a_field_with_empty_value() {
+        assert_eq!(parse(b"data\n\n"), vec![data("")]);
+    }
+
+    /// Byte strings biased towards SSE syntax, so the property explores real paths.
+    fn sse_bytes() -> impl Strategy<Value = Vec<u8>> {
+        let token = prop_oneof![
+            Just(b"data:".to_vec()),
+            Just(b"data: ".to_vec()),
+            Just(b"event: e".to_vec()),
+            Just(b"id: 1".to_vec()),
+            Just(b"id: \0".to_vec()),
+            Just(b"retry: 12".to_vec()),
+            Just(b"error: {}".to_vec()),
+            Just(b":".to_vec()),
+            Just(b" ".to_vec()),
+            Just(b"\r".to_vec()),
+            Just(b"\n".to_vec()),
+            Just(b"\r\n".to_vec()),
+            Just(b"\xef\xbb\xbf".to_vec()),
+            Just("é".as_bytes().to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..4),
+        ];
+        proptest::collection::vec(token, 0..40).prop_map(|v| v.concat())
+    }
+
+    proptest! {
+        #[test]
+        fn any_chunking_gives_identical_events(
+            bytes in sse_bytes(),
+            cuts in proptest::collection::vec(any::<usize>(), 0..12),
+        ) {
+            let whole = parse(&bytes);
+            let mut points: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+            points.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut start = 0;
+            for p in points {
+                pieces.push(&bytes[start..p]);
+                start = p;
+            }
+            pieces.push(&bytes[start..]);
+            prop_assert_eq!(parse_pieces(&pieces), whole.clone());
+            let singles: Vec<&[u8]> = bytes.chunks(1).collect();
+            prop_assert_eq!(parse_pieces(&singles), whole);
+        }
+    }
 }
