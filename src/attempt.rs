@@ -134,7 +134,9 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
         failure.upstream_request_id = failure.upstream_request_id.or_else(|| meta.upstream_request_id.clone());
         return AttemptEnd::Failed(failure);
     }
-    let end = if input.chat.stream {
+    // Anthropic is always streamed (its SDKs refuse long non-streamed calls);
+    // the non-streaming path is OpenAI's.
+    let end = if input.chat.stream || rt.kind == ProviderKind::Anthropic {
         stream_body(input, response, sink, meta, first_limit).await
     } else {
         whole_body(input, response, sink, meta, first_limit).await
@@ -177,9 +179,9 @@ fn build_request(input: &AttemptInput<'_>) -> reqwest::RequestBuilder {
         .json(&body)
 }
 
-fn decoder_for(kind: ProviderKind, chat: &ChatRequest) -> Box<dyn StreamDecoder> {
+fn decoder_for(kind: ProviderKind) -> Box<dyn StreamDecoder> {
     match kind {
-        ProviderKind::Openai => Box::new(openai::OpenAiDecoder::new(chat.stream)),
+        ProviderKind::Openai => Box::new(openai::OpenAiDecoder::new()),
         ProviderKind::Anthropic => Box::new(anthropic::AnthropicDecoder::new()),
     }
 }
@@ -213,7 +215,7 @@ async fn stream_body(
     let rt = input.runtime;
     let mut body = response.bytes_stream();
     let mut parser = SseParser::new();
-    let mut decoder = decoder_for(rt.kind, input.chat);
+    let mut decoder = decoder_for(rt.kind);
     let mut events = Vec::new();
     let mut chunks = Vec::new();
     let mut last_activity = Instant::now();
@@ -300,11 +302,7 @@ async fn whole_body(
     let Ok(body) = body else {
         return timed_out(expired(first_limit, input.deadline, "no complete response before the first-token timeout"));
     };
-    let decoded = match input.runtime.kind {
-        ProviderKind::Openai => openai::decode_non_streaming(&body),
-        ProviderKind::Anthropic => anthropic::decode_non_streaming(&body),
-    };
-    match decoded {
+    match openai::decode_non_streaming(&body) {
         Ok((mut chunks, completion)) => {
             if forward(&mut chunks, sink, meta).await.is_err() {
                 return AttemptEnd::ClientGone;

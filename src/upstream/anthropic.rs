@@ -151,6 +151,9 @@ enum Block {
     Text,
     /// A client tool call; `args` accumulates `input_json_delta` fragments.
     ToolUse {
+        /// 0-based position among the message's tool calls (the block index
+        /// counts text blocks too; callers expect calls numbered from 0).
+        call: u32,
         args: String,
     },
     /// Thinking, server tools and future block types: not forwarded.
@@ -172,6 +175,8 @@ pub struct AnthropicDecoder {
     finish_reason: Option<FinishReason>,
     /// Content blocks seen, by index.
     blocks: BTreeMap<u32, Block>,
+    /// Tool-use blocks seen so far.
+    tool_calls: u32,
     /// Input tokens from `message_start`, output tokens from the last `message_delta`.
     usage: Option<Usage>,
     /// The failure that ended the stream; repeated by later calls.
@@ -262,13 +267,15 @@ impl AnthropicDecoder {
             }
             "tool_use" => {
                 let args = initial_input(block);
+                let call = self.tool_calls;
+                self.tool_calls += 1;
                 out.push(Chunk::ToolCall {
-                    index,
+                    index: call,
                     id: block.get("id").and_then(Value::as_str).map(str::to_owned),
                     name: block.get("name").and_then(Value::as_str).map(str::to_owned),
                     arguments: args.clone(),
                 });
-                Block::ToolUse { args }
+                Block::ToolUse { call, args }
             }
             _ => Block::Other,
         };
@@ -293,10 +300,10 @@ impl AnthropicDecoder {
                     .get("partial_json")
                     .and_then(Value::as_str)
                     .unwrap_or("");
-                if let Some(Block::ToolUse { args }) = self.blocks.get_mut(&index) {
+                if let Some(Block::ToolUse { call, args }) = self.blocks.get_mut(&index) {
                     if !part.is_empty() {
                         args.push_str(part);
-                        out.push(tool_fragment(index, part));
+                        out.push(tool_fragment(*call, part));
                     }
                 }
             }
@@ -306,10 +313,10 @@ impl AnthropicDecoder {
 
     fn on_block_stop(&mut self, v: &Value, out: &mut Vec<Chunk>) {
         let index = u32_field(v, "index").unwrap_or(0);
-        if let Some(Block::ToolUse { args }) = self.blocks.get_mut(&index) {
+        if let Some(Block::ToolUse { call, args }) = self.blocks.get_mut(&index) {
             if args.is_empty() {
                 args.push_str("{}");
-                out.push(tool_fragment(index, "{}"));
+                out.push(tool_fragment(*call, "{}"));
             }
         }
     }
@@ -344,7 +351,7 @@ impl AnthropicDecoder {
             .blocks
             .values()
             .filter_map(|b| match b {
-                Block::ToolUse { args } => Some(args),
+                Block::ToolUse { args, .. } => Some(args),
                 _ => None,
             })
             .collect();
@@ -627,17 +634,17 @@ mod tests {
     }
 
     #[test]
-    fn tool_use_streams_fragments_at_block_index() {
+    fn tool_calls_are_numbered_from_zero_whatever_their_block_index() {
         let (chunks, done) = decode(fixture!("anthropic_tool_use.sse"));
         assert_eq!(
             chunks,
             vec![
                 Chunk::Text("Let me check.".into()),
-                frag(1, Some("toolu_01A"), Some("get_weather"), ""),
-                frag(1, None, None, "{\"city\": "),
-                frag(1, None, None, "\"Paris\"}"),
-                frag(2, Some("toolu_01B"), Some("get_time"), ""),
-                frag(2, None, None, "{}"),
+                frag(0, Some("toolu_01A"), Some("get_weather"), ""),
+                frag(0, None, None, "{\"city\": "),
+                frag(0, None, None, "\"Paris\"}"),
+                frag(1, Some("toolu_01B"), Some("get_time"), ""),
+                frag(1, None, None, "{}"),
             ]
         );
         let done = done.unwrap();
