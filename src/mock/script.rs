@@ -15,8 +15,9 @@ use super::log::{Attempt, Ending};
 use super::wire::{self, Finish, Gen};
 use super::MockKind;
 
-/// Pause before an RST so the client can read what was already sent.
-const RESET_GRACE: Duration = Duration::from_millis(25);
+/// Pause before an abort so hyper flushes what was already yielded (it drops
+/// its write buffer on a body error) and the client can read it before an RST.
+const ABORT_GRACE: Duration = Duration::from_millis(25);
 
 /// One action of a response body.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,9 +92,7 @@ pub(crate) fn stream_steps(g: &Gen, fault: &Fault, token_delay: Duration) -> Vec
 fn strike(g: &Gen, fault: &Fault, k: u32, out: &mut Vec<Step>) -> bool {
     match fault {
         Fault::Abort { reset, .. } => {
-            if *reset {
-                out.push(Step::Sleep(RESET_GRACE));
-            }
+            out.push(Step::Sleep(ABORT_GRACE));
             out.push(Step::Abort { reset: *reset });
             true
         }
