@@ -3,7 +3,7 @@
 //! exactly once: completed, aborted by the mock, or dropped (client hung up).
 //! Never stores credentials: only whether an auth header was present.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
@@ -60,7 +60,8 @@ pub struct Stats {
     pub in_flight: u32,
     /// Highest `in_flight` since start or since the last `DELETE /_mock/requests`.
     pub max_in_flight: u32,
-    /// Records in the log (requests since start or the last clear).
+    /// Requests logged since start or the last clear (the log itself keeps
+    /// only the newest 100 000).
     pub requests: u64,
 }
 
@@ -75,11 +76,16 @@ pub(crate) enum Ending {
     HungUp,
 }
 
+/// Records kept before the oldest are dropped (long benchmarks).
+const MAX_RECORDS: usize = 100_000;
+
 /// Mutable log state behind one lock (never held across an await).
 #[derive(Default)]
 struct Inner {
-    /// Records in arrival order.
-    records: Vec<RequestRecord>,
+    /// Records in arrival order, at most [`MAX_RECORDS`].
+    records: VecDeque<RequestRecord>,
+    /// Requests logged since start or the last clear.
+    total: u64,
     /// Next sequence number to hand out.
     next_seq: u64,
     /// Admitted requests not yet finalised.
@@ -132,7 +138,11 @@ impl Log {
             inner.max_in_flight = inner.max_in_flight.max(inner.in_flight);
         }
         let seq = record.seq;
-        inner.records.push(record);
+        if inner.records.len() >= MAX_RECORDS {
+            inner.records.pop_front();
+        }
+        inner.records.push_back(record);
+        inner.total += 1;
         Attempt {
             log: Arc::clone(self),
             seq,
@@ -149,13 +159,14 @@ impl Log {
     }
 
     pub(crate) fn snapshot(&self) -> Vec<RequestRecord> {
-        self.lock().records.clone()
+        self.lock().records.iter().cloned().collect()
     }
 
     /// Empties the log and restarts the high-water mark from the current load.
     pub(crate) fn clear(&self) {
         let mut inner = self.lock();
         inner.records.clear();
+        inner.total = 0;
         inner.max_in_flight = inner.in_flight;
     }
 
@@ -164,7 +175,7 @@ impl Log {
         Stats {
             in_flight: inner.in_flight,
             max_in_flight: inner.max_in_flight,
-            requests: inner.records.len() as u64,
+            requests: inner.total,
         }
     }
 }

@@ -427,7 +427,7 @@ async fn refuse_from_flag_starts_down() {
 async fn over_capacity_is_rejected_and_logged() {
     let h = start(MockArgs {
         tokens: 5,
-        token_delay_ms: 60,
+        token_delay_ms: 100,
         max_concurrency: 1,
         ..MockArgs::default()
     })
@@ -507,12 +507,12 @@ async fn stall_then_client_drop_is_logged_as_hang_up() {
 #[tokio::test]
 async fn slow_first_token_sends_headers_at_once() {
     let h = mock(2).await;
-    put_fault(&h, json!({"type": "slow_first_token", "delay_ms": 300})).await;
+    put_fault(&h, json!({"type": "slow_first_token", "delay_ms": 600})).await;
     let t0 = std::time::Instant::now();
     let r = post(&h, "/chat/completions", &oa_body(true)).await;
-    assert!(t0.elapsed() < Duration::from_millis(250));
+    assert!(t0.elapsed() < Duration::from_millis(500));
     let text = r.text().await.unwrap();
-    assert!(t0.elapsed() >= Duration::from_millis(300));
+    assert!(t0.elapsed() >= Duration::from_millis(600));
     assert!(text.ends_with("data: [DONE]\n\n"));
 }
 
