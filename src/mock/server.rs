@@ -1,0 +1,604 @@
+//! The mock's HTTP side: its own accept loop (so `refuse` can close and rebind
+//! the port and `abort` can RST one connection), the axum router, the
+//! provider endpoints and the `/_mock/*` control endpoints.
+//! Control requests are never logged and never faulted.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use hyper::service::Service as _;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::faults::{Fault, FaultSpec, FaultState, Preset};
+use super::log::{Attempt, Log, RequestRecord};
+use super::script::{self, ConnCtl, Step};
+use super::wire::{self, Gen, Parsed};
+use super::MockKind;
+
+/// Largest request body accepted.
+const BODY_LIMIT: usize = 64 * 1024 * 1024;
+/// Request headers copied into the log.
+const LOGGED_HEADERS: &[&str] = &[
+    "x-switchyard-attempt",
+    "x-request-id",
+    "idempotency-key",
+    "x-stainless-retry-count",
+];
+
+/// Settings changeable at run time via `PUT /_mock/config`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MockConfig {
+    /// Tokens per completion.
+    pub tokens: u32,
+    /// Delay between tokens in ms.
+    pub token_delay_ms: u64,
+    /// Requests served at once before answering over capacity (0 = unlimited).
+    pub max_concurrency: u32,
+}
+
+/// Partial update of [`MockConfig`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigPatch {
+    tokens: Option<u32>,
+    token_delay_ms: Option<u64>,
+    max_concurrency: Option<u32>,
+}
+
+/// A request to the accept loop to stop listening for a while.
+pub(crate) struct RefuseCmd {
+    pub duration: Duration,
+    /// Generation of the refuse spec, cleared when listening resumes.
+    pub generation: u64,
+    /// Answered once the listener is closed.
+    pub ack: Option<oneshot::Sender<()>>,
+}
+
+/// State shared by the accept loop, the handlers and the [`super::MockHandle`].
+pub(crate) struct Shared {
+    pub kind: MockKind,
+    pub log: Arc<Log>,
+    config: Mutex<MockConfig>,
+    faults: Mutex<FaultState>,
+    refuse_tx: mpsc::UnboundedSender<RefuseCmd>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    pub(crate) fn new(
+        kind: MockKind,
+        config: MockConfig,
+        seed: u64,
+        started: Instant,
+    ) -> (Arc<Shared>, mpsc::UnboundedReceiver<RefuseCmd>) {
+        let (refuse_tx, refuse_rx) = mpsc::unbounded_channel();
+        let shared = Shared {
+            kind,
+            log: Arc::new(Log::new(started)),
+            config: Mutex::new(config),
+            faults: Mutex::new(FaultState::new(seed)),
+            refuse_tx,
+        };
+        (Arc::new(shared), refuse_rx)
+    }
+
+    pub(crate) fn config(&self) -> MockConfig {
+        *lock(&self.config)
+    }
+
+    pub(crate) fn current_fault(&self) -> FaultSpec {
+        lock(&self.faults).current()
+    }
+
+    pub(crate) fn clear_refuse(&self, generation: u64) {
+        lock(&self.faults).clear_if(generation);
+    }
+
+    /// Installs `spec`; a `refuse` also tells the accept loop to close the port.
+    /// The returned receiver fires once the listener is closed.
+    pub(crate) fn set_fault(&self, spec: FaultSpec) -> Option<oneshot::Receiver<()>> {
+        let refuse = match spec.fault {
+            Fault::Refuse { duration_ms } => Some(Duration::from_millis(duration_ms)),
+            _ => None,
+        };
+        let generation = lock(&self.faults).set(spec);
+        let duration = refuse?;
+        let (ack, rx) = oneshot::channel();
+        let cmd = RefuseCmd {
+            duration,
+            generation,
+            ack: Some(ack),
+        };
+        self.refuse_tx.send(cmd).ok()?;
+        Some(rx)
+    }
+}
+
+// ---- Accept loop ------------------------------------------------------------
+
+/// Binds `addr` with SO_REUSEADDR, so a `refuse` can rebind the same port.
+pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// Serves until `cancel` fires. Phases of a `refuse`: (1) drop the listener,
+/// (2) ask open connections to close once idle, (3) wait, (4) rebind.
+pub(crate) async fn accept_loop(
+    listener: Option<TcpListener>,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    mut refuse_rx: mpsc::UnboundedReceiver<RefuseCmd>,
+    cancel: CancellationToken,
+) {
+    let router = router(Arc::clone(&shared));
+    let (close_tx, _) = watch::channel(0u64);
+    let mut listener = listener;
+    let mut down: Option<(Instant, u64)> = None;
+    loop {
+        if listener.is_none() {
+            let (until, generation) = down.unwrap_or((Instant::now(), 0));
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep_until(until) => {}
+            }
+            match bind(addr) {
+                Ok(l) => {
+                    listener = Some(l);
+                    down = None;
+                    shared.clear_refuse(generation);
+                }
+                Err(e) => {
+                    tracing::warn!(%addr, error = %e, "mock-upstream: rebind failed, retrying");
+                    down = Some((Instant::now() + Duration::from_millis(20), generation));
+                }
+            }
+            continue;
+        }
+        let Some(l) = listener.as_ref() else { continue };
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            cmd = refuse_rx.recv() => {
+                let Some(mut cmd) = cmd else { return };
+                listener = None;
+                close_tx.send_modify(|n| *n += 1);
+                down = Some((Instant::now() + cmd.duration, cmd.generation));
+                if let Some(ack) = cmd.ack.take() {
+                    let _ = ack.send(());
+                }
+            }
+            accepted = l.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let conn = serve_conn(stream, router.clone(), cancel.clone(), close_tx.subscribe());
+                    tokio::spawn(conn);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "mock-upstream: accept failed");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            },
+        }
+    }
+}
+
+/// Serves one connection; drops it hard on `cancel`, gracefully on `close`.
+async fn serve_conn(
+    stream: TcpStream,
+    router: Router,
+    cancel: CancellationToken,
+    mut close: watch::Receiver<u64>,
+) {
+    let _ = stream.set_nodelay(true);
+    let ctl = Arc::new(ConnCtl::default());
+    let io = TokioIo::new(ConnIo {
+        inner: stream,
+        ctl: Arc::clone(&ctl),
+    });
+    let svc = TowerToHyperService::new(router);
+    let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(Arc::clone(&ctl));
+        svc.call(req)
+    });
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let conn = builder.serve_connection(io, svc);
+    tokio::pin!(conn);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            res = conn.as_mut() => {
+                if let Err(e) = res {
+                    tracing::debug!(error = %e, "mock-upstream: connection ended");
+                }
+                return;
+            }
+            changed = close.changed(), if !closing => {
+                closing = true;
+                if changed.is_ok() {
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+/// A TCP stream that closes with RST (SO_LINGER 0) when its [`ConnCtl`] says so.
+struct ConnIo {
+    inner: TcpStream,
+    ctl: Arc<ConnCtl>,
+}
+
+impl Drop for ConnIo {
+    fn drop(&mut self) {
+        if self.ctl.reset.load(Ordering::SeqCst) {
+            let _ = socket2::SockRef::from(&self.inner).set_linger(Some(Duration::ZERO));
+        }
+    }
+}
+
+impl AsyncRead for ConnIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ConnIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+// ---- Router -----------------------------------------------------------------
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|s: State<Arc<Shared>>, r: Request| completion(s, MockKind::Openai, r)),
+        )
+        .route(
+            "/v1/messages",
+            post(|s: State<Arc<Shared>>, r: Request| completion(s, MockKind::Anthropic, r)),
+        )
+        .route("/_mock/faults", get(get_faults).put(put_faults))
+        .route("/_mock/requests", get(get_requests).delete(delete_requests))
+        .route("/_mock/stats", get(get_stats))
+        .route("/_mock/config", get(get_config).put(put_config))
+        .route("/_mock/health", get(|| async { "ok" }))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(shared)
+}
+
+async fn not_found(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    let path = req.uri().path().to_owned();
+    let dialect = if path.contains("messages") {
+        MockKind::Anthropic
+    } else if path.contains("completions") {
+        MockKind::Openai
+    } else {
+        s.kind
+    };
+    let (_, body) = wire::preset_error(dialect, Preset::Invalid, "mock-model", "req_mock");
+    let mut body = body;
+    let msg = format!("mock-upstream: no route for {path}");
+    match dialect {
+        MockKind::Openai => body["error"]["message"] = msg.into(),
+        MockKind::Anthropic => {
+            body["error"]["type"] = "not_found_error".into();
+            body["error"]["message"] = msg.into();
+        }
+    }
+    (StatusCode::NOT_FOUND, Json(body)).into_response()
+}
+
+async fn get_faults(State(s): State<Arc<Shared>>) -> Json<FaultSpec> {
+    Json(s.current_fault())
+}
+
+async fn put_faults(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    let text = String::from_utf8_lossy(&body);
+    let text = if text.trim().is_empty() { "{}" } else { &text };
+    match FaultSpec::parse(text) {
+        Ok(spec) => {
+            if let Some(ack) = s.set_fault(spec) {
+                let _ = ack.await;
+            }
+            Json(s.current_fault()).into_response()
+        }
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": e})),
+        )
+            .into_response(),
+    }
+}
+
+async fn get_requests(State(s): State<Arc<Shared>>) -> Json<Vec<RequestRecord>> {
+    Json(s.log.snapshot())
+}
+
+async fn delete_requests(State(s): State<Arc<Shared>>) -> StatusCode {
+    s.log.clear();
+    StatusCode::NO_CONTENT
+}
+
+async fn get_stats(State(s): State<Arc<Shared>>) -> Response {
+    Json(s.log.stats()).into_response()
+}
+
+async fn get_config(State(s): State<Arc<Shared>>) -> Json<MockConfig> {
+    Json(s.config())
+}
+
+async fn put_config(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    match serde_json::from_slice::<ConfigPatch>(&body) {
+        Ok(p) => {
+            let mut c = lock(&s.config);
+            c.tokens = p.tokens.unwrap_or(c.tokens);
+            c.token_delay_ms = p.token_delay_ms.unwrap_or(c.token_delay_ms);
+            c.max_concurrency = p.max_concurrency.unwrap_or(c.max_concurrency);
+            Json(*c).into_response()
+        }
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+// ---- Provider endpoints -----------------------------------------------------
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn new_record(
+    dialect: MockKind,
+    path: &str,
+    headers: &HeaderMap,
+    body: &serde_json::Value,
+    parsed: &Parsed,
+) -> RequestRecord {
+    let selected: BTreeMap<String, String> = LOGGED_HEADERS
+        .iter()
+        .filter_map(|h| {
+            let v = headers.get(*h)?.to_str().ok()?;
+            Some(((*h).to_owned(), v.to_owned()))
+        })
+        .collect();
+    RequestRecord {
+        seq: 0,
+        path: path.to_owned(),
+        dialect,
+        model: parsed.model.clone(),
+        stream: parsed.stream,
+        max_tokens: parsed.max_tokens,
+        has_tools: parsed.tool.is_some(),
+        body: body.clone(),
+        authorization_present: headers.contains_key(header::AUTHORIZATION)
+            || headers.contains_key("x-api-key"),
+        headers: selected,
+        arrived_ms: 0.0,
+        finished_ms: None,
+        status: None,
+        fault: None,
+        tokens_sent: 0,
+        completed: false,
+        client_hung_up: false,
+        over_capacity: false,
+    }
+}
+
+/// `POST /v1/chat/completions` and `POST /v1/messages`.
+async fn completion(State(s): State<Arc<Shared>>, dialect: MockKind, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let conn = parts.extensions.get::<Arc<ConnCtl>>().cloned();
+    let bytes = axum::body::to_bytes(body, BODY_LIMIT)
+        .await
+        .unwrap_or_default();
+    let json: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
+    let body_json = json.clone().unwrap_or(serde_json::Value::Null);
+    let parsed = Parsed::from_body(dialect, &body_json);
+    let cfg = s.config();
+    let record = new_record(
+        dialect,
+        parts.uri.path(),
+        &parts.headers,
+        &body_json,
+        &parsed,
+    );
+    let attempt = s.log.begin(record, cfg.max_concurrency);
+    let gen = Gen::new(dialect, parsed, attempt.seq(), cfg.tokens, unix_now());
+
+    if attempt.over_capacity() {
+        let (status, body) = wire::over_capacity(dialect, &gen.request_id());
+        return error_response(&gen, attempt, status, body, &BTreeMap::new(), None);
+    }
+    if json.is_none() {
+        let (status, body) = wire::bad_json(dialect, &gen.request_id());
+        return error_response(&gen, attempt, status, body, &BTreeMap::new(), None);
+    }
+    let fault = lock(&s.faults).pick().unwrap_or(Fault::None);
+    if fault != Fault::None {
+        attempt.set_fault(Some(fault.name()));
+    }
+    let delay = Duration::from_millis(cfg.token_delay_ms);
+    match &fault {
+        Fault::Hang => {
+            let _attempt = attempt;
+            std::future::pending::<()>().await;
+            unreachable_response()
+        }
+        Fault::Refuse { .. } => {
+            // Arrived on a connection opened before the port closed: cut it.
+            respond(
+                &gen,
+                attempt,
+                200,
+                vec![Step::Abort { reset: true }],
+                conn,
+                false,
+            )
+        }
+        Fault::Status {
+            status,
+            preset,
+            headers,
+            body,
+        } => {
+            let preset = preset.unwrap_or_else(|| Preset::for_status(status.unwrap_or(500)));
+            let (preset_status, preset_body) =
+                wire::preset_error(dialect, preset, gen.model_name(), &gen.request_id());
+            let code = status.unwrap_or(preset_status);
+            let raw = body.as_ref().map(|b| Bytes::from(b.clone()));
+            error_response(&gen, attempt, code, preset_body, headers, raw)
+        }
+        Fault::ErrorEvent { error_type, .. } if !gen.req.stream => {
+            let preset = match error_type.as_deref() {
+                None | Some("overloaded_error") => Preset::Overloaded,
+                Some("rate_limit_error") => Preset::RateLimit,
+                _ => Preset::ServerError,
+            };
+            let (code, body) =
+                wire::preset_error(dialect, preset, gen.model_name(), &gen.request_id());
+            error_response(&gen, attempt, code, body, &BTreeMap::new(), None)
+        }
+        _ if gen.req.stream => {
+            let steps = script::stream_steps(&gen, &fault, delay);
+            respond(&gen, attempt, 200, steps, conn, true)
+        }
+        _ => {
+            let steps = script::json_steps(&gen, &fault);
+            respond(&gen, attempt, 200, steps, conn, false)
+        }
+    }
+}
+
+fn unreachable_response() -> Response {
+    StatusCode::INTERNAL_SERVER_ERROR.into_response()
+}
+
+fn request_id_header(dialect: MockKind) -> HeaderName {
+    match dialect {
+        MockKind::Openai => HeaderName::from_static("x-request-id"),
+        MockKind::Anthropic => HeaderName::from_static("request-id"),
+    }
+}
+
+/// A response whose body plays `steps`.
+fn respond(
+    gen: &Gen,
+    attempt: Attempt,
+    status: u16,
+    steps: Vec<Step>,
+    conn: Option<Arc<ConnCtl>>,
+    sse: bool,
+) -> Response {
+    attempt.set_status(status);
+    let mut resp = Response::new(script::into_body(steps, attempt, conn));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    let h = resp.headers_mut();
+    let ct = if sse {
+        "text/event-stream; charset=utf-8"
+    } else {
+        "application/json"
+    };
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+    if sse {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    }
+    if let Ok(v) = HeaderValue::from_str(&gen.request_id()) {
+        h.insert(request_id_header(gen.dialect), v);
+    }
+    resp
+}
+
+/// An error response: `body` (or `raw`) with `status` and extra `headers`.
+fn error_response(
+    gen: &Gen,
+    attempt: Attempt,
+    status: u16,
+    body: serde_json::Value,
+    headers: &BTreeMap<String, String>,
+    raw: Option<Bytes>,
+) -> Response {
+    let bytes = raw.unwrap_or_else(|| Bytes::from(body.to_string()));
+    let mut resp = respond(
+        gen,
+        attempt,
+        status,
+        vec![Step::Data(bytes, 0)],
+        None,
+        false,
+    );
+    for (k, v) in headers {
+        if let (Ok(k), Ok(v)) = (HeaderName::try_from(k.as_str()), HeaderValue::from_str(v)) {
+            resp.headers_mut().insert(k, v);
+        }
+    }
+    resp
+}

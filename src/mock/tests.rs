@@ -1,0 +1,637 @@
+//! Tests of the mock against `start()` on 127.0.0.1:0 with a real HTTP client:
+//! wire shapes of both dialects, every fault type, the log and the stats.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::*;
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client")
+}
+
+async fn mock(tokens: u32) -> MockHandle {
+    start(MockArgs {
+        tokens,
+        ..MockArgs::default()
+    })
+    .await
+    .expect("start")
+}
+
+fn oa_body(stream: bool) -> Value {
+    json!({"model": "gpt-test", "stream": stream,
+           "messages": [{"role": "user", "content": "hi"}]})
+}
+
+fn an_body(stream: bool) -> Value {
+    json!({"model": "claude-test", "stream": stream, "max_tokens": 1000,
+           "messages": [{"role": "user", "content": "hi"}]})
+}
+
+async fn post(h: &MockHandle, path: &str, body: &Value) -> reqwest::Response {
+    client()
+        .post(format!("{}{path}", h.base_url()))
+        .header("authorization", "Bearer sk-test")
+        .header("x-switchyard-attempt", "1")
+        .json(body)
+        .send()
+        .await
+        .expect("send")
+}
+
+async fn put_fault(h: &MockHandle, spec: Value) -> Value {
+    let r = client()
+        .put(format!("http://{}/_mock/faults", h.addr()))
+        .json(&spec)
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(r.status(), 200, "fault rejected: {spec}");
+    r.json().await.expect("json")
+}
+
+/// `data:` payloads of an SSE body, in order.
+fn data_lines(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .flat_map(|ev| ev.lines())
+        .filter_map(|l| l.strip_prefix("data: ").map(str::to_owned))
+        .collect()
+}
+
+fn event_names(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("event: ").map(str::to_owned))
+        .collect()
+}
+
+fn text_of(n: u32) -> String {
+    (0..n).map(token_text).collect()
+}
+
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+#[tokio::test]
+async fn openai_stream_is_well_formed() {
+    let h = mock(5).await;
+    let mut body = oa_body(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = post(&h, "/chat/completions", &body).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().contains_key("x-request-id"));
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let text = r.text().await.unwrap();
+    let data = data_lines(&text);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let id = &chunks[0]["id"];
+    assert!(chunks.iter().all(|c| &c["id"] == id
+        && c["object"] == "chat.completion.chunk"
+        && c["model"] == "gpt-test"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, text_of(5));
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+    let usage = &chunks[chunks.len() - 1];
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 5);
+
+    settle().await;
+    let log = h.requests();
+    assert_eq!(log.len(), 1);
+    let rec = &log[0];
+    assert!(rec.stream && rec.completed && !rec.client_hung_up);
+    assert_eq!(rec.tokens_sent, 5);
+    assert_eq!(rec.status, Some(200));
+    assert!(rec.authorization_present);
+    assert_eq!(
+        rec.headers.get("x-switchyard-attempt").map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(rec.model.as_deref(), Some("gpt-test"));
+    assert!(!serde_json::to_string(&log).unwrap().contains("sk-test"));
+}
+
+#[tokio::test]
+async fn openai_non_stream_and_max_tokens() {
+    let h = mock(8).await;
+    let mut body = oa_body(false);
+    body["max_tokens"] = json!(3);
+    let v: Value = post(&h, "/chat/completions", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], text_of(3));
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    // Same request, same text.
+    let w: Value = post(&h, "/chat/completions", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["choices"], w["choices"]);
+}
+
+#[tokio::test]
+async fn openai_tool_call_stream() {
+    let h = mock(4).await;
+    let mut body = oa_body(true);
+    body["tools"] = json!([{"type": "function", "function": {"name": "lookup", "parameters": {}}}]);
+    let text = post(&h, "/chat/completions", &body)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let data = data_lines(&text);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let first = chunks
+        .iter()
+        .find(|c| c["choices"][0]["delta"]["tool_calls"][0]["id"].is_string())
+        .unwrap();
+    let call = &first["choices"][0]["delta"]["tool_calls"][0];
+    assert_eq!(call["index"], 0);
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "lookup");
+    assert_eq!(call["function"]["arguments"], "");
+    let args: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
+        .collect();
+    let parsed: Value = serde_json::from_str(&args).unwrap();
+    assert_eq!(parsed["query"], text_of(4));
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+    settle().await;
+    assert!(h.requests()[0].has_tools);
+}
+
+#[tokio::test]
+async fn anthropic_stream_ends_with_message_stop() {
+    let h = mock(3).await;
+    let r = post(&h, "/messages", &an_body(true)).await;
+    assert!(r.headers().contains_key("request-id"));
+    let text = r.text().await.unwrap();
+    assert_eq!(
+        event_names(&text),
+        [
+            "message_start",
+            "content_block_start",
+            "ping",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
+    let data: Vec<Value> = data_lines(&text)
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(
+        data[0]["message"]["usage"]["input_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    let t: String = data
+        .iter()
+        .filter_map(|d| d["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(t, text_of(3));
+    assert_eq!(data[7]["delta"]["stop_reason"], "end_turn");
+    assert_eq!(data[7]["usage"]["output_tokens"], 3);
+
+    // Capped by max_tokens, and a tool_use answer.
+    let mut body = an_body(true);
+    body["max_tokens"] = json!(2);
+    let text = post(&h, "/messages", &body).await.text().await.unwrap();
+    assert!(text.contains("\"stop_reason\":\"max_tokens\""));
+    let mut body = an_body(true);
+    body["tools"] = json!([{"name": "lookup", "input_schema": {}}]);
+    let text = post(&h, "/messages", &body).await.text().await.unwrap();
+    let data: Vec<Value> = data_lines(&text)
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(data[1]["content_block"]["type"], "tool_use");
+    assert_eq!(data[1]["content_block"]["name"], "lookup");
+    let json: String = data
+        .iter()
+        .filter_map(|d| d["delta"]["partial_json"].as_str())
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&json).unwrap()["query"],
+        text_of(3)
+    );
+    assert!(text.contains("\"stop_reason\":\"tool_use\""));
+    assert!(text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"));
+
+    let v: Value = post(&h, "/messages", &an_body(false))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["content"][0]["text"], text_of(3));
+    assert_eq!(v["stop_reason"], "end_turn");
+}
+
+#[tokio::test]
+async fn status_presets_use_real_bodies() {
+    let h = mock(2).await;
+    put_fault(
+        &h,
+        json!({"type": "status", "preset": "rate_limit", "headers": {"retry-after": "2"}}),
+    )
+    .await;
+    let r = post(&h, "/chat/completions", &oa_body(false)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "2");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    assert!(v["error"]["param"].is_null());
+
+    put_fault(&h, json!({"type": "status", "preset": "spend_limit"})).await;
+    let r = post(&h, "/messages", &an_body(true)).await;
+    assert_eq!(r.status(), 429);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert_eq!(
+        v["error"]["details"]["error_code"],
+        "enforced_spend_limit_reached"
+    );
+    assert!(v["request_id"].is_string());
+
+    put_fault(&h, json!({"type": "status", "preset": "auth"})).await;
+    let r = post(&h, "/chat/completions", &oa_body(true)).await;
+    assert_eq!(r.status(), 401);
+    assert!(r.text().await.unwrap().contains(AUTH_MARKER));
+
+    put_fault(&h, json!({"type": "status", "status": 529})).await;
+    let r = post(&h, "/messages", &an_body(true)).await;
+    assert_eq!(r.status(), 529);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "overloaded_error");
+
+    put_fault(&h, json!({"type": "status", "preset": "request_too_large"})).await;
+    let v: Value = post(&h, "/chat/completions", &oa_body(true))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("Limit 30000, Requested 34307."));
+
+    put_fault(&h, json!({"type": "status", "status": 500, "body": "oops"})).await;
+    let r = post(&h, "/chat/completions", &oa_body(true)).await;
+    assert_eq!(r.status(), 500);
+    assert_eq!(r.text().await.unwrap(), "oops");
+    settle().await;
+    let log = h.requests();
+    assert!(log.iter().all(|r| r.fault.as_deref() == Some("status")));
+    assert_eq!(log[0].status, Some(429));
+}
+
+#[tokio::test]
+async fn times_counts_down_then_healthy() {
+    let h = mock(2).await;
+    put_fault(&h, json!({"type": "status", "status": 503, "times": 2})).await;
+    let mut codes = vec![];
+    for _ in 0..4 {
+        codes.push(
+            post(&h, "/chat/completions", &oa_body(false))
+                .await
+                .status()
+                .as_u16(),
+        );
+    }
+    assert_eq!(codes, [503, 503, 200, 200]);
+    assert_eq!(h.fault().times, Some(0));
+    put_fault(&h, json!({})).await;
+    assert_eq!(h.fault(), FaultSpec::default());
+}
+
+#[tokio::test]
+async fn fraction_is_seeded_and_deterministic() {
+    let h = mock(1).await;
+    let mut runs = vec![];
+    for _ in 0..2 {
+        put_fault(
+            &h,
+            json!({"type": "status", "status": 500, "fraction": 0.5, "seed": 7}),
+        )
+        .await;
+        let mut pattern = vec![];
+        for _ in 0..40 {
+            pattern.push(
+                post(&h, "/chat/completions", &oa_body(false))
+                    .await
+                    .status()
+                    == 500,
+            );
+        }
+        runs.push(pattern);
+    }
+    assert_eq!(runs[0], runs[1]);
+    let hits = runs[0].iter().filter(|b| **b).count();
+    assert!((8..=32).contains(&hits), "hits {hits}");
+}
+
+#[tokio::test]
+async fn abort_fin_and_rst_are_body_errors() {
+    for reset in [false, true] {
+        let h = mock(10).await;
+        h.set_fault(
+            Fault::Abort {
+                after_tokens: 3,
+                reset,
+            }
+            .into(),
+        );
+        let r = post(&h, "/chat/completions", &oa_body(true)).await;
+        assert_eq!(r.status(), 200);
+        let err = r.text().await.expect_err("body must fail");
+        let chain = format!("{:?}", err);
+        assert_eq!(chain.to_lowercase().contains("reset"), reset, "{chain}");
+        settle().await;
+        let rec = &h.requests()[0];
+        assert_eq!(rec.tokens_sent, 3);
+        assert!(!rec.completed && !rec.client_hung_up);
+        assert_eq!(rec.fault.as_deref(), Some("abort"));
+    }
+}
+
+#[tokio::test]
+async fn refuse_then_recover() {
+    let h = mock(1).await;
+    put_fault(&h, json!({"type": "refuse", "duration_ms": 300})).await;
+    let fresh = reqwest::Client::builder().no_proxy().build().unwrap();
+    let err = fresh
+        .post(format!("{}/chat/completions", h.base_url()))
+        .json(&oa_body(false))
+        .send()
+        .await
+        .expect_err("refused");
+    assert!(err.is_connect(), "{err:?}");
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let r = post(&h, "/chat/completions", &oa_body(false)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(h.fault(), FaultSpec::default());
+}
+
+#[tokio::test]
+async fn refuse_from_flag_starts_down() {
+    let h = start(MockArgs {
+        fault: Some(r#"{"type":"refuse","duration_ms":200}"#.into()),
+        ..MockArgs::default()
+    })
+    .await
+    .unwrap();
+    assert!(tokio::net::TcpStream::connect(h.addr()).await.is_err());
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(tokio::net::TcpStream::connect(h.addr()).await.is_ok());
+}
+
+#[tokio::test]
+async fn over_capacity_is_rejected_and_logged() {
+    let h = start(MockArgs {
+        tokens: 5,
+        token_delay_ms: 100,
+        max_concurrency: 1,
+        ..MockArgs::default()
+    })
+    .await
+    .unwrap();
+    let h = std::sync::Arc::new(h);
+    let h1 = h.clone();
+    let slow = tokio::spawn(async move {
+        post(&h1, "/messages", &an_body(true))
+            .await
+            .text()
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = post(&h, "/messages", &an_body(true)).await;
+    assert_eq!(r.status(), 529);
+    let r = post(&h, "/chat/completions", &oa_body(true)).await;
+    assert_eq!(r.status(), 503);
+    assert!(slow.await.unwrap().contains("message_stop"));
+    settle().await;
+    let log = h.requests();
+    assert_eq!(log.iter().filter(|r| r.over_capacity).count(), 2);
+    assert_eq!(h.stats().max_in_flight, 1);
+    let stats: Value = client()
+        .get(format!("http://{}/_mock/stats", h.addr()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        stats,
+        json!({"in_flight": 0, "max_in_flight": 1, "requests": 3})
+    );
+}
+
+#[tokio::test]
+async fn hang_and_client_timeout_is_logged_as_hang_up() {
+    let h = mock(3).await;
+    put_fault(&h, json!({"type": "hang"})).await;
+    let err = client()
+        .post(format!("{}/chat/completions", h.base_url()))
+        .json(&oa_body(true))
+        .timeout(Duration::from_millis(200))
+        .send()
+        .await
+        .expect_err("timeout");
+    assert!(err.is_timeout());
+    settle().await;
+    let rec = &h.requests()[0];
+    assert!(rec.client_hung_up, "{rec:?}");
+    assert_eq!(rec.status, None);
+    assert_eq!(h.stats().in_flight, 0);
+}
+
+#[tokio::test]
+async fn stall_then_client_drop_is_logged_as_hang_up() {
+    let h = mock(10).await;
+    h.set_fault(Fault::Stall { after_tokens: 2 }.into());
+    let mut r = post(&h, "/chat/completions", &oa_body(true)).await;
+    let mut seen = String::new();
+    while !seen.contains("tok1 ") {
+        let chunk = r.chunk().await.unwrap().unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let more = tokio::time::timeout(Duration::from_millis(150), r.chunk()).await;
+    assert!(more.is_err(), "stall must send nothing more");
+    drop(r);
+    settle().await;
+    let rec = &h.requests()[0];
+    assert_eq!(rec.tokens_sent, 2);
+    assert!(rec.client_hung_up && !rec.completed);
+}
+
+#[tokio::test]
+async fn slow_first_token_sends_headers_at_once() {
+    let h = mock(2).await;
+    put_fault(&h, json!({"type": "slow_first_token", "delay_ms": 600})).await;
+    let t0 = std::time::Instant::now();
+    let r = post(&h, "/chat/completions", &oa_body(true)).await;
+    assert!(t0.elapsed() < Duration::from_millis(500));
+    let text = r.text().await.unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(600));
+    assert!(text.ends_with("data: [DONE]\n\n"));
+}
+
+#[tokio::test]
+async fn stream_shape_faults() {
+    let h = mock(4).await;
+    let get = |path: &'static str, body: Value| {
+        let h = &h;
+        async move { post(h, path, &body).await.text().await.unwrap() }
+    };
+
+    put_fault(&h, json!({"type": "error_event", "after_tokens": 1})).await;
+    let t = get("/messages", an_body(true)).await;
+    assert!(t.ends_with(
+        "event: error\ndata: {\"error\":{\"message\":\"Overloaded\",\"type\":\"overloaded_error\"},\"type\":\"error\"}\n\n"
+    ) || t.contains("event: error"));
+    assert!(!t.contains("message_stop") && t.contains("tok0 ") && !t.contains("tok1 "));
+    let t = get("/chat/completions", oa_body(true)).await;
+    assert!(data_lines(&t).last().unwrap().starts_with("{\"error\":"));
+
+    put_fault(
+        &h,
+        json!({"type": "error_event", "after_tokens": 0, "then_done": true}),
+    )
+    .await;
+    let t = get("/chat/completions", oa_body(true)).await;
+    let d = data_lines(&t);
+    assert!(d[d.len() - 2].contains("\"error\"") && d[d.len() - 1] == "[DONE]");
+
+    put_fault(&h, json!({"type": "refusal", "after_tokens": 2})).await;
+    let t = get("/messages", an_body(true)).await;
+    assert!(t.contains("\"stop_reason\":\"refusal\"") && t.contains("message_stop"));
+    assert!(!t.contains("tok2 "));
+    let t = get("/chat/completions", oa_body(true)).await;
+    assert!(t.contains("\"finish_reason\":\"content_filter\"") && t.ends_with("[DONE]\n\n"));
+
+    put_fault(&h, json!({"type": "no_terminator"})).await;
+    let t = get("/messages", an_body(true)).await;
+    assert!(t.contains("message_delta") && !t.contains("message_stop"));
+    let t = get("/chat/completions", oa_body(true)).await;
+    assert!(t.contains("\"finish_reason\":\"stop\"") && !t.contains("[DONE]"));
+
+    put_fault(&h, json!({"type": "malformed", "after_tokens": 1})).await;
+    let t = get("/chat/completions", oa_body(true)).await;
+    assert!(t.contains("data: {\"choices\":[{\"delta\":\n\n") && t.ends_with("[DONE]\n\n"));
+    put_fault(
+        &h,
+        json!({"type": "malformed", "after_tokens": 1, "close": true}),
+    )
+    .await;
+    let t = get("/chat/completions", oa_body(true)).await;
+    assert!(t.ends_with("data: {\"choices\":[{\"delta\":\n\n"));
+
+    put_fault(&h, json!({"type": "empty_done"})).await;
+    assert_eq!(
+        get("/chat/completions", oa_body(true)).await,
+        "data: [DONE]\n\n"
+    );
+
+    put_fault(&h, json!({"type": "legacy_error"})).await;
+    let t = get("/chat/completions", oa_body(true)).await;
+    assert!(t.starts_with("error: {\"code\":400") && t.ends_with("data: [DONE]\n\n"));
+
+    put_fault(&h, json!({"type": "error_event"})).await;
+    let r = post(&h, "/messages", &an_body(false)).await;
+    assert_eq!(r.status(), 529);
+}
+
+#[tokio::test]
+async fn control_endpoints() {
+    let h = mock(2).await;
+    let c = client();
+    let base = format!("http://{}", h.addr());
+    let bad = c
+        .put(format!("{base}/_mock/faults"))
+        .body(r#"{"type":"status","stauts":500}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let cfg: Value = c
+        .put(format!("{base}/_mock/config"))
+        .json(&json!({"tokens": 3}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        cfg,
+        json!({"tokens": 3, "token_delay_ms": 0, "max_concurrency": 0})
+    );
+    let v: Value = post(&h, "/chat/completions", &oa_body(false))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], text_of(3));
+    let log: Vec<RequestRecord> = c
+        .get(format!("{base}/_mock/requests"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0].path, "/v1/chat/completions");
+    c.delete(format!("{base}/_mock/requests"))
+        .send()
+        .await
+        .unwrap();
+    assert!(h.requests().is_empty());
+    let spec =
+        FaultSpec::parse(r#"{"type":"abort","after_tokens":2,"reset":true,"times":1}"#).unwrap();
+    assert_eq!(
+        serde_json::to_value(&spec).unwrap(),
+        json!({"type":"abort","after_tokens":2,"reset":true,"times":1})
+    );
+    h.shutdown().await;
+}

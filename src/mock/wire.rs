@@ -1,0 +1,514 @@
+//! OpenAI and Anthropic wire shapes: request fields the mock reads, SSE frames,
+//! non-streaming bodies and real error bodies (reference Part A.1-A.4).
+//! Pure functions from a [`Gen`] context to bytes; no I/O, no fault logic.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use super::faults::Preset;
+use super::MockKind;
+
+/// Marker placed in 401 bodies so tests can prove they are never forwarded.
+pub const AUTH_MARKER: &str = "sk-secret-upstream-401-body";
+
+/// The request fields that shape an answer.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Parsed {
+    pub model: Option<String>,
+    pub stream: bool,
+    pub max_tokens: Option<u32>,
+    /// Name of the first tool, if tools were given.
+    pub tool: Option<String>,
+    pub include_usage: bool,
+    /// Deterministic prompt size estimate.
+    pub input_tokens: u32,
+}
+
+impl Parsed {
+    pub(crate) fn from_body(dialect: MockKind, body: &Value) -> Parsed {
+        let max = |k: &str| body.get(k).and_then(Value::as_u64).map(clamp_u32);
+        let tool = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .and_then(|t| t.first())
+            .map(|t| {
+                let name = match dialect {
+                    MockKind::Openai => t.pointer("/function/name"),
+                    MockKind::Anthropic => t.get("name"),
+                };
+                name.and_then(Value::as_str).unwrap_or("tool").to_owned()
+            });
+        let prompt = body
+            .get("messages")
+            .map(Value::to_string)
+            .unwrap_or_default();
+        Parsed {
+            model: body.get("model").and_then(Value::as_str).map(str::to_owned),
+            stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+            max_tokens: max("max_tokens").or_else(|| max("max_completion_tokens")),
+            tool,
+            include_usage: body
+                .pointer("/stream_options/include_usage")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            input_tokens: clamp_u32(prompt.len() as u64 / 4 + 1),
+        }
+    }
+}
+
+fn clamp_u32(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+/// How a completion ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    Natural,
+    Length,
+    Tool,
+    Refusal,
+}
+
+/// Everything needed to render one answer.
+pub(crate) struct Gen {
+    pub dialect: MockKind,
+    pub req: Parsed,
+    /// Request sequence number (makes ids unique).
+    pub seq: u64,
+    /// Unix seconds, identical on every chunk.
+    pub created: u64,
+    /// Tokens this answer carries.
+    pub n: u32,
+    /// `n` was cut by the request's `max_tokens`.
+    pub capped: bool,
+}
+
+impl Gen {
+    pub(crate) fn new(dialect: MockKind, req: Parsed, seq: u64, tokens: u32, created: u64) -> Gen {
+        let (n, capped) = match req.max_tokens {
+            Some(m) if m < tokens => (m, true),
+            _ => (tokens, false),
+        };
+        Gen {
+            dialect,
+            req,
+            seq,
+            created,
+            n,
+            capped,
+        }
+    }
+
+    fn model(&self) -> &str {
+        self.req.model.as_deref().unwrap_or("mock-model")
+    }
+
+    pub(crate) fn request_id(&self) -> String {
+        format!("req_mock{:06}", self.seq)
+    }
+
+    fn id(&self) -> String {
+        match self.dialect {
+            MockKind::Openai => format!("chatcmpl-mock{:06}", self.seq),
+            MockKind::Anthropic => format!("msg_mock{:06}", self.seq),
+        }
+    }
+
+    fn call_id(&self) -> String {
+        match self.dialect {
+            MockKind::Openai => format!("call_mock{:06}", self.seq),
+            MockKind::Anthropic => format!("toolu_mock{:06}", self.seq),
+        }
+    }
+
+    /// The natural finish, before any fault.
+    pub(crate) fn finish(&self) -> Finish {
+        if self.capped {
+            Finish::Length
+        } else if self.req.tool.is_some() {
+            Finish::Tool
+        } else {
+            Finish::Natural
+        }
+    }
+
+    fn finish_str(&self, f: Finish) -> &'static str {
+        match (self.dialect, f) {
+            (MockKind::Openai, Finish::Natural) => "stop",
+            (MockKind::Openai, Finish::Length) => "length",
+            (MockKind::Openai, Finish::Tool) => "tool_calls",
+            (MockKind::Openai, Finish::Refusal) => "content_filter",
+            (MockKind::Anthropic, Finish::Natural) => "end_turn",
+            (MockKind::Anthropic, Finish::Length) => "max_tokens",
+            (MockKind::Anthropic, Finish::Tool) => "tool_use",
+            (MockKind::Anthropic, Finish::Refusal) => "refusal",
+        }
+    }
+}
+
+/// Token `i` of every answer.
+pub fn token_text(i: u32) -> String {
+    format!("tok{i} ")
+}
+
+/// Tool arguments open with this fragment and close with [`ARGS_CLOSE`].
+const ARGS_OPEN: &str = "{\"query\":\"";
+const ARGS_CLOSE: &str = "\"}";
+
+fn text_of(k: u32) -> String {
+    (0..k).map(token_text).collect()
+}
+
+fn sse_data(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+fn sse_event(event: &str, v: &Value) -> Bytes {
+    Bytes::from(format!("event: {event}\ndata: {v}\n\n"))
+}
+
+/// `data: [DONE]`.
+pub(crate) fn done() -> Bytes {
+    Bytes::from_static(b"data: [DONE]\n\n")
+}
+
+// ---- OpenAI streaming -------------------------------------------------------
+
+fn oa_chunk(g: &Gen, delta: Value, finish: Option<&str>) -> Bytes {
+    let mut v = json!({
+        "id": g.id(), "object": "chat.completion.chunk", "created": g.created,
+        "model": g.model(), "system_fingerprint": null,
+        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+    });
+    if g.req.include_usage {
+        v["usage"] = Value::Null;
+    }
+    sse_data(&v)
+}
+
+fn oa_args(g: &Gen, fragment: &str) -> Bytes {
+    oa_chunk(
+        g,
+        json!({"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}),
+        None,
+    )
+}
+
+fn an_args(fragment: &str) -> Bytes {
+    sse_event(
+        "content_block_delta",
+        &json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": fragment}}),
+    )
+}
+
+/// Frames before the first token.
+pub(crate) fn prelude(g: &Gen) -> Vec<Bytes> {
+    match (g.dialect, &g.req.tool) {
+        (MockKind::Openai, None) => vec![oa_chunk(
+            g,
+            json!({"role": "assistant", "content": ""}),
+            None,
+        )],
+        (MockKind::Openai, Some(name)) => vec![
+            oa_chunk(g, json!({"role": "assistant", "content": null}), None),
+            oa_chunk(
+                g,
+                json!({"tool_calls": [{"index": 0, "id": g.call_id(), "type": "function",
+                                       "function": {"name": name, "arguments": ""}}]}),
+                None,
+            ),
+            oa_args(g, ARGS_OPEN),
+        ],
+        (MockKind::Anthropic, tool) => {
+            let start = sse_event(
+                "message_start",
+                &json!({"type": "message_start", "message": {
+                    "id": g.id(), "type": "message", "role": "assistant", "content": [],
+                    "model": g.model(), "stop_reason": null, "stop_sequence": null,
+                    "usage": {"input_tokens": g.req.input_tokens, "output_tokens": 1}}}),
+            );
+            let block = match tool {
+                None => json!({"type": "text", "text": ""}),
+                Some(name) => {
+                    json!({"type": "tool_use", "id": g.call_id(), "name": name, "input": {}})
+                }
+            };
+            let mut out = vec![
+                start,
+                sse_event(
+                    "content_block_start",
+                    &json!({"type": "content_block_start", "index": 0, "content_block": block}),
+                ),
+                Bytes::from_static(b"event: ping\ndata: {\"type\": \"ping\"}\n\n"),
+            ];
+            if tool.is_some() {
+                out.push(an_args(ARGS_OPEN));
+            }
+            out
+        }
+    }
+}
+
+/// The frame carrying token `i`.
+pub(crate) fn token(g: &Gen, i: u32) -> Bytes {
+    let t = token_text(i);
+    match (g.dialect, g.req.tool.is_some()) {
+        (MockKind::Openai, false) => oa_chunk(g, json!({"content": t}), None),
+        (MockKind::Openai, true) => oa_args(g, &t),
+        (MockKind::Anthropic, false) => sse_event(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": t}}),
+        ),
+        (MockKind::Anthropic, true) => an_args(&t),
+    }
+}
+
+/// Frames after `k` tokens: closing fragment, finish, usage, terminator.
+pub(crate) fn epilogue(g: &Gen, finish: Finish, k: u32, terminator: bool) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let reason = g.finish_str(finish);
+    match g.dialect {
+        MockKind::Openai => {
+            if finish == Finish::Tool {
+                out.push(oa_args(g, ARGS_CLOSE));
+            }
+            out.push(oa_chunk(g, json!({}), Some(reason)));
+            if g.req.include_usage {
+                out.push(sse_data(&json!({
+                    "id": g.id(), "object": "chat.completion.chunk", "created": g.created,
+                    "model": g.model(), "system_fingerprint": null, "choices": [],
+                    "usage": oa_usage(g, k)})));
+            }
+            if terminator {
+                out.push(done());
+            }
+        }
+        MockKind::Anthropic => {
+            if finish == Finish::Tool {
+                out.push(an_args(ARGS_CLOSE));
+            }
+            out.push(sse_event(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": 0}),
+            ));
+            let mut delta = json!({"stop_reason": reason, "stop_sequence": null});
+            if finish == Finish::Refusal {
+                delta["stop_details"] =
+                    json!({"type": "refusal", "category": null, "explanation": null});
+            }
+            out.push(sse_event(
+                "message_delta",
+                &json!({"type": "message_delta", "delta": delta, "usage": {"output_tokens": k}}),
+            ));
+            if terminator {
+                out.push(sse_event("message_stop", &json!({"type": "message_stop"})));
+            }
+        }
+    }
+    out
+}
+
+/// An in-stream error frame (OpenAI `data: {"error":..}`, Anthropic `event: error`).
+pub(crate) fn error_frame(g: &Gen, error_type: Option<&str>, message: Option<&str>) -> Bytes {
+    match g.dialect {
+        MockKind::Openai => sse_data(&json!({"error": {
+            "message": message.unwrap_or("The server had an error while processing your request. Sorry about that!"),
+            "type": error_type.unwrap_or("server_error"), "param": null, "code": null}})),
+        MockKind::Anthropic => sse_event(
+            "error",
+            &json!({"type": "error", "error": {
+                "type": error_type.unwrap_or("overloaded_error"),
+                "message": message.unwrap_or("Overloaded")}}),
+        ),
+    }
+}
+
+/// A frame whose JSON is cut off.
+pub(crate) fn malformed_frame(g: &Gen) -> Bytes {
+    match g.dialect {
+        MockKind::Openai => Bytes::from_static(b"data: {\"choices\":[{\"delta\":\n\n"),
+        MockKind::Anthropic => Bytes::from_static(
+            b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":\n\n",
+        ),
+    }
+}
+
+/// llama.cpp's legacy non-standard `error:` field line, then `data: [DONE]`.
+pub(crate) fn legacy_error(code: u16, message: Option<&str>) -> Bytes {
+    let (ty, msg) = if code == 400 {
+        (
+            "exceed_context_size_error",
+            "the request exceeds the available context size, try increasing it",
+        )
+    } else {
+        ("server_error", "internal server error")
+    };
+    let v = json!({"code": code, "message": message.unwrap_or(msg), "type": ty});
+    Bytes::from(format!("error: {v}\n\ndata: [DONE]\n\n"))
+}
+
+// ---- Non-streaming ----------------------------------------------------------
+
+fn oa_usage(g: &Gen, k: u32) -> Value {
+    json!({"prompt_tokens": g.req.input_tokens, "completion_tokens": k,
+           "total_tokens": g.req.input_tokens + k})
+}
+
+/// A whole non-streaming answer with `k` tokens.
+pub(crate) fn full_body(g: &Gen, finish: Finish, k: u32) -> Bytes {
+    let text = text_of(k);
+    let args = if finish == Finish::Tool {
+        format!("{ARGS_OPEN}{text}{ARGS_CLOSE}")
+    } else {
+        format!("{ARGS_OPEN}{text}")
+    };
+    let v = match g.dialect {
+        MockKind::Openai => {
+            let message = match &g.req.tool {
+                None => json!({"role": "assistant", "content": text, "refusal": null}),
+                Some(name) => json!({"role": "assistant", "content": null, "refusal": null,
+                    "tool_calls": [{"id": g.call_id(), "type": "function",
+                                    "function": {"name": name, "arguments": args}}]}),
+            };
+            json!({"id": g.id(), "object": "chat.completion", "created": g.created,
+                   "model": g.model(), "system_fingerprint": null,
+                   "choices": [{"index": 0, "message": message, "logprobs": null,
+                                "finish_reason": g.finish_str(finish)}],
+                   "usage": oa_usage(g, k)})
+        }
+        MockKind::Anthropic => {
+            let content = match &g.req.tool {
+                None => json!([{"type": "text", "text": text}]),
+                Some(name) => {
+                    let input: Value = serde_json::from_str(&args).unwrap_or_else(|_| json!({}));
+                    json!([{"type": "tool_use", "id": g.call_id(), "name": name, "input": input}])
+                }
+            };
+            json!({"id": g.id(), "type": "message", "role": "assistant", "model": g.model(),
+                   "content": content, "stop_reason": g.finish_str(finish), "stop_sequence": null,
+                   "usage": {"input_tokens": g.req.input_tokens, "output_tokens": k}})
+        }
+    };
+    Bytes::from(v.to_string())
+}
+
+/// A non-streaming body cut inside its JSON.
+pub(crate) fn malformed_body(g: &Gen) -> Bytes {
+    Bytes::from(format!(
+        "{{\"id\":\"{}\",\"choices\":[{{\"message\":",
+        g.id()
+    ))
+}
+
+// ---- Errors -----------------------------------------------------------------
+
+fn oa_error(message: &str, ty: &str, param: Option<&str>, code: Option<&str>) -> Value {
+    json!({"error": {"message": message, "type": ty, "param": param, "code": code}})
+}
+
+fn an_error(ty: &str, message: &str, request_id: &str) -> Value {
+    json!({"type": "error", "error": {"type": ty, "message": message}, "request_id": request_id})
+}
+
+/// The real status and body of `preset` in `dialect`.
+pub(crate) fn preset_error(
+    dialect: MockKind,
+    preset: Preset,
+    model: &str,
+    request_id: &str,
+) -> (u16, Value) {
+    match dialect {
+        MockKind::Openai => match preset {
+            Preset::RateLimit => (429, oa_error(
+                &format!("Rate limit reached for {model} in organization org-mock on tokens per min (TPM): Limit 200000, Used 195869, Requested 4412. Please try again in 84ms. Visit https://platform.openai.com/account/rate-limits to learn more."),
+                "tokens", None, Some("rate_limit_exceeded"))),
+            Preset::InsufficientQuota | Preset::SpendLimit => (429, oa_error(
+                "You exceeded your current quota, please check your plan and billing details. For more information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes/api-errors.",
+                "insufficient_quota", None, Some("insufficient_quota"))),
+            Preset::RequestTooLarge => (429, oa_error(
+                "Request too large for gpt-4o in organization org-mock on tokens per min (TPM): Limit 30000, Requested 34307. The input or output tokens must be reduced in order to run successfully. Visit https://platform.openai.com/account/rate-limits to learn more.",
+                "tokens", None, Some("rate_limit_exceeded"))),
+            Preset::Overloaded => (503, oa_error(
+                "The engine is currently overloaded, please try again later.",
+                "server_error", None, None)),
+            Preset::SlowDown => (503, oa_error("Slow Down", "server_error", None, None)),
+            Preset::ServerError => (500, oa_error(
+                "The server had an error while processing your request. Sorry about that!",
+                "server_error", None, None)),
+            Preset::Auth => (401, oa_error(
+                &format!("Incorrect API key provided: {AUTH_MARKER}. You can find your API key at https://platform.openai.com/account/api-keys."),
+                "invalid_request_error", None, Some("invalid_api_key"))),
+            Preset::Invalid => (400, oa_error(
+                "Invalid value for 'messages': the request is invalid.",
+                "invalid_request_error", Some("messages"), None)),
+            Preset::ContextLength => (400, oa_error(
+                "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens. Please reduce the length of the messages.",
+                "invalid_request_error", Some("messages"), Some("context_length_exceeded"))),
+            Preset::NotFound => (404, oa_error(
+                &format!("The model `{model}` does not exist or you do not have access to it."),
+                "invalid_request_error", None, Some("model_not_found"))),
+        },
+        MockKind::Anthropic => match preset {
+            Preset::RateLimit => (429, an_error("rate_limit_error",
+                "This request would exceed the rate limit for your organization of 50 requests per minute. For details, refer to: https://docs.claude.com/en/api/rate-limits.",
+                request_id)),
+            Preset::InsufficientQuota | Preset::SpendLimit => {
+                let mut v = an_error("rate_limit_error",
+                    "You have reached your API usage limits. You will regain access on 2099-01-01 at 00:00 UTC.",
+                    request_id);
+                v["error"]["details"] = json!({"error_code": "enforced_spend_limit_reached"});
+                (429, v)
+            }
+            Preset::RequestTooLarge => (413, an_error("request_too_large",
+                "Request exceeds the maximum allowed number of bytes.", request_id)),
+            Preset::Overloaded | Preset::SlowDown => {
+                (529, an_error("overloaded_error", "Overloaded", request_id))
+            }
+            Preset::ServerError => (500, an_error("api_error", "Internal server error", request_id)),
+            Preset::Auth => (401, an_error("authentication_error",
+                &format!("invalid x-api-key ({AUTH_MARKER})"), request_id)),
+            Preset::Invalid => (400, an_error("invalid_request_error",
+                "messages: field required", request_id)),
+            Preset::ContextLength => (400, an_error("invalid_request_error",
+                "prompt is too long: 210000 tokens > 200000 maximum", request_id)),
+            Preset::NotFound => (404, an_error("not_found_error",
+                &format!("model: {model}"), request_id)),
+        },
+    }
+}
+
+/// The body of an over-capacity rejection (503 OpenAI / 529 Anthropic).
+pub(crate) fn over_capacity(dialect: MockKind, request_id: &str) -> (u16, Value) {
+    preset_error(dialect, Preset::Overloaded, "mock-model", request_id)
+}
+
+/// A 400 for a body that is not JSON.
+pub(crate) fn bad_json(dialect: MockKind, request_id: &str) -> (u16, Value) {
+    match dialect {
+        MockKind::Openai => (
+            400,
+            oa_error(
+                "We could not parse the JSON body of your request.",
+                "invalid_request_error",
+                None,
+                None,
+            ),
+        ),
+        MockKind::Anthropic => (
+            400,
+            an_error(
+                "invalid_request_error",
+                "There was an error parsing the body of your request.",
+                request_id,
+            ),
+        ),
+    }
+}
+
+impl Gen {
+    pub(crate) fn model_name(&self) -> &str {
+        self.model()
+    }
+}
