@@ -28,7 +28,10 @@ pub enum StartError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot start the actors: {0}")]
     Actors(String),
 }
@@ -106,11 +109,17 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let grpc_listener = bind(config.server.grpc_listen).await?;
     let grpc_addr = grpc_listener
         .local_addr()
-        .map_err(|source| StartError::Bind { addr: config.server.grpc_listen, source })?;
+        .map_err(|source| StartError::Bind {
+            addr: config.server.grpc_listen,
+            source,
+        })?;
     let admin_listener = bind(config.server.admin_listen).await?;
     let admin_addr = admin_listener
         .local_addr()
-        .map_err(|source| StartError::Bind { addr: config.server.admin_listen, source })?;
+        .map_err(|source| StartError::Bind {
+            addr: config.server.admin_listen,
+            source,
+        })?;
 
     let stop = CancellationToken::new();
     let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));

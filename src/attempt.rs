@@ -12,7 +12,8 @@ use crate::actors::provider::ProviderRuntime;
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::sink::EventSink;
 use crate::upstream::{
-    anthropic, classify, openai, sse::SseParser, ChatRequest, Completion, ProviderKind, StreamDecoder,
+    anthropic, classify, openai, sse::SseParser, ChatRequest, Completion, ProviderKind,
+    StreamDecoder,
 };
 
 /// Largest error body read from an upstream (the rest is ignored).
@@ -37,10 +38,14 @@ impl AttemptEnd {
     /// The class reported to the provider actor.
     pub fn class(&self) -> OutcomeClass {
         match self {
-            AttemptEnd::Completed(c) if c.finish_reason == crate::upstream::FinishReason::Refusal => {
+            AttemptEnd::Completed(c)
+                if c.finish_reason == crate::upstream::FinishReason::Refusal =>
+            {
                 OutcomeClass::Refusal
             }
-            AttemptEnd::Completed(c) if c.finish_reason == crate::upstream::FinishReason::ContentFilter => {
+            AttemptEnd::Completed(c)
+                if c.finish_reason == crate::upstream::FinishReason::ContentFilter =>
+            {
                 OutcomeClass::Refusal
             }
             AttemptEnd::Completed(_) => OutcomeClass::Ok,
@@ -118,7 +123,13 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
         r = timeout_at(first_limit, request.send()) => r,
     };
     let response = match response {
-        Err(_) => return timed_out(expired(first_limit, input.deadline, "no response headers before the first-token timeout")),
+        Err(_) => {
+            return timed_out(expired(
+                first_limit,
+                input.deadline,
+                "no response headers before the first-token timeout",
+            ))
+        }
         Ok(Err(e)) => return AttemptEnd::Failed(classify::classify_transport(&e)),
         Ok(Ok(r)) => r,
     };
@@ -131,7 +142,9 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
             b = timeout_at(first_limit, read_capped(response, MAX_ERROR_BODY)) => b.unwrap_or_default(),
         };
         let mut failure = classify::classify_http(rt.kind, status.as_u16(), &headers, &body);
-        failure.upstream_request_id = failure.upstream_request_id.or_else(|| meta.upstream_request_id.clone());
+        failure.upstream_request_id = failure
+            .upstream_request_id
+            .or_else(|| meta.upstream_request_id.clone());
         return AttemptEnd::Failed(failure);
     }
     // Anthropic is always streamed (its SDKs refuse long non-streamed calls);
@@ -143,7 +156,9 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
     };
     match end {
         AttemptEnd::Failed(mut f) => {
-            f.upstream_request_id = f.upstream_request_id.or_else(|| meta.upstream_request_id.clone());
+            f.upstream_request_id = f
+                .upstream_request_id
+                .or_else(|| meta.upstream_request_id.clone());
             AttemptEnd::Failed(f)
         }
         other => other,
@@ -300,7 +315,11 @@ async fn whole_body(
         b = timeout_at(first_limit, read_capped(response, MAX_BODY)) => b,
     };
     let Ok(body) = body else {
-        return timed_out(expired(first_limit, input.deadline, "no complete response before the first-token timeout"));
+        return timed_out(expired(
+            first_limit,
+            input.deadline,
+            "no complete response before the first-token timeout",
+        ));
     };
     match openai::decode_non_streaming(&body) {
         Ok((mut chunks, completion)) => {

@@ -195,11 +195,15 @@ pub struct TargetRef {
 impl Config {
     /// Parses and validates a TOML document.
     pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
-        let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::new("", e.to_string()))?;
+        let de =
+            toml::Deserializer::parse(text).map_err(|e| ConfigError::new("", e.to_string()))?;
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
-            ConfigError::new(if path == "." { String::new() } else { path }, inner.message().to_string())
+            ConfigError::new(
+                if path == "." { String::new() } else { path },
+                inner.message().to_string(),
+            )
         })?;
         config.validate()?;
         Ok(config)
@@ -215,36 +219,62 @@ impl Config {
     /// Semantic checks serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.server.stream_buffer == 0 {
-            return Err(ConfigError::new("server.stream_buffer", "must be at least 1"));
+            return Err(ConfigError::new(
+                "server.stream_buffer",
+                "must be at least 1",
+            ));
         }
         if self.server.default_deadline.is_zero() {
-            return Err(ConfigError::new("server.default_deadline", "must be positive"));
+            return Err(ConfigError::new(
+                "server.default_deadline",
+                "must be positive",
+            ));
         }
         let mut ids = HashSet::new();
         for (i, p) in self.providers.iter().enumerate() {
             let at = |field: &str| format!("providers[{i}].{field}");
             if !valid_name(&p.id) {
-                return Err(ConfigError::new(at("id"), format!("`{}` must be non-empty letters, digits, `-` or `_`", p.id)));
+                return Err(ConfigError::new(
+                    at("id"),
+                    format!("`{}` must be non-empty letters, digits, `-` or `_`", p.id),
+                ));
             }
             if !ids.insert(p.id.as_str()) {
-                return Err(ConfigError::new(at("id"), format!("duplicate provider id `{}`", p.id)));
+                return Err(ConfigError::new(
+                    at("id"),
+                    format!("duplicate provider id `{}`", p.id),
+                ));
             }
             match reqwest::Url::parse(&p.base_url) {
                 Ok(url) if matches!(url.scheme(), "http" | "https") => {}
-                _ => return Err(ConfigError::new(at("base_url"), format!("`{}` is not an http(s) URL", p.base_url))),
+                _ => {
+                    return Err(ConfigError::new(
+                        at("base_url"),
+                        format!("`{}` is not an http(s) URL", p.base_url),
+                    ))
+                }
             }
             if let Some(env) = &p.api_key_env {
                 if env.is_empty() || env.contains('=') {
-                    return Err(ConfigError::new(at("api_key_env"), format!("`{env}` is not an environment variable name")));
+                    return Err(ConfigError::new(
+                        at("api_key_env"),
+                        format!("`{env}` is not an environment variable name"),
+                    ));
                 }
             }
             if p.max_concurrency == 0 {
-                return Err(ConfigError::new(at("max_concurrency"), "must be at least 1"));
+                return Err(ConfigError::new(
+                    at("max_concurrency"),
+                    "must be at least 1",
+                ));
             }
             if p.failover_max_concurrency > p.max_concurrency {
                 return Err(ConfigError::new(
                     at("failover_max_concurrency"),
-                    format!("{} exceeds max_concurrency {}", p.failover_max_concurrency, p.max_concurrency),
+                    format!(
+                        "{} exceeds max_concurrency {}",
+                        p.failover_max_concurrency, p.max_concurrency
+                    ),
                 ));
             }
             for (field, d) in [
@@ -257,12 +287,18 @@ impl Config {
                 }
             }
             if p.models.is_empty() {
-                return Err(ConfigError::new(at("models"), "at least one model is required"));
+                return Err(ConfigError::new(
+                    at("models"),
+                    "at least one model is required",
+                ));
             }
             let mut names = HashSet::new();
             for (j, m) in p.models.iter().enumerate() {
                 if m.name.is_empty() {
-                    return Err(ConfigError::new(format!("providers[{i}].models[{j}].name"), "must not be empty"));
+                    return Err(ConfigError::new(
+                        format!("providers[{i}].models[{j}].name"),
+                        "must not be empty",
+                    ));
                 }
                 if !names.insert(m.name.as_str()) {
                     return Err(ConfigError::new(
@@ -275,27 +311,46 @@ impl Config {
         let mut routes = HashSet::new();
         for (i, r) in self.routes.iter().enumerate() {
             if !valid_name(&r.name) {
-                return Err(ConfigError::new(format!("routes[{i}].name"), format!("`{}` must be non-empty letters, digits, `-`, `_` or `.`", r.name)));
+                return Err(ConfigError::new(
+                    format!("routes[{i}].name"),
+                    format!(
+                        "`{}` must be non-empty letters, digits, `-`, `_` or `.`",
+                        r.name
+                    ),
+                ));
             }
             if !routes.insert(r.name.as_str()) {
-                return Err(ConfigError::new(format!("routes[{i}].name"), format!("duplicate route `{}`", r.name)));
+                return Err(ConfigError::new(
+                    format!("routes[{i}].name"),
+                    format!("duplicate route `{}`", r.name),
+                ));
             }
             if r.targets.is_empty() {
-                return Err(ConfigError::new(format!("routes[{i}].targets"), "at least one target is required"));
+                return Err(ConfigError::new(
+                    format!("routes[{i}].targets"),
+                    "at least one target is required",
+                ));
             }
             let mut seen = HashSet::new();
             for (j, t) in r.targets.iter().enumerate() {
                 let path = format!("routes[{i}].targets[{j}]");
-                self.resolve_target(t).map_err(|m| ConfigError::new(path.clone(), m))?;
+                self.resolve_target(t)
+                    .map_err(|m| ConfigError::new(path.clone(), m))?;
                 if !seen.insert(t.as_str()) {
                     return Err(ConfigError::new(path, format!("duplicate target `{t}`")));
                 }
             }
             if r.default_max_tokens == Some(0) {
-                return Err(ConfigError::new(format!("routes[{i}].default_max_tokens"), "must be at least 1"));
+                return Err(ConfigError::new(
+                    format!("routes[{i}].default_max_tokens"),
+                    "must be at least 1",
+                ));
             }
             if r.deadline.is_some_and(|d| d.is_zero()) {
-                return Err(ConfigError::new(format!("routes[{i}].deadline"), "must be positive"));
+                return Err(ConfigError::new(
+                    format!("routes[{i}].deadline"),
+                    "must be positive",
+                ));
             }
         }
         Ok(())
@@ -316,7 +371,10 @@ impl Config {
             .iter()
             .position(|m| m.name == model)
             .ok_or_else(|| format!("provider `{provider}` has no model `{model}` in `{target}`"))?;
-        Ok(TargetRef { provider: p, model: m })
+        Ok(TargetRef {
+            provider: p,
+            model: m,
+        })
     }
 
     /// Environment variables the file names that are not set (warned by
@@ -376,7 +434,12 @@ impl Config {
                 idle_timeout: default_idle_timeout(),
                 models: vec![ModelConfig {
                     name: "claude-sonnet-4-5".into(),
-                    capabilities: vec![Capability::Chat, Capability::Stream, Capability::Tools, Capability::Vision],
+                    capabilities: vec![
+                        Capability::Chat,
+                        Capability::Stream,
+                        Capability::Tools,
+                        Capability::Vision,
+                    ],
                     context_tokens: 200_000,
                 }],
             },
@@ -386,7 +449,10 @@ impl Config {
             providers,
             routes: vec![RouteConfig {
                 name: "chat".into(),
-                targets: vec!["openai/gpt-4o-mini".into(), "anthropic/claude-sonnet-4-5".into()],
+                targets: vec![
+                    "openai/gpt-4o-mini".into(),
+                    "anthropic/claude-sonnet-4-5".into(),
+                ],
                 default_max_tokens: None,
                 deadline: None,
             }],
@@ -395,7 +461,9 @@ impl Config {
 }
 
 fn valid_name(s: &str) -> bool {
-    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 #[cfg(test)]
@@ -439,8 +507,17 @@ targets = ["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
         let c = Config::from_toml_str(GOOD).unwrap();
         assert_eq!(c.providers.len(), 2);
         assert_eq!(c.providers[1].max_concurrency, 64);
-        assert_eq!(c.providers[1].models[0].capabilities, vec![Capability::Chat, Capability::Stream]);
-        assert_eq!(c.resolve_target("secondary/claude-sonnet-4-5").unwrap(), TargetRef { provider: 1, model: 0 });
+        assert_eq!(
+            c.providers[1].models[0].capabilities,
+            vec![Capability::Chat, Capability::Stream]
+        );
+        assert_eq!(
+            c.resolve_target("secondary/claude-sonnet-4-5").unwrap(),
+            TargetRef {
+                provider: 1,
+                model: 0
+            }
+        );
     }
 
     fn err(text: &str) -> ConfigError {
@@ -449,7 +526,10 @@ targets = ["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
 
     #[test]
     fn unknown_field_names_its_path() {
-        let e = err(&GOOD.replace("max_concurrency = 64", "max_concurrency = 64\nmax_concurency = 3"));
+        let e = err(&GOOD.replace(
+            "max_concurrency = 64",
+            "max_concurrency = 64\nmax_concurency = 3",
+        ));
         assert_eq!(e.path, "providers[0].max_concurency");
         assert!(e.message.contains("max_concurency"), "{e}");
     }
@@ -463,7 +543,10 @@ targets = ["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
 
     #[test]
     fn bad_duration_names_its_path() {
-        let e = err(&GOOD.replace("max_concurrency = 64\nfailover", "idle_timeout = \"soon\"\nmax_concurrency = 64\nfailover"));
+        let e = err(&GOOD.replace(
+            "max_concurrency = 64\nfailover",
+            "idle_timeout = \"soon\"\nmax_concurrency = 64\nfailover",
+        ));
         assert_eq!(e.path, "providers[0].idle_timeout");
     }
 
@@ -476,7 +559,10 @@ targets = ["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
 
     #[test]
     fn failover_ceiling_above_total_is_rejected() {
-        let e = err(&GOOD.replace("failover_max_concurrency = 16", "failover_max_concurrency = 100"));
+        let e = err(&GOOD.replace(
+            "failover_max_concurrency = 16",
+            "failover_max_concurrency = 100",
+        ));
         assert_eq!(e.path, "providers[0].failover_max_concurrency");
     }
 
@@ -494,6 +580,9 @@ targets = ["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
         assert!(c.providers.iter().all(|p| p.api_key_env.is_none()));
         let real = Config::builtin(None, None);
         real.validate().unwrap();
-        assert_eq!(real.providers[0].api_key_env.as_deref(), Some("OPENAI_API_KEY"));
+        assert_eq!(
+            real.providers[0].api_key_env.as_deref(),
+            Some("OPENAI_API_KEY")
+        );
     }
 }

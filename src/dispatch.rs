@@ -62,11 +62,17 @@ impl Dispatcher {
             .await
         {
             Ok(CallResult::Success(Ok(plan))) => plan,
-            Ok(CallResult::Success(Err(PlanError::UnknownRoute(r)))) => return Err(RequestError::UnknownRoute(r)),
+            Ok(CallResult::Success(Err(PlanError::UnknownRoute(r)))) => {
+                return Err(RequestError::UnknownRoute(r))
+            }
             Ok(CallResult::Success(Err(PlanError::NoCapableTarget { route, missing }))) => {
                 return Err(RequestError::NoCapableTarget { route, missing })
             }
-            _ => return Err(RequestError::Unavailable("router actor did not answer".into())),
+            _ => {
+                return Err(RequestError::Unavailable(
+                    "router actor did not answer".into(),
+                ))
+            }
         };
         let deadline = spec
             .deadline
@@ -102,7 +108,11 @@ impl Dispatcher {
             attempts += 1;
             chat.model = candidate.model.clone();
             chat.stream = candidate.streams;
-            let tier = if candidate.position == 0 { Tier::Primary } else { Tier::Fallback };
+            let tier = if candidate.position == 0 {
+                Tier::Primary
+            } else {
+                Tier::Fallback
+            };
             sink.begin_attempt(Started {
                 provider: candidate.provider.clone(),
                 model: candidate.model.clone(),
@@ -162,7 +172,9 @@ impl Dispatcher {
                     return Ok(());
                 }
                 AttemptEnd::ClientGone => return Ok(()),
-                AttemptEnd::DeadlineExceeded => return Err(RequestError::DeadlineExceeded { attempts }),
+                AttemptEnd::DeadlineExceeded => {
+                    return Err(RequestError::DeadlineExceeded { attempts })
+                }
                 AttemptEnd::Failed(failure) => {
                     if sink.committed() {
                         return Err(RequestError::MidStream {
@@ -181,7 +193,12 @@ impl Dispatcher {
                     }
                     if sink.attempt_had_output() {
                         // Buffered caller: discard the partial answer.
-                        let _ = sink.reset(format!("{} from {}", failure.class, candidate.provider), attempts).await;
+                        let _ = sink
+                            .reset(
+                                format!("{} from {}", failure.class, candidate.provider),
+                                attempts,
+                            )
+                            .await;
                     }
                     last = Some((failure, candidate.provider.clone()));
                 }
@@ -243,7 +260,11 @@ impl Dispatcher {
 
 /// Rough usage when the upstream sent none: about four characters a token.
 fn estimate_usage(chat: &ChatRequest, output_chars: usize) -> Usage {
-    let prompt_chars: usize = chat.messages.iter().map(|m| m.content.len() + m.role.len()).sum();
+    let prompt_chars: usize = chat
+        .messages
+        .iter()
+        .map(|m| m.content.len() + m.role.len())
+        .sum();
     Usage {
         input_tokens: (prompt_chars / 4).max(1) as u32,
         output_tokens: output_chars.div_ceil(4) as u32,

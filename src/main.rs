@@ -10,7 +10,11 @@ use switchyard::config::{Config, LogFormat};
 use switchyard::mock::{self, MockArgs, MockKind};
 
 #[derive(Parser)]
-#[command(name = "switchyard", version, about = "Resilient gRPC router in front of LLM providers")]
+#[command(
+    name = "switchyard",
+    version,
+    about = "Resilient gRPC router in front of LLM providers"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -116,9 +120,12 @@ async fn serve(args: ServeArgs) -> ExitCode {
         },
         None => {
             let mut urls = [None, None];
-            for (i, (env, kind)) in [("OPENAI_API_KEY", MockKind::Openai), ("ANTHROPIC_API_KEY", MockKind::Anthropic)]
-                .into_iter()
-                .enumerate()
+            for (i, (env, kind)) in [
+                ("OPENAI_API_KEY", MockKind::Openai),
+                ("ANTHROPIC_API_KEY", MockKind::Anthropic),
+            ]
+            .into_iter()
+            .enumerate()
             {
                 if std::env::var_os(env).is_some() {
                     continue;
@@ -151,7 +158,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
         if mocks.is_empty() {
             tracing::info!("no --config: routing `chat` to OpenAI and Anthropic with the keys from the environment");
         } else {
-            for (m, p) in mocks.iter().zip(config.providers.iter().filter(|p| p.api_key_env.is_none())) {
+            for (m, p) in mocks
+                .iter()
+                .zip(config.providers.iter().filter(|p| p.api_key_env.is_none()))
+            {
                 tracing::warn!(
                     provider = %p.id,
                     url = %m.base_url(),
@@ -161,7 +171,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             }
         }
     }
-    for (path, env) in config.missing_env() {
+    if let Some((path, env)) = config.missing_env().into_iter().next() {
         eprintln!("error: {path}: environment variable {env} is not set");
         return ExitCode::from(2);
     }
@@ -211,13 +221,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -123,7 +123,11 @@ impl EventSink {
 
     /// Tells the caller to discard the failed attempt's output.
     pub async fn reset(&mut self, reason: String, failed_attempt: u32) -> Result<(), ClientGone> {
-        self.send(Event::Reset { reason, failed_attempt }).await
+        self.send(Event::Reset {
+            reason,
+            failed_attempt,
+        })
+        .await
     }
 
     /// Sends the final event (and `Started` if the answer had no chunk).

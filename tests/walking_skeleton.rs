@@ -19,7 +19,10 @@ async fn two_providers() -> (Mock, Mock, Switchyard) {
         "{}{}{}",
         provider("primary", "openai", &a.base_url(), "gpt-4o-mini"),
         provider("secondary", "anthropic", &b.base_url(), "claude-sonnet-4-5"),
-        route("chat", &["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"])
+        route(
+            "chat",
+            &["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
+        )
     );
     let sy = Switchyard::start(&config).await;
     (a, b, sy)
@@ -33,7 +36,10 @@ async fn streams_from_an_openai_upstream() {
     assert!(got.status.is_none(), "{:?}", got.status);
     assert_eq!(got.started.len(), 1);
     let s = &got.started[0];
-    assert_eq!((s.provider.as_str(), s.model.as_str(), s.attempt), ("primary", "gpt-4o-mini", 1));
+    assert_eq!(
+        (s.provider.as_str(), s.model.as_str(), s.attempt),
+        ("primary", "gpt-4o-mini", 1)
+    );
     assert_eq!(s.tier, Tier::Primary as i32);
     let f = got.finished.expect("finished");
     assert_eq!(f.finish_reason, FinishReason::Stop as i32);
@@ -50,7 +56,10 @@ async fn streams_from_an_openai_upstream() {
     assert_eq!(log[0]["body"]["stream_options"]["include_usage"], true);
     assert_eq!(got.deltas as u64, log[0]["tokens_sent"].as_u64().unwrap());
     assert!(!got.text.is_empty());
-    assert!(b.requests().await.is_empty(), "the secondary was never called");
+    assert!(
+        b.requests().await.is_empty(),
+        "the secondary was never called"
+    );
 }
 
 #[tokio::test]
@@ -67,7 +76,7 @@ async fn streams_from_an_anthropic_upstream() {
     assert!(got.status.is_none(), "{:?}", got.status);
     let f = got.finished.expect("finished");
     assert_eq!(f.finish_reason, FinishReason::Stop as i32);
-    assert_eq!(f.usage.unwrap().input_tokens > 0, true);
+    assert!(f.usage.unwrap().input_tokens > 0);
     let log = b.requests().await;
     assert_eq!(log.len(), 1);
     assert_eq!(log[0]["path"], "/v1/messages");
@@ -82,7 +91,11 @@ async fn a_failure_before_the_first_token_is_served_by_the_next_target() {
     let mut client = sy.client().await;
     let got = stream(&mut client, request("chat")).await;
     assert!(got.status.is_none(), "{:?}", got.status);
-    assert_eq!(got.started.len(), 1, "the failed attempt is invisible to the client");
+    assert_eq!(
+        got.started.len(),
+        1,
+        "the failed attempt is invisible to the client"
+    );
     assert_eq!(got.started[0].provider, "secondary");
     assert_eq!(got.started[0].attempt, 2);
     assert_eq!(got.started[0].tier, Tier::Fallback as i32);
@@ -105,7 +118,10 @@ async fn an_anthropic_overload_event_before_any_text_fails_over() {
         route("chat", &["claude/claude-sonnet-4-5", "gpt/gpt-4o-mini"])
     );
     let sy = Switchyard::start(&config).await;
-    b.set_fault(json!({"type": "error_event", "after_tokens": 0, "error_type": "overloaded_error"})).await;
+    b.set_fault(
+        json!({"type": "error_event", "after_tokens": 0, "error_type": "overloaded_error"}),
+    )
+    .await;
     let mut client = sy.client().await;
     let got = stream(&mut client, request("chat")).await;
     assert!(got.status.is_none(), "{:?}", got.status);
@@ -125,7 +141,8 @@ async fn a_truncated_stream_is_an_error_never_a_success() {
     let sy = Switchyard::start(&config).await;
     let mut client = sy.client().await;
     for reset in [false, true] {
-        a.set_fault(json!({"type": "abort", "after_tokens": 3, "reset": reset})).await;
+        a.set_fault(json!({"type": "abort", "after_tokens": 3, "reset": reset}))
+            .await;
         let got = stream(&mut client, request("chat")).await;
         assert!(got.finished.is_none(), "a cut stream must never finish OK");
         let status = got.status.expect("an error status");
@@ -139,7 +156,11 @@ async fn a_truncated_stream_is_an_error_never_a_success() {
     let got = stream(&mut client, request("chat")).await;
     assert!(got.finished.is_none());
     assert_eq!(reason(&got.status.unwrap()), "UPSTREAM_STREAM_TRUNCATED");
-    assert_eq!(a.requests().await.len(), 3, "no retry after output was sent");
+    assert_eq!(
+        a.requests().await.len(),
+        3,
+        "no retry after output was sent"
+    );
 }
 
 #[tokio::test]
@@ -157,7 +178,9 @@ async fn a_client_hang_up_closes_the_upstream_request() {
     let mut s = client.stream_completion(req).await.unwrap().into_inner();
     let mut seen = 0;
     while seen < 3 {
-        if let Some(proto::completion_event::Event::Delta(_)) = s.message().await.unwrap().unwrap().event {
+        if let Some(proto::completion_event::Event::Delta(_)) =
+            s.message().await.unwrap().unwrap().event
+        {
             seen += 1;
         }
     }
@@ -180,7 +203,8 @@ async fn unary_complete_assembles_the_answer_and_fails_over() {
     assert_eq!(r.finish_reason, FinishReason::Stop as i32);
     assert_eq!(r.tier, Tier::Primary as i32);
     // A mid-stream cut is invisible to a unary caller: the answer comes from the next target.
-    a.set_fault(json!({"type": "abort", "after_tokens": 2, "reset": false})).await;
+    a.set_fault(json!({"type": "abort", "after_tokens": 2, "reset": false}))
+        .await;
     let r = client.complete(request("chat")).await.unwrap().into_inner();
     assert_eq!(r.served_by.unwrap().provider, "secondary");
     assert_eq!(r.attempts, 2);
@@ -200,9 +224,16 @@ async fn tool_calls_stream_as_deltas() {
     });
     let got = stream(&mut client, req.clone()).await;
     assert!(got.status.is_none(), "{:?}", got.status);
-    assert_eq!(got.finished.unwrap().finish_reason, FinishReason::ToolCalls as i32);
+    assert_eq!(
+        got.finished.unwrap().finish_reason,
+        FinishReason::ToolCalls as i32
+    );
     assert_eq!(got.tool_calls[0].name, "get_weather");
-    let args: String = got.tool_calls.iter().map(|t| t.arguments.as_str()).collect();
+    let args: String = got
+        .tool_calls
+        .iter()
+        .map(|t| t.arguments.as_str())
+        .collect();
     serde_json::from_str::<serde_json::Value>(&args).expect("arguments are JSON");
     let r = client.complete(req).await.unwrap().into_inner();
     assert_eq!(r.tool_calls.len(), 1);
@@ -213,7 +244,14 @@ async fn tool_calls_stream_as_deltas() {
 async fn bad_input_gets_a_precise_error_and_the_server_keeps_serving() {
     let (_a, _b, sy) = two_providers().await;
     let mut client = sy.client().await;
-    let got = stream(&mut client, proto::CompletionRequest { messages: vec![], ..request("chat") }).await;
+    let got = stream(
+        &mut client,
+        proto::CompletionRequest {
+            messages: vec![],
+            ..request("chat")
+        },
+    )
+    .await;
     let s = got.status.unwrap();
     assert_eq!(s.code(), Code::InvalidArgument);
     assert!(s.message().contains("messages"), "{}", s.message());
@@ -223,7 +261,10 @@ async fn bad_input_gets_a_precise_error_and_the_server_keeps_serving() {
     assert_eq!(reason(&s), "UNKNOWN_ROUTE");
 
     let mut req = request("chat");
-    req.requirements = Some(proto::Requirements { vision: true, ..Default::default() });
+    req.requirements = Some(proto::Requirements {
+        vision: true,
+        ..Default::default()
+    });
     let s = stream(&mut client, req).await.status.unwrap();
     assert_eq!(s.code(), Code::FailedPrecondition);
     assert!(s.message().contains("vision"), "{}", s.message());
@@ -241,13 +282,21 @@ async fn an_upstream_401_body_is_never_forwarded() {
         route("chat", &["only/gpt-4o-mini"])
     );
     let sy = Switchyard::start(&config).await;
-    a.set_fault(json!({"type": "status", "preset": "auth"})).await;
+    a.set_fault(json!({"type": "status", "preset": "auth"}))
+        .await;
     let mut client = sy.client().await;
     let s = stream(&mut client, request("chat")).await.status.unwrap();
-    assert_eq!(s.code(), Code::Unavailable, "router-owned key failures are not the caller's UNAUTHENTICATED");
+    assert_eq!(
+        s.code(),
+        Code::Unavailable,
+        "router-owned key failures are not the caller's UNAUTHENTICATED"
+    );
     assert_eq!(reason(&s), "PROVIDER_AUTH_FAILED");
     let body = format!("{s:?}");
-    assert!(!body.contains("sk-secret-upstream-401-body"), "upstream 401 body leaked: {body}");
+    assert!(
+        !body.contains("sk-secret-upstream-401-body"),
+        "upstream 401 body leaked: {body}"
+    );
 }
 
 #[tokio::test]
@@ -261,12 +310,23 @@ async fn the_callers_deadline_is_deadline_exceeded_and_cancels_upstream() {
     let sy = Switchyard::start(&config).await;
     a.set_fault(json!({"type": "hang"})).await;
     let mut client = sy.client().await;
+    // The deadline travels as `grpc-timeout`, as every gRPC client sends it.
+    // (tonic's own client-side timer would report CANCELLED locally, so the
+    // header is set directly: the assertion is on what the server answers.)
     let mut req = tonic::Request::new(request("chat"));
-    req.set_timeout(Duration::from_millis(300));
+    req.metadata_mut()
+        .insert("grpc-timeout", "300m".parse().unwrap());
+    let started = std::time::Instant::now();
     let got = stream(&mut client, req).await;
     assert_eq!(got.status.unwrap().code(), Code::DeadlineExceeded);
-    a.wait_for("the upstream request was dropped", |l| l.len() == 1 && l[0]["client_hung_up"] == true)
-        .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(280),
+        "answered at the deadline, not before"
+    );
+    a.wait_for("the upstream request was dropped", |l| {
+        l.len() == 1 && l[0]["client_hung_up"] == true
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -275,21 +335,36 @@ async fn health_and_reflection_are_served() {
     let channel = sy.channel().await;
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
     let r = health
-        .check(tonic_health::pb::HealthCheckRequest { service: "switchyard.v1.Router".into() })
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "switchyard.v1.Router".into(),
+        })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(r.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    assert_eq!(
+        r.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
 
     use tonic_reflection::pb::v1::{
-        server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
-        server_reflection_response::MessageResponse, ServerReflectionRequest,
+        server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        ServerReflectionRequest,
     };
     let mut refl = ServerReflectionClient::new(channel);
-    let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
-    let mut s = refl.server_reflection_info(tokio_stream::iter(vec![req])).await.unwrap().into_inner();
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut s = refl
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
     let resp = s.message().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else { panic!() };
+    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
+        panic!()
+    };
     let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
     assert!(names.contains(&"switchyard.v1.Router"), "{names:?}");
 
@@ -316,10 +391,18 @@ fn check_config_names_the_bad_field() {
     let bad = dir.path().join("bad.toml");
     std::fs::write(
         &bad,
-        format!("{}{}", provider("p", "opneai", "http://127.0.0.1:1/v1", "m"), route("chat", &["p/m"])),
+        format!(
+            "{}{}",
+            provider("p", "opneai", "http://127.0.0.1:1/v1", "m"),
+            route("chat", &["p/m"])
+        ),
     )
     .unwrap();
-    let out = std::process::Command::new(BIN).arg("check-config").arg(&bad).output().unwrap();
+    let out = std::process::Command::new(BIN)
+        .arg("check-config")
+        .arg(&bad)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("providers[0].kind"), "{err}");
@@ -328,9 +411,21 @@ fn check_config_names_the_bad_field() {
     let good = dir.path().join("good.toml");
     std::fs::write(
         &good,
-        format!("{}{}", provider("p", "openai", "http://127.0.0.1:1/v1", "m"), route("chat", &["p/m"])),
+        format!(
+            "{}{}",
+            provider("p", "openai", "http://127.0.0.1:1/v1", "m"),
+            route("chat", &["p/m"])
+        ),
     )
     .unwrap();
-    let out = std::process::Command::new(BIN).arg("check-config").arg(&good).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = std::process::Command::new(BIN)
+        .arg("check-config")
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -229,7 +229,11 @@ impl Actor for ProviderActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            ProviderMsg::Admit { model, class, reply } => {
+            ProviderMsg::Admit {
+                model,
+                class,
+                reply,
+            } => {
                 let answer = if state.runtime.model(&model).is_none() {
                     Err(Refusal::UnknownModel(model))
                 } else {

@@ -130,7 +130,11 @@ fn build_routes(config: &Config) -> HashMap<String, RouteEntry> {
         .collect()
 }
 
-fn plan(routes: &HashMap<String, RouteEntry>, route: &str, needs: &Needs) -> Result<Plan, PlanError> {
+fn plan(
+    routes: &HashMap<String, RouteEntry>,
+    route: &str,
+    needs: &Needs,
+) -> Result<Plan, PlanError> {
     let entry = routes
         .get(route)
         .ok_or_else(|| PlanError::UnknownRoute(route.to_string()))?;
@@ -193,7 +197,11 @@ impl Actor for RouterActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            RouterMsg::Plan { route, needs, reply } => {
+            RouterMsg::Plan {
+                route,
+                needs,
+                reply,
+            } => {
                 let _ = reply.send(plan(&state.routes, &route, &needs));
             }
         }
@@ -241,7 +249,11 @@ targets = ["a/small", "a/big", "b/claude"]
     fn plan_keeps_route_order_and_marks_primary() {
         let routes = build_routes(&config());
         let p = plan(&routes, "chat", &Needs::default()).unwrap();
-        let names: Vec<_> = p.candidates.iter().map(|c| format!("{}/{}", c.provider, c.model)).collect();
+        let names: Vec<_> = p
+            .candidates
+            .iter()
+            .map(|c| format!("{}/{}", c.provider, c.model))
+            .collect();
         assert_eq!(names, ["a/small", "a/big", "b/claude"]);
         assert_eq!(p.candidates.iter().filter(|c| c.primary).count(), 1);
         assert!(p.candidates[0].primary);
@@ -250,17 +262,27 @@ targets = ["a/small", "a/big", "b/claude"]
     #[test]
     fn tools_never_land_on_a_model_without_them() {
         let routes = build_routes(&config());
-        let needs = Needs { tools: true, ..Needs::default() };
+        let needs = Needs {
+            tools: true,
+            ..Needs::default()
+        };
         let p = plan(&routes, "chat", &needs).unwrap();
         let names: Vec<_> = p.candidates.iter().map(|c| c.model.as_str()).collect();
         assert_eq!(names, ["big", "claude"]);
-        assert!(!p.candidates[0].primary, "the primary was filtered out; the rest is failover traffic");
+        assert!(
+            !p.candidates[0].primary,
+            "the primary was filtered out; the rest is failover traffic"
+        );
     }
 
     #[test]
     fn context_and_vision_filter() {
         let routes = build_routes(&config());
-        let needs = Needs { vision: true, min_context_tokens: 150_000, ..Needs::default() };
+        let needs = Needs {
+            vision: true,
+            min_context_tokens: 150_000,
+            ..Needs::default()
+        };
         let p = plan(&routes, "chat", &needs).unwrap();
         assert_eq!(p.candidates.len(), 1);
         assert_eq!(p.candidates[0].model, "claude");
@@ -269,7 +291,11 @@ targets = ["a/small", "a/big", "b/claude"]
     #[test]
     fn nothing_capable_fails_closed_naming_what_is_missing() {
         let routes = build_routes(&config());
-        let needs = Needs { json: true, vision: true, ..Needs::default() };
+        let needs = Needs {
+            json: true,
+            vision: true,
+            ..Needs::default()
+        };
         let err = plan(&routes, "chat", &needs).unwrap_err();
         match err {
             PlanError::NoCapableTarget { missing, .. } => {

@@ -60,7 +60,11 @@ struct RestartLog(VecDeque<Instant>);
 impl RestartLog {
     /// Records a restart at `now`; `false` once the cap is exceeded.
     fn allow(&mut self, now: Instant) -> bool {
-        while self.0.front().is_some_and(|t| now.duration_since(*t) > RESTART_WINDOW) {
+        while self
+            .0
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > RESTART_WINDOW)
+        {
             self.0.pop_front();
         }
         self.0.push_back(now);
@@ -69,7 +73,11 @@ impl RestartLog {
 }
 
 impl SupervisorState {
-    async fn start_child(&mut self, spec: ChildSpec, supervisor: ActorCell) -> Result<(), ActorProcessingErr> {
+    async fn start_child(
+        &mut self,
+        spec: ChildSpec,
+        supervisor: ActorCell,
+    ) -> Result<(), ActorProcessingErr> {
         let id = match &spec {
             ChildSpec::Provider(pid) => {
                 let runtime = self
@@ -77,12 +85,20 @@ impl SupervisorState {
                     .get(pid)
                     .cloned()
                     .ok_or_else(|| format!("no runtime for provider {pid}"))?;
-                let (actor, _) = Actor::spawn_linked(None, ProviderActor, runtime.clone(), supervisor).await?;
-                self.registry.set_provider(pid, ProviderEntry { actor: actor.clone(), runtime });
+                let (actor, _) =
+                    Actor::spawn_linked(None, ProviderActor, runtime.clone(), supervisor).await?;
+                self.registry.set_provider(
+                    pid,
+                    ProviderEntry {
+                        actor: actor.clone(),
+                        runtime,
+                    },
+                );
                 actor.get_id()
             }
             ChildSpec::Router => {
-                let (actor, _) = Actor::spawn_linked(None, RouterActor, self.config.clone(), supervisor).await?;
+                let (actor, _) =
+                    Actor::spawn_linked(None, RouterActor, self.config.clone(), supervisor).await?;
                 self.registry.set_router(actor.clone());
                 actor.get_id()
             }
@@ -117,13 +133,21 @@ impl Actor for Supervisor {
         let mut ids: Vec<String> = state.runtimes.keys().cloned().collect();
         ids.sort();
         for id in ids {
-            state.start_child(ChildSpec::Provider(id), myself.get_cell()).await?;
+            state
+                .start_child(ChildSpec::Provider(id), myself.get_cell())
+                .await?;
         }
-        state.start_child(ChildSpec::Router, myself.get_cell()).await?;
+        state
+            .start_child(ChildSpec::Router, myself.get_cell())
+            .await?;
         Ok(state)
     }
 
-    async fn post_stop(&self, _myself: ActorRef<Self::Msg>, state: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
         for entry in state.registry.providers() {
             entry.actor.stop(None);
         }
@@ -141,9 +165,10 @@ impl Actor for Supervisor {
     ) -> Result<(), ActorProcessingErr> {
         let (cell, why) = match event {
             SupervisionEvent::ActorFailed(cell, err) => (cell, format!("failed: {err}")),
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                (cell, format!("terminated: {}", reason.unwrap_or_else(|| "stopped".into())))
-            }
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (
+                cell,
+                format!("terminated: {}", reason.unwrap_or_else(|| "stopped".into())),
+            ),
             _ => return Ok(()),
         };
         let Some(spec) = state.children.remove(&cell.get_id()) else {
@@ -197,18 +222,32 @@ targets = ["a/m"]
         let (sup, _) = Actor::spawn(
             None,
             Supervisor,
-            SupervisorArgs { config, registry: registry.clone(), runtimes },
+            SupervisorArgs {
+                config,
+                registry: registry.clone(),
+                runtimes,
+            },
         )
         .await
         .unwrap();
         (sup, registry)
     }
 
-    async fn admit(registry: &Registry, class: TrafficClass) -> Option<crate::actors::provider::Permit> {
+    async fn admit(
+        registry: &Registry,
+        class: TrafficClass,
+    ) -> Option<crate::actors::provider::Permit> {
         let entry = registry.provider("a").unwrap();
         match entry
             .actor
-            .call(|reply| ProviderMsg::Admit { model: "m".into(), class, reply }, Some(CALL))
+            .call(
+                |reply| ProviderMsg::Admit {
+                    model: "m".into(),
+                    class,
+                    reply,
+                },
+                Some(CALL),
+            )
             .await
             .unwrap()
         {
@@ -233,7 +272,9 @@ targets = ["a/m"]
     #[tokio::test]
     async fn crashed_provider_is_restarted_and_keeps_its_permits() {
         let (sup, registry) = start().await;
-        let held = admit(&registry, TrafficClass::Failover).await.expect("first permit");
+        let held = admit(&registry, TrafficClass::Failover)
+            .await
+            .expect("first permit");
         let old = registry.provider("a").unwrap();
         assert_eq!(old.runtime.in_flight(), 1);
 
@@ -242,12 +283,24 @@ targets = ["a/m"]
 
         // The permit taken before the crash still counts against both ceilings.
         assert_eq!(old.runtime.in_flight(), 1);
-        assert!(admit(&registry, TrafficClass::Failover).await.is_none(), "failover ceiling is 1");
-        let own = admit(&registry, TrafficClass::Own).await.expect("own traffic still has room");
-        assert!(admit(&registry, TrafficClass::Own).await.is_none(), "total ceiling is 2");
+        assert!(
+            admit(&registry, TrafficClass::Failover).await.is_none(),
+            "failover ceiling is 1"
+        );
+        let own = admit(&registry, TrafficClass::Own)
+            .await
+            .expect("own traffic still has room");
+        assert!(
+            admit(&registry, TrafficClass::Own).await.is_none(),
+            "total ceiling is 2"
+        );
         drop(held);
         drop(own);
-        assert_eq!(old.runtime.in_flight(), 0, "no permit leaked across the restart");
+        assert_eq!(
+            old.runtime.in_flight(),
+            0,
+            "no permit leaked across the restart"
+        );
         assert!(admit(&registry, TrafficClass::Failover).await.is_some());
         sup.stop(None);
     }
@@ -274,7 +327,13 @@ targets = ["a/m"]
         for _ in 0..MAX_RESTARTS {
             assert!(log.allow(now));
         }
-        assert!(!log.allow(now), "one restart past the cap within a window is refused");
-        assert!(log.allow(now + RESTART_WINDOW + Duration::from_secs(1)), "the window moves on");
+        assert!(
+            !log.allow(now),
+            "one restart past the cap within a window is refused"
+        );
+        assert!(
+            log.allow(now + RESTART_WINDOW + Duration::from_secs(1)),
+            "the window moves on"
+        );
     }
 }

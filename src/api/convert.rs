@@ -22,7 +22,7 @@ fn invalid(msg: impl Into<String>) -> RequestError {
 pub fn request_spec(
     req: proto::CompletionRequest,
     request_id: String,
-    timeout: Option<Duration>,
+    deadline: Option<Instant>,
 ) -> Result<RequestSpec, RequestError> {
     if req.route.is_empty() {
         return Err(invalid("route: must not be empty"));
@@ -42,7 +42,9 @@ pub fn request_spec(
             return Err(invalid(format!("messages[{i}].content: must not be empty")));
         }
         if m.role == "tool" && m.tool_call_id.is_empty() {
-            return Err(invalid(format!("messages[{i}].tool_call_id: required for role tool")));
+            return Err(invalid(format!(
+                "messages[{i}].tool_call_id: required for role tool"
+            )));
         }
         messages.push(ChatMessage {
             role: m.role,
@@ -63,7 +65,10 @@ pub fn request_spec(
     for (i, t) in req.tools.into_iter().enumerate() {
         if t.name.is_empty()
             || t.name.len() > 64
-            || !t.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            || !t
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         {
             return Err(invalid(format!(
                 "tools[{i}].name: `{}` must be 1-64 letters, digits, `_` or `-`",
@@ -121,7 +126,7 @@ pub fn request_spec(
             stream: true,
         },
         needs,
-        deadline: timeout.map(|t| Instant::now() + t),
+        deadline,
     })
 }
 
@@ -217,7 +222,13 @@ pub fn event(e: Event) -> proto::CompletionEvent {
                 arguments,
             }],
         }),
-        Event::Reset { reason, failed_attempt } => E::Reset(proto::Reset { reason, failed_attempt }),
+        Event::Reset {
+            reason,
+            failed_attempt,
+        } => E::Reset(proto::Reset {
+            reason,
+            failed_attempt,
+        }),
         Event::Finished(f) => E::Finished(finished(&f)),
     };
     proto::CompletionEvent { event: Some(inner) }
@@ -309,21 +320,47 @@ mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        rejects(proto::CompletionRequest { route: String::new(), ..req() }, "route");
-        rejects(proto::CompletionRequest { messages: vec![], ..req() }, "messages");
+        rejects(
+            proto::CompletionRequest {
+                route: String::new(),
+                ..req()
+            },
+            "route",
+        );
+        rejects(
+            proto::CompletionRequest {
+                messages: vec![],
+                ..req()
+            },
+            "messages",
+        );
         let mut r = req();
         r.messages[0].role = "robot".into();
         rejects(r, "messages[0].role");
         let mut r = req();
-        r.tools.push(proto::Tool { name: "f".into(), description: String::new(), parameters_json: "[1".into() });
+        r.tools.push(proto::Tool {
+            name: "f".into(),
+            description: String::new(),
+            parameters_json: "[1".into(),
+        });
         rejects(r, "tools[0].parameters_json");
-        rejects(proto::CompletionRequest { temperature: Some(3.0), ..req() }, "temperature");
+        rejects(
+            proto::CompletionRequest {
+                temperature: Some(3.0),
+                ..req()
+            },
+            "temperature",
+        );
     }
 
     #[test]
     fn tools_imply_the_tools_capability() {
         let mut r = req();
-        r.tools.push(proto::Tool { name: "f".into(), description: String::new(), parameters_json: String::new() });
+        r.tools.push(proto::Tool {
+            name: "f".into(),
+            description: String::new(),
+            parameters_json: String::new(),
+        });
         let spec = request_spec(r, "id".into(), None).unwrap();
         assert!(spec.needs.tools);
     }
@@ -340,10 +377,25 @@ mod tests {
     #[test]
     fn assembler_discards_output_on_reset_and_joins_tool_fragments() {
         let mut a = Assembler::default();
-        assert!(a.push(Event::Chunk(Chunk::Text("partial".into()))).is_none());
-        a.push(Event::Reset { reason: "x".into(), failed_attempt: 1 });
-        a.push(Event::Chunk(Chunk::ToolCall { index: 0, id: Some("c1".into()), name: Some("f".into()), arguments: "{\"a\":".into() }));
-        a.push(Event::Chunk(Chunk::ToolCall { index: 0, id: None, name: None, arguments: "1}".into() }));
+        assert!(a
+            .push(Event::Chunk(Chunk::Text("partial".into())))
+            .is_none());
+        a.push(Event::Reset {
+            reason: "x".into(),
+            failed_attempt: 1,
+        });
+        a.push(Event::Chunk(Chunk::ToolCall {
+            index: 0,
+            id: Some("c1".into()),
+            name: Some("f".into()),
+            arguments: "{\"a\":".into(),
+        }));
+        a.push(Event::Chunk(Chunk::ToolCall {
+            index: 0,
+            id: None,
+            name: None,
+            arguments: "1}".into(),
+        }));
         let done = a
             .push(Event::Finished(Finished {
                 finish_reason: FinishReason::ToolCalls,

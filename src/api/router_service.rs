@@ -6,15 +6,18 @@
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::convert;
 use super::status::to_status;
 use crate::dispatch::Dispatcher;
+use crate::error::RequestError;
 use crate::proto;
 use crate::sink::{EventSink, Item};
 
@@ -42,7 +45,11 @@ impl RouterService {
     }
 
     fn request_id(&self) -> String {
-        format!("sy-{}-{}", self.id_prefix, self.next_id.fetch_add(1, Ordering::Relaxed))
+        format!(
+            "sy-{}-{}",
+            self.id_prefix,
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        )
     }
 
     /// Validates and starts the request task; returns its channel.
@@ -50,19 +57,60 @@ impl RouterService {
         &self,
         request: Request<proto::CompletionRequest>,
         buffered: bool,
-    ) -> Result<(String, mpsc::Receiver<Item>), Status> {
-        let timeout = request
+    ) -> Result<Started, Status> {
+        let deadline = request
             .metadata()
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
-            .and_then(convert::parse_grpc_timeout);
+            .and_then(convert::parse_grpc_timeout)
+            .map(|t| Instant::now() + t.saturating_sub(deadline_margin(t)));
         let request_id = self.request_id();
-        let spec = convert::request_spec(request.into_inner(), request_id.clone(), timeout)
+        let spec = convert::request_spec(request.into_inner(), request_id.clone(), deadline)
             .map_err(|e| to_status(&e))?;
         let (tx, rx) = mpsc::channel(self.buffer);
-        tokio::spawn(self.dispatcher.clone().run(spec, EventSink::new(tx, buffered)));
-        Ok((request_id, rx))
+        tokio::spawn(
+            self.dispatcher
+                .clone()
+                .run(spec, EventSink::new(tx, buffered)),
+        );
+        Ok(Started {
+            request_id,
+            rx,
+            deadline,
+        })
     }
+}
+
+/// A started request task, seen from the handler.
+struct Started {
+    request_id: String,
+    rx: mpsc::Receiver<Item>,
+    /// The caller's deadline (less the margin), when it sent one.
+    deadline: Option<Instant>,
+}
+
+impl Started {
+    /// The next item, or DEADLINE_EXCEEDED once the deadline passes. tonic
+    /// itself answers CANCELLED when a handler outlives `grpc-timeout`; the
+    /// margin lets Switchyard's own, precise status reach the caller first.
+    async fn next(&mut self) -> Option<Item> {
+        let Some(deadline) = self.deadline else {
+            return self.rx.recv().await;
+        };
+        tokio::select! {
+            biased;
+            item = self.rx.recv() => item,
+            _ = tokio::time::sleep_until(deadline) => {
+                Some(Err(RequestError::DeadlineExceeded { attempts: 0 }))
+            }
+        }
+    }
+}
+
+/// How much earlier than the caller's deadline Switchyard gives up, so its
+/// answer arrives before the caller's (or tonic's) own timer fires.
+fn deadline_margin(timeout: Duration) -> Duration {
+    (timeout / 10).min(Duration::from_millis(5))
 }
 
 fn with_request_id<T>(mut response: Response<T>, id: &str) -> Response<T> {
@@ -80,13 +128,13 @@ impl proto::router_server::Router for RouterService {
         &self,
         request: Request<proto::CompletionRequest>,
     ) -> Result<Response<Self::StreamCompletionStream>, Status> {
-        let (id, mut rx) = self.start(request, false)?;
-        let first = match rx.recv().await {
+        let mut started = self.start(request, false)?;
+        let first = match started.next().await {
             Some(Ok(event)) => event,
             Some(Err(e)) => return Err(to_status(&e)),
             None => return Err(Status::internal("request ended without an answer")),
         };
-        let rest = ReceiverStream::new(rx);
+        let (id, rest) = (started.request_id, ReceiverStream::new(started.rx));
         let stream = futures_util::stream::once(async move { Ok(first) })
             .chain(rest)
             .map(|item| item.map(convert::event).map_err(|e| to_status(&e)));
@@ -97,9 +145,10 @@ impl proto::router_server::Router for RouterService {
         &self,
         request: Request<proto::CompletionRequest>,
     ) -> Result<Response<proto::CompletionResponse>, Status> {
-        let (id, mut rx) = self.start(request, true)?;
+        let mut started = self.start(request, true)?;
+        let id = started.request_id.clone();
         let mut assembler = convert::Assembler::default();
-        while let Some(item) = rx.recv().await {
+        while let Some(item) = started.next().await {
             match item {
                 Ok(event) => {
                     if let Some(response) = assembler.push(event) {

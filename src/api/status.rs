@@ -29,14 +29,20 @@ pub fn to_status(err: &RequestError) -> Status {
             (Code::FailedPrecondition, "NO_CAPABLE_TARGET")
         }
         RequestError::DeadlineExceeded { attempts } => {
-            meta.insert("attempts".into(), attempts.to_string());
+            if *attempts > 0 {
+                meta.insert("attempts".into(), attempts.to_string());
+            }
             (Code::DeadlineExceeded, "DEADLINE_EXCEEDED")
         }
         RequestError::Saturated { route } => {
             meta.insert("route".into(), route.clone());
             (Code::ResourceExhausted, "CONCURRENCY_LIMIT")
         }
-        RequestError::Exhausted { failure, provider, attempts } => {
+        RequestError::Exhausted {
+            failure,
+            provider,
+            attempts,
+        } => {
             meta.insert("provider".into(), provider.clone());
             meta.insert("attempts".into(), attempts.to_string());
             meta.insert("outcome".into(), failure.class.as_str().into());
@@ -45,7 +51,12 @@ pub fn to_status(err: &RequestError) -> Status {
             }
             exhausted_code(failure.class)
         }
-        RequestError::MidStream { failure, provider, tokens_emitted, attempts } => {
+        RequestError::MidStream {
+            failure,
+            provider,
+            tokens_emitted,
+            attempts,
+        } => {
             meta.insert("provider".into(), provider.clone());
             meta.insert("attempts".into(), attempts.to_string());
             meta.insert("tokens_emitted".into(), tokens_emitted.to_string());
@@ -100,7 +111,11 @@ mod tests {
         let mut failure = Failure::new(class, "boom");
         failure.retry_after = Some(Duration::from_secs(3));
         failure.upstream_request_id = Some("req_1".into());
-        RequestError::Exhausted { failure, provider: "p".into(), attempts: 2 }
+        RequestError::Exhausted {
+            failure,
+            provider: "p".into(),
+            attempts: 2,
+        }
     }
 
     #[test]
@@ -118,15 +133,30 @@ mod tests {
         assert_eq!(info.reason, "UPSTREAM_OVERLOADED");
         assert_eq!(info.metadata["provider"], "p");
         assert_eq!(info.metadata["upstream_request_id"], "req_1");
-        assert_eq!(d.retry_info().unwrap().retry_delay, Some(Duration::from_secs(3)));
+        assert_eq!(
+            d.retry_info().unwrap().retry_delay,
+            Some(Duration::from_secs(3))
+        );
     }
 
     #[test]
     fn caller_errors_and_provider_errors_differ() {
-        assert_eq!(to_status(&exhausted(OutcomeClass::Invalid)).code(), Code::InvalidArgument);
-        assert_eq!(to_status(&exhausted(OutcomeClass::Auth)).code(), Code::Unavailable);
-        assert_eq!(to_status(&exhausted(OutcomeClass::RateLimited)).code(), Code::ResourceExhausted);
-        let s = to_status(&RequestError::NoCapableTarget { route: "r".into(), missing: vec!["tools".into()] });
+        assert_eq!(
+            to_status(&exhausted(OutcomeClass::Invalid)).code(),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            to_status(&exhausted(OutcomeClass::Auth)).code(),
+            Code::Unavailable
+        );
+        assert_eq!(
+            to_status(&exhausted(OutcomeClass::RateLimited)).code(),
+            Code::ResourceExhausted
+        );
+        let s = to_status(&RequestError::NoCapableTarget {
+            route: "r".into(),
+            missing: vec!["tools".into()],
+        });
         assert_eq!(s.code(), Code::FailedPrecondition);
         assert!(s.message().contains("tools"));
     }
@@ -144,6 +174,9 @@ mod tests {
         let info = s.get_error_details().error_info().cloned().unwrap();
         assert_eq!(info.reason, "UPSTREAM_STREAM_TRUNCATED");
         assert_eq!(info.metadata["tokens_emitted"], "7");
-        assert_eq!(to_status(&mk(OutcomeClass::Protocol)).code(), Code::Internal);
+        assert_eq!(
+            to_status(&mk(OutcomeClass::Protocol)).code(),
+            Code::Internal
+        );
     }
 }

@@ -115,7 +115,10 @@ impl OutcomeClass {
     pub fn fail_over(self) -> bool {
         !matches!(
             self,
-            OutcomeClass::Ok | OutcomeClass::Refusal | OutcomeClass::Invalid | OutcomeClass::Cancelled
+            OutcomeClass::Ok
+                | OutcomeClass::Refusal
+                | OutcomeClass::Invalid
+                | OutcomeClass::Cancelled
         )
     }
 
@@ -172,6 +175,7 @@ impl Failure {
 
     /// Whether this target may be tried again, honouring `x-should-retry`.
     pub fn retry_same_target(&self) -> bool {
-        self.should_retry.unwrap_or_else(|| self.class.retry_same_target())
+        self.should_retry
+            .unwrap_or_else(|| self.class.retry_same_target())
     }
 }

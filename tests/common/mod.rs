@@ -68,7 +68,11 @@ impl Mock {
             .and_then(|s| s.split_whitespace().next())
             .unwrap_or_else(|| panic!("unexpected mock banner: {line}"))
             .to_string();
-        Mock { child, addr, http: reqwest::Client::new() }
+        Mock {
+            child,
+            addr,
+            http: reqwest::Client::new(),
+        }
     }
 
     pub fn base_url(&self) -> String {
@@ -83,7 +87,11 @@ impl Mock {
             .send()
             .await
             .unwrap();
-        assert!(r.status().is_success(), "fault rejected: {}", r.text().await.unwrap());
+        assert!(
+            r.status().is_success(),
+            "fault rejected: {}",
+            r.text().await.unwrap()
+        );
     }
 
     pub async fn set_config(&self, config: Value) {
@@ -136,7 +144,10 @@ impl Mock {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        panic!("mock log never showed: {what}: {:#?}", self.requests().await);
+        panic!(
+            "mock log never showed: {what}: {:#?}",
+            self.requests().await
+        );
     }
 }
 
@@ -160,9 +171,12 @@ impl Switchyard {
         let file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
         std::fs::write(file.path(), config).unwrap();
         let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--config"])
-            .arg(file.path())
-            .args(["--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]);
+        cmd.args(["serve", "--config"]).arg(file.path()).args([
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ]);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -172,9 +186,15 @@ impl Switchyard {
     /// Starts `serve` with no config and the given environment.
     pub async fn start_default(env: &[(&str, &str)]) -> Switchyard {
         let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("ANTHROPIC_API_KEY");
+        cmd.args([
+            "serve",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY");
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -183,7 +203,10 @@ impl Switchyard {
 
     async fn spawn(mut cmd: Command, config_file: Option<tempfile::NamedTempFile>) -> Switchyard {
         let mut child = cmd
-            .env("RUST_LOG", std::env::var("SWITCHYARD_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("SWITCHYARD_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -197,7 +220,12 @@ impl Switchyard {
         let field = |name: &str| {
             line.split_whitespace()
                 .find_map(|w| w.strip_prefix(&format!("{name}=")))
-                .unwrap_or_else(|| panic!("unexpected banner: {line}; stderr: {}", stderr.lock().unwrap()))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "unexpected banner: {line}; stderr: {}",
+                        stderr.lock().unwrap()
+                    )
+                })
                 .to_string()
         };
         Switchyard {
@@ -225,11 +253,17 @@ impl Switchyard {
     }
 
     pub fn logs(&self) -> String {
-        format!("{}{}", self.stdout.lock().unwrap(), self.stderr.lock().unwrap())
+        format!(
+            "{}{}",
+            self.stdout.lock().unwrap(),
+            self.stderr.lock().unwrap()
+        )
     }
 
     pub async fn admin_get(&self, path: &str) -> (u16, String) {
-        let r = reqwest::get(format!("http://{}{}", self.admin, path)).await.unwrap();
+        let r = reqwest::get(format!("http://{}{}", self.admin, path))
+            .await
+            .unwrap();
         (r.status().as_u16(), r.text().await.unwrap())
     }
 }
@@ -254,7 +288,10 @@ idle_timeout = "5s"
 
 pub fn route(name: &str, targets: &[&str]) -> String {
     let t: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
-    format!("\n[[routes]]\nname = \"{name}\"\ntargets = [{}]\n", t.join(", "))
+    format!(
+        "\n[[routes]]\nname = \"{name}\"\ntargets = [{}]\n",
+        t.join(", ")
+    )
 }
 
 pub fn user(text: &str) -> proto::Message {
@@ -337,7 +374,10 @@ pub fn reason(status: &tonic::Status) -> String {
 
 pub fn error_meta(status: &tonic::Status, key: &str) -> Option<String> {
     use tonic_types::StatusExt;
-    status.get_error_details().error_info().and_then(|i| i.metadata.get(key).cloned())
+    status
+        .get_error_details()
+        .error_info()
+        .and_then(|i| i.metadata.get(key).cloned())
 }
 
 /// Requests in a mock log that hit the chat endpoints (not control).
