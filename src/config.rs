@@ -170,13 +170,96 @@ impl ModelConfig {
     }
 }
 
+/// What a route does when its serving upstream fails after output was sent.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MidStreamPolicy {
+    /// End the stream with UNAVAILABLE (UPSTREAM_STREAM_TRUNCATED).
+    #[default]
+    Fail,
+    /// Send `Reset` (the caller discards the partial output) and serve from the next target.
+    Reset,
+}
+
+/// One target of a route: `"provider/model"`, or a table with a priority and weight.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteTarget {
+    /// `provider/model`.
+    pub target: String,
+    /// Lower is preferred; defaults to the position in the list. Targets of
+    /// equal priority (and equal health) share load by `weight`.
+    pub priority: Option<u32>,
+    pub weight: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RouteTargetRepr {
+    Name(String),
+    Table(RouteTargetTable),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteTargetTable {
+    target: String,
+    #[serde(default)]
+    priority: Option<u32>,
+    #[serde(default = "default_weight")]
+    weight: u32,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+impl<'de> Deserialize<'de> for RouteTarget {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match RouteTargetRepr::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(
+                "expected \"provider/model\" or { target = \"provider/model\", priority = N, weight = N }",
+            )
+        })? {
+            RouteTargetRepr::Name(target) => Ok(RouteTarget {
+                target,
+                priority: None,
+                weight: 1,
+            }),
+            RouteTargetRepr::Table(t) => Ok(RouteTarget {
+                target: t.target,
+                priority: t.priority,
+                weight: t.weight,
+            }),
+        }
+    }
+}
+
+impl From<&str> for RouteTarget {
+    fn from(target: &str) -> Self {
+        RouteTarget {
+            target: target.to_string(),
+            priority: None,
+            weight: 1,
+        }
+    }
+}
+
 /// `[[routes]]`: a name callers use and the targets that may serve it.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     pub name: String,
-    /// `provider/model` in fallback order; the first is the primary.
-    pub targets: Vec<String>,
+    /// In fallback order; the first is the primary.
+    pub targets: Vec<RouteTarget>,
+    /// Upstream attempts per request across all targets (retries and failovers included).
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    #[serde(default)]
+    pub mid_stream: MidStreamPolicy,
+    /// The upstream call has effects beyond its answer: never retried or
+    /// failed over once a request was sent (a refused connection still fails over).
+    #[serde(default)]
+    pub side_effects: bool,
     /// `max_tokens` for requests that leave it at 0.
     #[serde(default)]
     pub default_max_tokens: Option<u32>,
@@ -334,11 +417,20 @@ impl Config {
             let mut seen = HashSet::new();
             for (j, t) in r.targets.iter().enumerate() {
                 let path = format!("routes[{i}].targets[{j}]");
-                self.resolve_target(t)
+                self.resolve_target(&t.target)
                     .map_err(|m| ConfigError::new(path.clone(), m))?;
-                if !seen.insert(t.as_str()) {
-                    return Err(ConfigError::new(path, format!("duplicate target `{t}`")));
+                if !seen.insert(t.target.as_str()) {
+                    return Err(ConfigError::new(path, format!("duplicate target `{}`", t.target)));
                 }
+                if t.weight == 0 {
+                    return Err(ConfigError::new(format!("{path}.weight"), "must be at least 1"));
+                }
+            }
+            if r.max_attempts == 0 || r.max_attempts > 10 {
+                return Err(ConfigError::new(
+                    format!("routes[{i}].max_attempts"),
+                    format!("{} is outside 1..=10", r.max_attempts),
+                ));
             }
             if r.default_max_tokens == Some(0) {
                 return Err(ConfigError::new(
@@ -453,11 +545,18 @@ impl Config {
                     "openai/gpt-4o-mini".into(),
                     "anthropic/claude-sonnet-4-5".into(),
                 ],
+                max_attempts: default_max_attempts(),
+                mid_stream: MidStreamPolicy::Fail,
+                side_effects: false,
                 default_max_tokens: None,
                 deadline: None,
             }],
         }
     }
+}
+
+fn default_max_attempts() -> u32 {
+    3
 }
 
 fn valid_name(s: &str) -> bool {
@@ -555,6 +654,22 @@ targets = ["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
         let e = err(&GOOD.replace("secondary/claude-sonnet-4-5\"]", "secondary/claude-3\"]"));
         assert_eq!(e.path, "routes[0].targets[1]");
         assert!(e.message.contains("claude-3"), "{e}");
+    }
+
+    #[test]
+    fn targets_take_a_string_or_a_table() {
+        let c = Config::from_toml_str(&GOOD.replace(
+            "targets = [\"primary/gpt-4o-mini\", \"secondary/claude-sonnet-4-5\"]",
+            "targets = [\"primary/gpt-4o-mini\", { target = \"secondary/claude-sonnet-4-5\", priority = 0, weight = 3 }]\nmid_stream = \"reset\"",
+        ))
+        .unwrap();
+        let r = &c.routes[0];
+        assert_eq!(r.targets[1].weight, 3);
+        assert_eq!(r.targets[1].priority, Some(0));
+        assert_eq!(r.mid_stream, MidStreamPolicy::Reset);
+        assert_eq!(r.max_attempts, 3);
+        let e = err(&GOOD.replace("\"secondary/claude-sonnet-4-5\"]", "{ target = \"secondary/claude-sonnet-4-5\", wieght = 3 }]"));
+        assert_eq!(e.path, "routes[0].targets[1]");
     }
 
     #[test]

@@ -11,25 +11,14 @@ use tokio::time::Instant;
 
 use crate::actors::provider::{OutcomeReport, Permit, ProviderMsg, Refusal, TrafficClass};
 use crate::actors::registry::{ProviderEntry, Registry};
-use crate::actors::router::{Candidate, Needs, PlanError, RouterMsg};
+use crate::actors::router::{Candidate, PlanError, RouterMsg};
 use crate::actors::CALL_TIMEOUT;
 use crate::attempt::{self, AttemptEnd, AttemptInput};
 use crate::error::RequestError;
 use crate::policy::outcome::Failure;
 use crate::sink::{EventSink, Finished, Started, Tier};
+use crate::request::RequestSpec;
 use crate::upstream::{ChatRequest, Usage};
-
-/// A validated request, ready to route.
-#[derive(Debug, Clone)]
-pub struct RequestSpec {
-    pub request_id: String,
-    pub route: String,
-    /// `model` is filled in per candidate.
-    pub chat: ChatRequest,
-    pub needs: Needs,
-    /// From `grpc-timeout`, when the caller set one.
-    pub deadline: Option<Instant>,
-}
 
 /// Shared by all request tasks.
 pub struct Dispatcher {

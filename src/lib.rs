@@ -7,8 +7,10 @@ pub mod attempt;
 pub mod config;
 pub mod dispatch;
 pub mod error;
+pub mod idempotency;
 pub mod mock;
 pub mod policy;
+pub mod request;
 pub mod sink;
 pub mod upstream;
 

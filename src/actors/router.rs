@@ -108,7 +108,7 @@ fn build_routes(config: &Config) -> HashMap<String, RouteEntry> {
             let targets = r
                 .targets
                 .iter()
-                .filter_map(|t| config.resolve_target(t).ok())
+                .filter_map(|t| config.resolve_target(&t.target).ok())
                 .map(|t| {
                     let p = &config.providers[t.provider];
                     let m = &p.models[t.model];

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::actors::router::Needs;
-use crate::dispatch::RequestSpec;
+use crate::request::RequestSpec;
 use crate::error::RequestError;
 use crate::proto;
 use crate::sink::{Event, Finished, Started, Tier};
@@ -111,8 +111,14 @@ pub fn request_spec(
         vision: reqs.vision,
         min_context_tokens: reqs.min_context_tokens,
     };
+    if req.idempotency_key.len() > 255 {
+        return Err(invalid("idempotency_key: longer than 255 characters"));
+    }
+    let tenant = if req.tenant.is_empty() { "default".to_string() } else { req.tenant };
     Ok(RequestSpec {
         request_id,
+        tenant,
+        idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
         route: req.route,
         chat: ChatRequest {
             model: String::new(),

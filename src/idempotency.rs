@@ -1,0 +1,229 @@
+//! Idempotency records, scoped `tenant:key`: the first request with a key
+//! claims it; a duplicate of a finished request replays the stored answer with
+//! no upstream call; a concurrent duplicate is refused; the same key with a
+//! different payload is refused. Only successful answers are stored: a failed
+//! request releases its key so the caller's retry runs again (an LLM call has
+//! no side effect worth pinning an error to). In-process and bounded; the
+//! clock is passed in.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::sink::Event;
+
+/// A stable digest of the parts of a request that determine its answer.
+pub type Fingerprint = [u8; 32];
+
+/// What a claim found.
+pub enum Claim {
+    /// First use: run the request, then `complete` or drop the guard.
+    Fresh(ClaimGuard),
+    /// A finished request with the same payload: replay these events.
+    Replay(Arc<Vec<Event>>),
+    /// The same key is being served right now.
+    InUse,
+    /// The key was used with a different payload.
+    Mismatch,
+}
+
+enum Entry {
+    InFlight {
+        fingerprint: Fingerprint,
+        claim: u64,
+    },
+    Done {
+        fingerprint: Fingerprint,
+        events: Arc<Vec<Event>>,
+        expires: Instant,
+    },
+}
+
+struct Inner {
+    entries: HashMap<String, Entry>,
+    next_claim: u64,
+}
+
+/// The store; share it behind an `Arc`.
+pub struct IdempotencyStore {
+    inner: Mutex<Inner>,
+    /// How long a finished answer is replayed.
+    ttl: Duration,
+    /// Most records kept; past it the expired, then the oldest-expiring, go.
+    max_entries: usize,
+}
+
+impl IdempotencyStore {
+    pub fn new(ttl: Duration, max_entries: usize) -> Arc<Self> {
+        Arc::new(IdempotencyStore {
+            inner: Mutex::new(Inner {
+                entries: HashMap::new(),
+                next_claim: 0,
+            }),
+            ttl,
+            max_entries: max_entries.max(1),
+        })
+    }
+
+    /// Claims `key` for a request with this fingerprint.
+    pub fn claim(self: &Arc<Self>, key: &str, fingerprint: Fingerprint, now: Instant) -> Claim {
+        let Ok(mut inner) = self.inner.lock() else {
+            return Claim::InUse;
+        };
+        match inner.entries.get(key) {
+            Some(Entry::InFlight { fingerprint: f, .. }) if *f == fingerprint => return Claim::InUse,
+            Some(Entry::InFlight { .. }) => return Claim::Mismatch,
+            Some(Entry::Done { fingerprint: f, events, expires }) if *expires > now => {
+                return if *f == fingerprint {
+                    Claim::Replay(events.clone())
+                } else {
+                    Claim::Mismatch
+                };
+            }
+            _ => {}
+        }
+        if inner.entries.len() >= self.max_entries {
+            evict(&mut inner.entries, now, self.max_entries);
+        }
+        inner.next_claim += 1;
+        let claim = inner.next_claim;
+        inner
+            .entries
+            .insert(key.to_string(), Entry::InFlight { fingerprint, claim });
+        Claim::Fresh(ClaimGuard {
+            store: self.clone(),
+            key: key.to_string(),
+            claim,
+            done: false,
+        })
+    }
+
+    /// Records currently held (in flight or finished).
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|i| i.entries.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Makes room: drops expired records, then the ones expiring first.
+fn evict(entries: &mut HashMap<String, Entry>, now: Instant, max: usize) {
+    entries.retain(|_, e| !matches!(e, Entry::Done { expires, .. } if *expires <= now));
+    while entries.len() >= max {
+        let oldest = entries
+            .iter()
+            .filter_map(|(k, e)| match e {
+                Entry::Done { expires, .. } => Some((k.clone(), *expires)),
+                Entry::InFlight { .. } => None,
+            })
+            .min_by_key(|(_, t)| *t)
+            .map(|(k, _)| k);
+        match oldest {
+            Some(k) => {
+                entries.remove(&k);
+            }
+            None => break,
+        }
+    }
+}
+
+/// A held claim. Dropping it without `complete` releases the key.
+pub struct ClaimGuard {
+    store: Arc<IdempotencyStore>,
+    key: String,
+    claim: u64,
+    done: bool,
+}
+
+impl ClaimGuard {
+    /// Stores the finished answer for replay.
+    pub fn complete(mut self, events: Vec<Event>, now: Instant) {
+        self.done = true;
+        let expires = now + self.store.ttl;
+        if let Ok(mut inner) = self.store.inner.lock() {
+            if let Some(Entry::InFlight { fingerprint, claim }) = inner.entries.get(&self.key) {
+                if *claim == self.claim {
+                    let fingerprint = *fingerprint;
+                    inner.entries.insert(
+                        self.key.clone(),
+                        Entry::Done {
+                            fingerprint,
+                            events: Arc::new(events),
+                            expires,
+                        },
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Ok(mut inner) = self.store.inner.lock() {
+            if matches!(inner.entries.get(&self.key), Some(Entry::InFlight { claim, .. }) if *claim == self.claim) {
+                inner.entries.remove(&self.key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::upstream::Chunk;
+
+    const A: Fingerprint = [1; 32];
+    const B: Fingerprint = [2; 32];
+
+    fn events() -> Vec<Event> {
+        vec![Event::Chunk(Chunk::Text("hi".into()))]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn replay_after_completion_then_expiry() {
+        let store = IdempotencyStore::new(Duration::from_secs(60), 100);
+        let now = Instant::now();
+        let Claim::Fresh(guard) = store.claim("t:k", A, now) else { panic!() };
+        assert!(matches!(store.claim("t:k", A, now), Claim::InUse));
+        assert!(matches!(store.claim("t:k", B, now), Claim::Mismatch));
+        guard.complete(events(), now);
+        match store.claim("t:k", A, now) {
+            Claim::Replay(e) => assert_eq!(*e, events()),
+            _ => panic!("expected a replay"),
+        }
+        assert!(matches!(store.claim("t:k", B, now), Claim::Mismatch));
+        let later = now + Duration::from_secs(61);
+        assert!(matches!(store.claim("t:k", A, later), Claim::Fresh(_)), "a key past its TTL runs again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_request_releases_its_key() {
+        let store = IdempotencyStore::new(Duration::from_secs(60), 100);
+        let now = Instant::now();
+        let Claim::Fresh(guard) = store.claim("t:k", A, now) else { panic!() };
+        drop(guard);
+        assert!(store.is_empty());
+        assert!(matches!(store.claim("t:k", A, now), Claim::Fresh(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_are_scoped_and_the_store_is_bounded() {
+        let store = IdempotencyStore::new(Duration::from_secs(60), 3);
+        let now = Instant::now();
+        for i in 0..10 {
+            let Claim::Fresh(g) = store.claim(&format!("t:{i}"), A, now + Duration::from_secs(i)) else { panic!() };
+            g.complete(events(), now + Duration::from_secs(i));
+        }
+        assert!(store.len() <= 3);
+        assert!(matches!(store.claim("other:9", A, now), Claim::Fresh(_)), "another tenant's key is separate");
+    }
+}

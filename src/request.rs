@@ -1,0 +1,106 @@
+//! A validated, routable request, and its fingerprint: a stable digest of
+//! everything that determines the answer (route, messages, tools, sampling),
+//! used for idempotency checks and cache keys.
+
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+
+use crate::actors::router::Needs;
+use crate::idempotency::Fingerprint;
+use crate::upstream::ChatRequest;
+
+/// A validated request, ready to route.
+#[derive(Debug, Clone)]
+pub struct RequestSpec {
+    pub request_id: String,
+    pub route: String,
+    /// `model` is filled in per candidate.
+    pub chat: ChatRequest,
+    pub needs: Needs,
+    /// From `grpc-timeout`, when the caller set one.
+    pub deadline: Option<Instant>,
+    /// The caller's tenant ("default" when none is known).
+    pub tenant: String,
+    /// The caller's idempotency key, if any (unscoped).
+    pub idempotency_key: Option<String>,
+}
+
+impl RequestSpec {
+    /// Digest of route, messages, tools and sampling parameters; independent
+    /// of request id, deadline and tenant.
+    pub fn fingerprint(&self) -> Fingerprint {
+        let c = &self.chat;
+        let messages: Vec<serde_json::Value> = c
+            .messages
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "role": m.role,
+                    "content": m.content,
+                    "tool_call_id": m.tool_call_id,
+                    "tool_calls": m.tool_calls.iter().map(|t| [&t.id, &t.name, &t.arguments]).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let tools: Vec<serde_json::Value> = c
+            .tools
+            .iter()
+            .map(|t| serde_json::json!({"name": t.name, "description": t.description, "parameters": t.parameters}))
+            .collect();
+        // serde_json maps are sorted by key, so this text is canonical.
+        let canonical = serde_json::json!({
+            "route": self.route,
+            "messages": messages,
+            "tools": tools,
+            "max_tokens": c.max_tokens,
+            "temperature": c.temperature.map(f32::to_bits),
+            "top_p": c.top_p.map(f32::to_bits),
+            "stop": c.stop,
+            "json": c.json_mode,
+            "needs": [self.needs.tools, self.needs.json, self.needs.vision],
+            "min_context": self.needs.min_context_tokens,
+        });
+        Sha256::digest(canonical.to_string().as_bytes()).into()
+    }
+
+    /// The idempotency record key, scoped by tenant.
+    pub fn scoped_key(&self) -> Option<String> {
+        self.idempotency_key.as_ref().map(|k| format!("{}:{k}", self.tenant))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::upstream::ChatMessage;
+
+    fn spec(text: &str) -> RequestSpec {
+        RequestSpec {
+            request_id: "a".into(),
+            route: "chat".into(),
+            chat: ChatRequest {
+                messages: vec![ChatMessage { role: "user".into(), content: text.into(), ..Default::default() }],
+                ..Default::default()
+            },
+            needs: Needs::default(),
+            deadline: None,
+            tenant: "t".into(),
+            idempotency_key: Some("k".into()),
+        }
+    }
+
+    #[test]
+    fn fingerprint_ignores_ids_and_sees_content() {
+        let a = spec("hi");
+        let mut b = spec("hi");
+        b.request_id = "other".into();
+        b.tenant = "other".into();
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        assert_ne!(a.fingerprint(), spec("hello").fingerprint());
+        let mut c = spec("hi");
+        c.chat.temperature = Some(0.5);
+        assert_ne!(a.fingerprint(), c.fingerprint());
+        assert_eq!(a.scoped_key().as_deref(), Some("t:k"));
+    }
+}
