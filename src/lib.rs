@@ -12,6 +12,7 @@ pub mod mock;
 pub mod policy;
 pub mod request;
 pub mod sink;
+pub mod telemetry;
 pub mod upstream;
 
 /// Generated gRPC types and services for `switchyard.v1`.

@@ -1,0 +1,255 @@
+//! Prometheus metrics: OpenTelemetry GenAI names where they apply
+//! (`gen_ai_client_operation_duration_seconds`, `gen_ai_client_token_usage`,
+//! `gen_ai_server_time_to_first_token_seconds`) plus Switchyard's own SLIs
+//! per provider x model and per route. Labels are bounded: provider, model,
+//! route, outcome class, tier, traffic class; never request ids or tenants.
+//! Recording is lock-free per series; rendering happens at scrape time.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// GenAI semantic-convention labels, in Prometheus form.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GenAiLabels {
+    pub gen_ai_provider_name: String,
+    pub gen_ai_request_model: String,
+    pub gen_ai_operation_name: &'static str,
+    /// Switchyard's provider id (a provider name can have several).
+    pub provider: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    pub gen_ai_provider_name: String,
+    pub gen_ai_request_model: String,
+    pub gen_ai_operation_name: &'static str,
+    pub provider: String,
+    pub gen_ai_token_type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    pub provider: String,
+    pub model: String,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetLabels {
+    pub provider: String,
+    pub model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    pub provider: String,
+    pub model: String,
+    pub from: &'static str,
+    pub to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrafficLabels {
+    pub provider: String,
+    pub traffic: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    pub provider: String,
+    pub model: String,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServedLabels {
+    pub route: String,
+    pub tier: &'static str,
+    pub provider: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabels {
+    pub route: String,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 5 ms .. ~82 s
+    Histogram::new(exponential_buckets(0.005, 2.0, 15))
+}
+
+fn token_histogram() -> Histogram {
+    // 1 .. ~1M tokens, the GenAI convention's advice
+    Histogram::new(exponential_buckets(1.0, 4.0, 11))
+}
+
+/// Every metric Switchyard records. Share it behind an `Arc`.
+pub struct Metrics {
+    registry: Registry,
+    pub operation_duration: Family<GenAiLabels, Histogram>,
+    pub token_usage: Family<TokenLabels, Histogram>,
+    pub time_to_first_token: Family<GenAiLabels, Histogram>,
+    pub attempts: Family<AttemptLabels, Counter>,
+    pub breaker_state: Family<TargetLabels, Gauge>,
+    pub breaker_transitions: Family<TransitionLabels, Counter>,
+    pub in_flight: Family<TrafficLabels, Gauge>,
+    pub permits_refused: Family<RefusalLabels, Counter>,
+    pub cooldowns: Family<RefusalLabels, Counter>,
+    pub failed_stream_tokens: Family<TargetLabels, Counter>,
+    pub served: Family<ServedLabels, Counter>,
+    pub failover_rate: Family<RouteLabels, Gauge<f64, AtomicU64>>,
+    pub shed: Family<ShedLabels, Counter>,
+    pub retry_budget_remaining: Family<RouteLabels, Gauge<f64, AtomicU64>>,
+    pub queue_depth: Gauge,
+    pub queue_oldest_age: Gauge<f64, AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let operation_duration = Family::<GenAiLabels, Histogram>::new_with_constructor(latency_histogram);
+        registry.register_with_unit(
+            "gen_ai_client_operation_duration",
+            "GenAI operation duration (one upstream attempt)",
+            prometheus_client::registry::Unit::Seconds,
+            operation_duration.clone(),
+        );
+        let token_usage = Family::<TokenLabels, Histogram>::new_with_constructor(token_histogram);
+        registry.register(
+            "gen_ai_client_token_usage",
+            "Tokens used per operation, by gen_ai_token_type (input/output)",
+            token_usage.clone(),
+        );
+        let time_to_first_token = Family::<GenAiLabels, Histogram>::new_with_constructor(latency_histogram);
+        registry.register_with_unit(
+            "gen_ai_server_time_to_first_token",
+            "Time from sending the request to the first token",
+            prometheus_client::registry::Unit::Seconds,
+            time_to_first_token.clone(),
+        );
+        let attempts = Family::<AttemptLabels, Counter>::default();
+        registry.register(
+            "switchyard_upstream_attempts",
+            "Upstream attempts by outcome class",
+            attempts.clone(),
+        );
+        let breaker_state = Family::<TargetLabels, Gauge>::default();
+        registry.register(
+            "switchyard_breaker_state",
+            "Breaker state per provider x model: 0 closed, 1 half-open, 2 open",
+            breaker_state.clone(),
+        );
+        let breaker_transitions = Family::<TransitionLabels, Counter>::default();
+        registry.register(
+            "switchyard_breaker_transitions",
+            "Breaker state transitions",
+            breaker_transitions.clone(),
+        );
+        let in_flight = Family::<TrafficLabels, Gauge>::default();
+        registry.register(
+            "switchyard_in_flight",
+            "Upstream requests in flight by traffic class (own, failover)",
+            in_flight.clone(),
+        );
+        let permits_refused = Family::<RefusalLabels, Counter>::default();
+        registry.register(
+            "switchyard_permits_refused",
+            "Admissions refused locally (ceiling, breaker, cooldown); never counted against the provider",
+            permits_refused.clone(),
+        );
+        let cooldowns = Family::<RefusalLabels, Counter>::default();
+        registry.register(
+            "switchyard_cooldowns",
+            "Cooldowns started (rate_limited, quota, auth)",
+            cooldowns.clone(),
+        );
+        let failed_stream_tokens = Family::<TargetLabels, Counter>::default();
+        registry.register(
+            "switchyard_failed_stream_tokens",
+            "Output tokens billed on streams that failed after output",
+            failed_stream_tokens.clone(),
+        );
+        let served = Family::<ServedLabels, Counter>::default();
+        registry.register(
+            "switchyard_requests_served",
+            "Requests answered, by route, tier and provider",
+            served.clone(),
+        );
+        let failover_rate = Family::<RouteLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "switchyard_failover_rate",
+            "Share of a route's recent requests served by a non-primary target (last 60 s)",
+            failover_rate.clone(),
+        );
+        let shed = Family::<ShedLabels, Counter>::default();
+        registry.register(
+            "switchyard_requests_shed",
+            "Requests refused without an upstream answer, by reason",
+            shed.clone(),
+        );
+        let retry_budget_remaining = Family::<RouteLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "switchyard_retry_budget_remaining",
+            "Retries and failovers the route's budget allows right now",
+            retry_budget_remaining.clone(),
+        );
+        let queue_depth = Gauge::default();
+        registry.register("switchyard_queue_depth", "Jobs waiting in the durable queue", queue_depth.clone());
+        let queue_oldest_age = Gauge::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "switchyard_queue_oldest_job_age",
+            "Age of the oldest waiting job",
+            prometheus_client::registry::Unit::Seconds,
+            queue_oldest_age.clone(),
+        );
+        Metrics {
+            registry,
+            operation_duration,
+            token_usage,
+            time_to_first_token,
+            attempts,
+            breaker_state,
+            breaker_transitions,
+            in_flight,
+            permits_refused,
+            cooldowns,
+            failed_stream_tokens,
+            served,
+            failover_rate,
+            shed,
+            retry_budget_remaining,
+            queue_depth,
+            queue_oldest_age,
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// Content type of [`Metrics::render`].
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

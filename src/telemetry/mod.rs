@@ -1,0 +1,3 @@
+//! Telemetry: Prometheus metrics (and, next to them, tracing setup).
+
+pub mod metrics;
