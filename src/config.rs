@@ -420,10 +420,16 @@ impl Config {
                 self.resolve_target(&t.target)
                     .map_err(|m| ConfigError::new(path.clone(), m))?;
                 if !seen.insert(t.target.as_str()) {
-                    return Err(ConfigError::new(path, format!("duplicate target `{}`", t.target)));
+                    return Err(ConfigError::new(
+                        path,
+                        format!("duplicate target `{}`", t.target),
+                    ));
                 }
                 if t.weight == 0 {
-                    return Err(ConfigError::new(format!("{path}.weight"), "must be at least 1"));
+                    return Err(ConfigError::new(
+                        format!("{path}.weight"),
+                        "must be at least 1",
+                    ));
                 }
             }
             if r.max_attempts == 0 || r.max_attempts > 10 {
@@ -668,7 +674,10 @@ targets = ["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
         assert_eq!(r.targets[1].priority, Some(0));
         assert_eq!(r.mid_stream, MidStreamPolicy::Reset);
         assert_eq!(r.max_attempts, 3);
-        let e = err(&GOOD.replace("\"secondary/claude-sonnet-4-5\"]", "{ target = \"secondary/claude-sonnet-4-5\", wieght = 3 }]"));
+        let e = err(&GOOD.replace(
+            "\"secondary/claude-sonnet-4-5\"]",
+            "{ target = \"secondary/claude-sonnet-4-5\", wieght = 3 }]",
+        ));
         assert_eq!(e.path, "routes[0].targets[1]");
     }
 

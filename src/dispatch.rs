@@ -16,8 +16,8 @@ use crate::actors::CALL_TIMEOUT;
 use crate::attempt::{self, AttemptEnd, AttemptInput};
 use crate::error::RequestError;
 use crate::policy::outcome::Failure;
-use crate::sink::{EventSink, Finished, Started, Tier};
 use crate::request::RequestSpec;
+use crate::sink::{EventSink, Finished, Started, Tier};
 use crate::upstream::{ChatRequest, Usage};
 
 /// Shared by all request tasks.

@@ -73,9 +73,15 @@ impl IdempotencyStore {
             return Claim::InUse;
         };
         match inner.entries.get(key) {
-            Some(Entry::InFlight { fingerprint: f, .. }) if *f == fingerprint => return Claim::InUse,
+            Some(Entry::InFlight { fingerprint: f, .. }) if *f == fingerprint => {
+                return Claim::InUse
+            }
             Some(Entry::InFlight { .. }) => return Claim::Mismatch,
-            Some(Entry::Done { fingerprint: f, events, expires }) if *expires > now => {
+            Some(Entry::Done {
+                fingerprint: f,
+                events,
+                expires,
+            }) if *expires > now => {
                 return if *f == fingerprint {
                     Claim::Replay(events.clone())
                 } else {
@@ -168,7 +174,8 @@ impl Drop for ClaimGuard {
             return;
         }
         if let Ok(mut inner) = self.store.inner.lock() {
-            if matches!(inner.entries.get(&self.key), Some(Entry::InFlight { claim, .. }) if *claim == self.claim) {
+            if matches!(inner.entries.get(&self.key), Some(Entry::InFlight { claim, .. }) if *claim == self.claim)
+            {
                 inner.entries.remove(&self.key);
             }
         }
@@ -192,7 +199,9 @@ mod tests {
     async fn replay_after_completion_then_expiry() {
         let store = IdempotencyStore::new(Duration::from_secs(60), 100);
         let now = Instant::now();
-        let Claim::Fresh(guard) = store.claim("t:k", A, now) else { panic!() };
+        let Claim::Fresh(guard) = store.claim("t:k", A, now) else {
+            panic!()
+        };
         assert!(matches!(store.claim("t:k", A, now), Claim::InUse));
         assert!(matches!(store.claim("t:k", B, now), Claim::Mismatch));
         guard.complete(events(), now);
@@ -202,14 +211,19 @@ mod tests {
         }
         assert!(matches!(store.claim("t:k", B, now), Claim::Mismatch));
         let later = now + Duration::from_secs(61);
-        assert!(matches!(store.claim("t:k", A, later), Claim::Fresh(_)), "a key past its TTL runs again");
+        assert!(
+            matches!(store.claim("t:k", A, later), Claim::Fresh(_)),
+            "a key past its TTL runs again"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_request_releases_its_key() {
         let store = IdempotencyStore::new(Duration::from_secs(60), 100);
         let now = Instant::now();
-        let Claim::Fresh(guard) = store.claim("t:k", A, now) else { panic!() };
+        let Claim::Fresh(guard) = store.claim("t:k", A, now) else {
+            panic!()
+        };
         drop(guard);
         assert!(store.is_empty());
         assert!(matches!(store.claim("t:k", A, now), Claim::Fresh(_)));
@@ -220,10 +234,16 @@ mod tests {
         let store = IdempotencyStore::new(Duration::from_secs(60), 3);
         let now = Instant::now();
         for i in 0..10 {
-            let Claim::Fresh(g) = store.claim(&format!("t:{i}"), A, now + Duration::from_secs(i)) else { panic!() };
+            let Claim::Fresh(g) = store.claim(&format!("t:{i}"), A, now + Duration::from_secs(i))
+            else {
+                panic!()
+            };
             g.complete(events(), now + Duration::from_secs(i));
         }
         assert!(store.len() <= 3);
-        assert!(matches!(store.claim("other:9", A, now), Claim::Fresh(_)), "another tenant's key is separate");
+        assert!(
+            matches!(store.claim("other:9", A, now), Claim::Fresh(_)),
+            "another tenant's key is separate"
+        );
     }
 }

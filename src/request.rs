@@ -65,7 +65,9 @@ impl RequestSpec {
 
     /// The idempotency record key, scoped by tenant.
     pub fn scoped_key(&self) -> Option<String> {
-        self.idempotency_key.as_ref().map(|k| format!("{}:{k}", self.tenant))
+        self.idempotency_key
+            .as_ref()
+            .map(|k| format!("{}:{k}", self.tenant))
     }
 }
 
@@ -80,7 +82,11 @@ mod tests {
             request_id: "a".into(),
             route: "chat".into(),
             chat: ChatRequest {
-                messages: vec![ChatMessage { role: "user".into(), content: text.into(), ..Default::default() }],
+                messages: vec![ChatMessage {
+                    role: "user".into(),
+                    content: text.into(),
+                    ..Default::default()
+                }],
                 ..Default::default()
             },
             needs: Needs::default(),

@@ -19,7 +19,12 @@ async fn killing_a_provider_actor_mid_load_loses_nothing() {
         ..MockArgs::default()
     };
     let primary = mock::start(slow.clone()).await.unwrap();
-    let secondary = mock::start(MockArgs { kind: MockKind::Anthropic, ..slow }).await.unwrap();
+    let secondary = mock::start(MockArgs {
+        kind: MockKind::Anthropic,
+        ..slow
+    })
+    .await
+    .unwrap();
     let config = Config::from_toml_str(&format!(
         r#"
 [server]
@@ -61,16 +66,25 @@ targets = ["primary/m", "secondary/c"]
                 .unwrap();
             let req = proto::CompletionRequest {
                 route: "chat".into(),
-                messages: vec![proto::Message { role: "user".into(), content: format!("hi {i}"), ..Default::default() }],
+                messages: vec![proto::Message {
+                    role: "user".into(),
+                    content: format!("hi {i}"),
+                    ..Default::default()
+                }],
                 ..Default::default()
             };
             let r = tokio::time::timeout(Duration::from_secs(20), client.complete(req)).await;
-            r.expect("no request hangs").expect("every request is served").into_inner()
+            r.expect("no request hangs")
+                .expect("every request is served")
+                .into_inner()
         }));
         if i == 20 {
             // Kill the primary's actor while ~20 streams are in flight through it.
             let victim = registry.provider("primary").unwrap();
-            assert!(victim.runtime.in_flight() > 0, "load is flowing through the primary");
+            assert!(
+                victim.runtime.in_flight() > 0,
+                "load is flowing through the primary"
+            );
             victim.actor.kill();
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -84,14 +98,27 @@ targets = ["primary/m", "secondary/c"]
     assert_eq!(served, 40);
 
     let now = registry.provider("primary").unwrap();
-    assert_eq!(now.runtime.in_flight(), 0, "no permit leaked across the restart");
-    assert_eq!(registry.provider("secondary").unwrap().runtime.in_flight(), 0);
+    assert_eq!(
+        now.runtime.in_flight(),
+        0,
+        "no permit leaked across the restart"
+    );
+    assert_eq!(
+        registry.provider("secondary").unwrap().runtime.in_flight(),
+        0
+    );
     // The new incarnation serves.
-    let mut client = proto::router_client::RouterClient::connect(format!("http://{addr}")).await.unwrap();
+    let mut client = proto::router_client::RouterClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
     let r = client
         .complete(proto::CompletionRequest {
             route: "chat".into(),
-            messages: vec![proto::Message { role: "user".into(), content: "after".into(), ..Default::default() }],
+            messages: vec![proto::Message {
+                role: "user".into(),
+                content: "after".into(),
+                ..Default::default()
+            }],
             ..Default::default()
         })
         .await

@@ -6,9 +6,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::actors::router::Needs;
-use crate::request::RequestSpec;
 use crate::error::RequestError;
 use crate::proto;
+use crate::request::RequestSpec;
 use crate::sink::{Event, Finished, Started, Tier};
 use crate::upstream::{ChatMessage, ChatRequest, Chunk, FinishReason, ToolCall, ToolSpec};
 
@@ -114,7 +114,11 @@ pub fn request_spec(
     if req.idempotency_key.len() > 255 {
         return Err(invalid("idempotency_key: longer than 255 characters"));
     }
-    let tenant = if req.tenant.is_empty() { "default".to_string() } else { req.tenant };
+    let tenant = if req.tenant.is_empty() {
+        "default".to_string()
+    } else {
+        req.tenant
+    };
     Ok(RequestSpec {
         request_id,
         tenant,

@@ -125,7 +125,8 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let operation_duration = Family::<GenAiLabels, Histogram>::new_with_constructor(latency_histogram);
+        let operation_duration =
+            Family::<GenAiLabels, Histogram>::new_with_constructor(latency_histogram);
         registry.register_with_unit(
             "gen_ai_client_operation_duration",
             "GenAI operation duration (one upstream attempt)",
@@ -138,7 +139,8 @@ impl Metrics {
             "Tokens used per operation, by gen_ai_token_type (input/output)",
             token_usage.clone(),
         );
-        let time_to_first_token = Family::<GenAiLabels, Histogram>::new_with_constructor(latency_histogram);
+        let time_to_first_token =
+            Family::<GenAiLabels, Histogram>::new_with_constructor(latency_histogram);
         registry.register_with_unit(
             "gen_ai_server_time_to_first_token",
             "Time from sending the request to the first token",
@@ -212,7 +214,11 @@ impl Metrics {
             retry_budget_remaining.clone(),
         );
         let queue_depth = Gauge::default();
-        registry.register("switchyard_queue_depth", "Jobs waiting in the durable queue", queue_depth.clone());
+        registry.register(
+            "switchyard_queue_depth",
+            "Jobs waiting in the durable queue",
+            queue_depth.clone(),
+        );
         let queue_oldest_age = Gauge::<f64, AtomicU64>::default();
         registry.register_with_unit(
             "switchyard_queue_oldest_job_age",
