@@ -17,6 +17,7 @@ use crate::actors::provider::ProviderRuntime;
 use crate::actors::registry::Registry;
 use crate::actors::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::api::admin_http::{self, AdminState};
+use crate::api::auth::Authenticator;
 use crate::api::router_service::RouterService;
 use crate::config::{Config, ConfigError};
 use crate::dispatch::Dispatcher;
@@ -41,6 +42,8 @@ pub struct Running {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub registry: Arc<Registry>,
+    dispatcher: Arc<Dispatcher>,
+    drain_timeout: std::time::Duration,
     supervisor: ActorRef<SupervisorMsg>,
     supervisor_done: JoinHandle<()>,
     stop: CancellationToken,
@@ -86,11 +89,24 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         let _ = supervisor_handle.await;
     });
 
-    let dispatcher = Arc::new(Dispatcher {
-        registry: registry.clone(),
-        default_deadline: config.server.default_deadline,
-    });
-    let router = RouterService::new(dispatcher, config.server.stream_buffer);
+    let dispatcher = Arc::new(Dispatcher::new(
+        registry.clone(),
+        config.server.default_deadline,
+    ));
+    let auth = Authenticator::from_config(&config.auth)?;
+    if auth.is_open() {
+        tracing::warn!("auth.mode = \"open\": callers are not authenticated and their `tenant` field is trusted (local use only)");
+    }
+    let router = RouterService::new(
+        dispatcher.clone(),
+        config.server.stream_buffer,
+        config.limits.clone(),
+    );
+    let router = tonic::service::interceptor::InterceptedService::new(
+        proto::router_server::RouterServer::new(router)
+            .max_decoding_message_size(config.limits.max_request_bytes),
+        move |req| auth.check(req),
+    );
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<proto::router_server::RouterServer<RouterService>>()
@@ -128,7 +144,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(reflection)
-            .add_service(proto::router_server::RouterServer::new(router))
+            .add_service(router)
             .serve_with_incoming_shutdown(incoming, async move { grpc_stop.cancelled().await }),
     );
 
@@ -152,6 +168,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         grpc_addr,
         admin_addr,
         registry,
+        dispatcher,
+        drain_timeout: config.server.drain_timeout,
         supervisor,
         supervisor_done,
         stop,
@@ -170,17 +188,41 @@ impl Running {
 
     /// Stops the server, in phases:
     /// 1. readiness and gRPC health go NOT_SERVING;
-    /// 2. the listeners stop accepting; in-flight calls run to their end;
-    /// 3. the actors stop.
-    pub async fn shutdown(self) {
+    /// 2. the gRPC listener stops accepting (connections get GOAWAY); in-flight
+    ///    calls run on for up to `drain_timeout`;
+    /// 3. calls still running then end with UNAVAILABLE (SERVER_DRAINING);
+    /// 4. the admin listener and the actors stop; queued work stays queued.
+    pub async fn shutdown(mut self) {
         self.ready.store(false, Ordering::Relaxed);
         self.health
             .set_not_serving::<proto::router_server::RouterServer<RouterService>>()
             .await;
+        self.health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
         self.stop.cancel();
-        let _ = self.grpc.await;
+        let active = self.dispatcher.active.load(Ordering::Relaxed);
+        tracing::info!(active, drain_timeout = ?self.drain_timeout, "draining");
+        if tokio::time::timeout(self.drain_timeout, &mut self.grpc)
+            .await
+            .is_err()
+        {
+            let left = self.dispatcher.active.load(Ordering::Relaxed);
+            tracing::warn!(
+                left,
+                "drain timeout passed; ending the remaining calls with UNAVAILABLE"
+            );
+            self.dispatcher.abort.cancel();
+            if tokio::time::timeout(std::time::Duration::from_secs(5), &mut self.grpc)
+                .await
+                .is_err()
+            {
+                self.grpc.abort();
+            }
+        }
         let _ = self.admin.await;
         self.supervisor.stop(None);
         let _ = self.supervisor_done.await;
+        tracing::info!("stopped");
     }
 }

@@ -39,6 +39,70 @@ pub struct Config {
     pub providers: Vec<ProviderConfig>,
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    #[serde(default)]
+    pub limits: LimitsConfig,
+}
+
+/// How callers authenticate.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// No authentication (local use): the caller's `tenant` field is trusted.
+    /// Logged as a warning at start.
+    #[default]
+    Open,
+    /// Bearer tokens in the `authorization` metadata, mapped to tenants.
+    Tokens,
+}
+
+/// `[auth]`: caller authentication.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    pub mode: AuthMode,
+    /// File of `tenant:token` lines (`#` comments), e.g. a mounted Secret.
+    pub tokens_file: Option<std::path::PathBuf>,
+    /// Environment variable holding `tenant:token` pairs separated by `,` or newlines.
+    pub tokens_env: Option<String>,
+}
+
+/// `[limits]`: input limits, each answered with a precise error.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest gRPC request message, in bytes.
+    pub max_request_bytes: usize,
+    /// Most messages in one request.
+    pub max_messages: usize,
+    /// Most bytes of message content in one request.
+    pub max_prompt_bytes: usize,
+    /// Most tools in one request.
+    pub max_tools: usize,
+    /// Highest `max_tokens` a caller may ask for (a route may set a lower one).
+    pub max_tokens: u32,
+    /// Concurrent requests per tenant (0 = unlimited).
+    pub tenant_max_concurrent: u32,
+    /// Sustained requests per second per tenant (0 = unlimited).
+    pub tenant_rate_per_sec: f64,
+    /// Burst above the rate per tenant.
+    pub tenant_burst: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_request_bytes: 4 * 1024 * 1024,
+            max_messages: 512,
+            max_prompt_bytes: 2 * 1024 * 1024,
+            max_tools: 128,
+            max_tokens: 128_000,
+            tenant_max_concurrent: 0,
+            tenant_rate_per_sec: 0.0,
+            tenant_burst: 0,
+        }
+    }
 }
 
 /// Log output format.
@@ -64,6 +128,23 @@ pub struct ServerConfig {
     pub default_deadline: Duration,
     /// Events buffered per stream between the upstream task and the client.
     pub stream_buffer: usize,
+    /// On SIGTERM, how long in-flight streams may run before they are ended
+    /// with UNAVAILABLE (SERVER_DRAINING).
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// TLS for the gRPC listener (off when absent).
+    pub tls: Option<TlsConfig>,
+}
+
+/// `[server.tls]`: PEM files, re-read on config reload.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    /// When set, callers must present a certificate signed by this CA.
+    #[serde(default)]
+    pub client_ca: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -74,6 +155,8 @@ impl Default for ServerConfig {
             log_format: LogFormat::Pretty,
             default_deadline: Duration::from_secs(120),
             stream_buffer: 64,
+            drain_timeout: Duration::from_secs(20),
+            tls: None,
         }
     }
 }
@@ -544,6 +627,8 @@ impl Config {
         ];
         Config {
             server: ServerConfig::default(),
+            auth: AuthConfig::default(),
+            limits: LimitsConfig::default(),
             providers,
             routes: vec![RouteConfig {
                 name: "chat".into(),

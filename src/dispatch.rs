@@ -3,11 +3,13 @@
 //! one outcome back, and moves on before the first token or ends the stream
 //! after it. Policy decisions come from the actors; this module carries them out.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::actors::provider::{OutcomeReport, Permit, ProviderMsg, Refusal, TrafficClass};
 use crate::actors::registry::{ProviderEntry, Registry};
@@ -24,14 +26,34 @@ use crate::upstream::{ChatRequest, Usage};
 pub struct Dispatcher {
     pub registry: Arc<Registry>,
     pub default_deadline: Duration,
+    /// Cancelled when the drain timeout passes: remaining requests end with
+    /// UNAVAILABLE (SERVER_DRAINING) and their upstream calls are dropped.
+    pub abort: CancellationToken,
+    /// Requests running now.
+    pub active: AtomicUsize,
 }
 
 impl Dispatcher {
+    pub fn new(registry: Arc<Registry>, default_deadline: Duration) -> Self {
+        Dispatcher {
+            registry,
+            default_deadline,
+            abort: CancellationToken::new(),
+            active: AtomicUsize::new(0),
+        }
+    }
+
     /// Runs the request to its end; the outcome reaches the caller through `sink`.
     pub async fn run(self: Arc<Self>, spec: RequestSpec, mut sink: EventSink) {
-        if let Err(e) = self.drive(&spec, &mut sink).await {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        let result = tokio::select! {
+            r = self.drive(&spec, &mut sink) => r,
+            _ = self.abort.cancelled() => Err(RequestError::Draining),
+        };
+        if let Err(e) = result {
             sink.fail(e).await;
         }
+        self.active.fetch_sub(1, Ordering::Relaxed);
     }
 
     async fn drive(&self, spec: &RequestSpec, sink: &mut EventSink) -> Result<(), RequestError> {

@@ -37,6 +37,16 @@ pub enum RequestError {
         tokens_emitted: u32,
         attempts: u32,
     },
+    /// The server is shutting down and the drain timeout passed.
+    #[error("server is draining; retry on another replica")]
+    Draining,
+    /// A per-tenant limit (concurrency or rate) refused the request.
+    #[error("tenant `{tenant}` is over its {limit} limit")]
+    TenantLimit {
+        tenant: String,
+        limit: &'static str,
+        retry_after: Option<Duration>,
+    },
     /// Switchyard itself could not act (an actor did not answer).
     #[error("router unavailable: {0}")]
     Unavailable(String),
@@ -49,6 +59,8 @@ impl RequestError {
             RequestError::Exhausted { failure, .. } | RequestError::MidStream { failure, .. } => {
                 failure.retry_after
             }
+            RequestError::TenantLimit { retry_after, .. } => *retry_after,
+            RequestError::Draining => Some(Duration::from_secs(1)),
             _ => None,
         }
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::actors::router::Needs;
+use crate::config::LimitsConfig;
 use crate::error::RequestError;
 use crate::proto;
 use crate::request::RequestSpec;
@@ -23,12 +24,40 @@ pub fn request_spec(
     req: proto::CompletionRequest,
     request_id: String,
     deadline: Option<Instant>,
+    limits: &LimitsConfig,
 ) -> Result<RequestSpec, RequestError> {
     if req.route.is_empty() {
         return Err(invalid("route: must not be empty"));
     }
     if req.messages.is_empty() {
         return Err(invalid("messages: at least one message is required"));
+    }
+    if req.messages.len() > limits.max_messages {
+        return Err(invalid(format!(
+            "messages: {} messages exceed the limit of {}",
+            req.messages.len(),
+            limits.max_messages
+        )));
+    }
+    let prompt_bytes: usize = req.messages.iter().map(|m| m.content.len()).sum();
+    if prompt_bytes > limits.max_prompt_bytes {
+        return Err(invalid(format!(
+            "messages: {prompt_bytes} bytes of content exceed the limit of {}",
+            limits.max_prompt_bytes
+        )));
+    }
+    if req.tools.len() > limits.max_tools {
+        return Err(invalid(format!(
+            "tools: {} tools exceed the limit of {}",
+            req.tools.len(),
+            limits.max_tools
+        )));
+    }
+    if req.max_tokens > limits.max_tokens {
+        return Err(invalid(format!(
+            "max_tokens: {} exceeds the limit of {}",
+            req.max_tokens, limits.max_tokens
+        )));
     }
     let mut messages = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.into_iter().enumerate() {
@@ -322,7 +351,7 @@ mod tests {
     }
 
     fn rejects(r: proto::CompletionRequest, field: &str) {
-        match request_spec(r, "id".into(), None) {
+        match request_spec(r, "id".into(), None, &LimitsConfig::default()) {
             Err(RequestError::InvalidRequest(m)) => assert!(m.starts_with(field), "{m}"),
             other => panic!("{other:?}"),
         }
@@ -371,7 +400,7 @@ mod tests {
             description: String::new(),
             parameters_json: String::new(),
         });
-        let spec = request_spec(r, "id".into(), None).unwrap();
+        let spec = request_spec(r, "id".into(), None, &LimitsConfig::default()).unwrap();
         assert!(spec.needs.tools);
     }
 

@@ -3,6 +3,7 @@
 //! knows upstream wire details.
 
 pub mod admin_http;
+pub mod auth;
 pub mod convert;
 pub mod router_service;
 pub mod status;

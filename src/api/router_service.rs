@@ -14,8 +14,10 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use super::auth::Tenant;
 use super::convert;
 use super::status::to_status;
+use crate::config::LimitsConfig;
 use crate::dispatch::Dispatcher;
 use crate::error::RequestError;
 use crate::proto;
@@ -28,17 +30,19 @@ pub type EventStream = Pin<Box<dyn Stream<Item = Result<proto::CompletionEvent, 
 pub struct RouterService {
     dispatcher: Arc<Dispatcher>,
     buffer: usize,
+    limits: Arc<LimitsConfig>,
     /// Prefix unique to this process, so ids from replicas don't collide.
     id_prefix: Arc<str>,
     next_id: Arc<AtomicU64>,
 }
 
 impl RouterService {
-    pub fn new(dispatcher: Arc<Dispatcher>, buffer: usize) -> Self {
+    pub fn new(dispatcher: Arc<Dispatcher>, buffer: usize, limits: LimitsConfig) -> Self {
         let prefix: u32 = rand::random();
         RouterService {
             dispatcher,
             buffer,
+            limits: Arc::new(limits),
             id_prefix: format!("{prefix:08x}").into(),
             next_id: Arc::new(AtomicU64::new(1)),
         }
@@ -64,9 +68,19 @@ impl RouterService {
             .and_then(|v| v.to_str().ok())
             .and_then(convert::parse_grpc_timeout)
             .map(|t| Instant::now() + t.saturating_sub(deadline_margin(t)));
+        let tenant = request.extensions().get::<Tenant>().map(|t| t.0.clone());
         let request_id = self.request_id();
-        let spec = convert::request_spec(request.into_inner(), request_id.clone(), deadline)
-            .map_err(|e| to_status(&e))?;
+        let mut spec = convert::request_spec(
+            request.into_inner(),
+            request_id.clone(),
+            deadline,
+            &self.limits,
+        )
+        .map_err(|e| to_status(&e))?;
+        if let Some(tenant) = tenant {
+            // An authenticated caller's tenant is its token's, not what it claims.
+            spec.tenant = tenant;
+        }
         let (tx, rx) = mpsc::channel(self.buffer);
         tokio::spawn(
             self.dispatcher

@@ -71,6 +71,11 @@ pub fn to_status(err: &RequestError) -> Status {
             }
         }
         RequestError::Unavailable(_) => (Code::Unavailable, "ROUTER_UNAVAILABLE"),
+        RequestError::Draining => (Code::Unavailable, "SERVER_DRAINING"),
+        RequestError::TenantLimit { limit, .. } => {
+            meta.insert("limit".into(), (*limit).into());
+            (Code::ResourceExhausted, "TENANT_LIMIT")
+        }
     };
     let mut details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
     if let Some(delay) = err.retry_after() {
