@@ -35,6 +35,28 @@ pub enum StartError {
     },
     #[error("cannot start the actors: {0}")]
     Actors(String),
+    #[error("server.tls: {0}")]
+    Tls(String),
+}
+
+/// Reads the PEM files named by `[server.tls]`.
+fn tls_config(
+    tls: &crate::config::TlsConfig,
+) -> Result<tonic::transport::ServerTlsConfig, StartError> {
+    let read = |field: &str, path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| StartError::Tls(format!("{field}: cannot read {}: {e}", path.display())))
+    };
+    let identity =
+        tonic::transport::Identity::from_pem(read("cert", &tls.cert)?, read("key", &tls.key)?);
+    let mut cfg = tonic::transport::ServerTlsConfig::new().identity(identity);
+    if let Some(ca) = &tls.client_ca {
+        cfg = cfg.client_ca_root(tonic::transport::Certificate::from_pem(read(
+            "client_ca",
+            ca,
+        )?));
+    }
+    Ok(cfg)
 }
 
 /// A running server.
@@ -140,8 +162,14 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let stop = CancellationToken::new();
     let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let grpc_stop = stop.clone();
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = &config.server.tls {
+        server = server
+            .tls_config(tls_config(tls)?)
+            .map_err(|e| StartError::Tls(e.to_string()))?;
+    }
     let grpc = tokio::spawn(
-        tonic::transport::Server::builder()
+        server
             .add_service(health_service)
             .add_service(reflection)
             .add_service(router)

@@ -1,0 +1,261 @@
+//! Running it in production: caller authentication, TLS, input limits and
+//! graceful drain on SIGTERM, against the real binary on loopback.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use switchyard::proto;
+use tonic::Code;
+
+fn one_provider(mock: &Mock) -> String {
+    format!(
+        "{}{}",
+        provider("p", "openai", &mock.base_url(), "m"),
+        route("chat", &["p/m"])
+    )
+}
+
+#[tokio::test]
+async fn bearer_tokens_map_callers_to_tenants() {
+    let mock = Mock::start("openai", &[]).await;
+    let config = format!(
+        "[auth]\nmode = \"tokens\"\ntokens_env = \"SY_TEST_TOKENS\"\n{}",
+        one_provider(&mock)
+    );
+    let sy = Switchyard::start_with(
+        &config,
+        &[(
+            "SY_TEST_TOKENS",
+            "team-a:aaaaaaaaaaaaaaaaaaaaaaaa,team-b:bbbbbbbbbbbbbbbbbbbbbbbb",
+        )],
+    )
+    .await;
+    let mut client = sy.client().await;
+
+    let s = stream(&mut client, request("chat")).await.status.unwrap();
+    assert_eq!(s.code(), Code::Unauthenticated);
+    let mut req = tonic::Request::new(request("chat"));
+    req.metadata_mut().insert(
+        "authorization",
+        "Bearer wrong-wrong-wrong-wrong".parse().unwrap(),
+    );
+    assert_eq!(
+        stream(&mut client, req).await.status.unwrap().code(),
+        Code::Unauthenticated
+    );
+    assert!(
+        mock.requests().await.is_empty(),
+        "refused callers never reach an upstream"
+    );
+
+    let mut req = tonic::Request::new(request("chat"));
+    req.metadata_mut().insert(
+        "authorization",
+        "Bearer bbbbbbbbbbbbbbbbbbbbbbbb".parse().unwrap(),
+    );
+    let got = stream(&mut client, req).await;
+    assert!(got.finished.is_some(), "{:?}", got.status);
+    assert!(
+        !sy.logs().contains("bbbbbbbbbbbbbbbbbbbbbbbb"),
+        "a token never appears in the logs"
+    );
+}
+
+#[tokio::test]
+async fn open_mode_warns_at_start() {
+    let mock = Mock::start("openai", &[]).await;
+    let sy = Switchyard::start(&one_provider(&mock)).await;
+    let mut client = sy.client().await;
+    assert!(stream(&mut client, request("chat"))
+        .await
+        .finished
+        .is_some());
+    assert!(sy.logs().contains("auth.mode = \"open\""), "{}", sy.logs());
+}
+
+#[tokio::test]
+async fn oversized_and_malformed_input_gets_clear_errors_and_the_server_keeps_serving() {
+    let mock = Mock::start("openai", &[]).await;
+    let config = format!(
+        "[limits]\nmax_request_bytes = 4096\nmax_messages = 4\nmax_tokens = 1000\n{}",
+        one_provider(&mock)
+    );
+    let sy = Switchyard::start(&config).await;
+    let mut client = sy.client().await;
+
+    let mut big = request("chat");
+    big.messages[0].content = "x".repeat(10_000);
+    let s = stream(&mut client, big).await.status.unwrap();
+    assert_eq!(s.code(), Code::OutOfRange, "{s:?}");
+
+    let mut many = request("chat");
+    many.messages = vec![user("a"); 5];
+    let s = stream(&mut client, many).await.status.unwrap();
+    assert_eq!(s.code(), Code::InvalidArgument);
+    assert!(s.message().contains("messages"), "{}", s.message());
+
+    let s = stream(
+        &mut client,
+        proto::CompletionRequest {
+            max_tokens: 5000,
+            ..request("chat")
+        },
+    )
+    .await
+    .status
+    .unwrap();
+    assert_eq!(s.code(), Code::InvalidArgument);
+    assert!(s.message().contains("max_tokens"));
+
+    let mut bad_role = request("chat");
+    bad_role.messages[0].role = "wizard".into();
+    assert_eq!(
+        stream(&mut client, bad_role).await.status.unwrap().code(),
+        Code::InvalidArgument
+    );
+
+    assert!(
+        mock.requests().await.is_empty(),
+        "nothing invalid reached the upstream"
+    );
+    assert!(
+        stream(&mut client, request("chat"))
+            .await
+            .finished
+            .is_some(),
+        "still serving"
+    );
+}
+
+#[tokio::test]
+async fn tls_callers_need_the_ca() {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cert.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.path().join("key.pem"), key.serialize_pem()).unwrap();
+
+    let mock = Mock::start("openai", &[]).await;
+    let config = format!(
+        "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n{}",
+        dir.path().join("cert.pem").display(),
+        dir.path().join("key.pem").display(),
+        one_provider(&mock)
+    );
+    let sy = Switchyard::start(&config).await;
+    let port = sy.grpc.rsplit(':').next().unwrap().to_string();
+
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(ca.pem()))
+        .domain_name("localhost");
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = proto::router_client::RouterClient::new(channel);
+    let got = stream(&mut client, request("chat")).await;
+    assert!(got.finished.is_some(), "{:?}", got.status);
+
+    // Without the CA the handshake fails.
+    let no_ca = tonic::transport::ClientTlsConfig::new().domain_name("localhost");
+    let r = tonic::transport::Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .tls_config(no_ca)
+        .unwrap()
+        .connect()
+        .await;
+    match r {
+        Err(_) => {}
+        Ok(channel) => {
+            let mut client = proto::router_client::RouterClient::new(channel);
+            assert!(
+                client.complete(request("chat")).await.is_err(),
+                "an unverified server must not be trusted"
+            );
+        }
+    }
+    // Plaintext is refused too.
+    let plain = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(channel) = plain {
+        let mut client = proto::router_client::RouterClient::new(channel);
+        assert!(client.complete(request("chat")).await.is_err());
+    }
+}
+
+#[tokio::test]
+async fn sigterm_drains_streams_then_ends_the_rest_with_a_clear_error() {
+    let mock = Mock::start("openai", &["--tokens", "400", "--token-delay-ms", "25"]).await;
+    let config = format!(
+        "[server]\ndrain_timeout = \"1500ms\"\n{}",
+        one_provider(&mock)
+    );
+    let mut sy = Switchyard::start(&config).await;
+    let short = {
+        let mut r = request("chat");
+        r.max_tokens = 20; // ~0.5 s: finishes inside the drain window
+        r
+    };
+    let long = {
+        let mut r = request("chat");
+        r.max_tokens = 400; // ~10 s: outlives it
+        r
+    };
+    let mut calls = Vec::new();
+    for req in [short.clone(), short, long.clone(), long] {
+        let mut client = sy.client().await;
+        calls.push(tokio::spawn(async move { stream(&mut client, req).await }));
+    }
+    mock.wait_for("four streams in flight", |l| l.len() == 4)
+        .await;
+    let pid = sy.child.id().unwrap();
+    let started = std::time::Instant::now();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+
+    let mut completed = 0;
+    let mut drained = 0;
+    for c in calls {
+        let got = tokio::time::timeout(Duration::from_secs(15), c)
+            .await
+            .expect("nothing hangs")
+            .unwrap();
+        match (&got.finished, &got.status) {
+            (Some(_), None) => completed += 1,
+            (None, Some(s)) => {
+                assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+                assert_eq!(reason(s), "SERVER_DRAINING");
+                drained += 1;
+            }
+            other => panic!("neither finished nor a clear error: {other:?}"),
+        }
+    }
+    assert_eq!((completed, drained), (2, 2));
+    let status = tokio::time::timeout(Duration::from_secs(10), sy.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "exit 0 after draining: {status:?}");
+    assert!(started.elapsed() < Duration::from_secs(8));
+    mock.wait_for("the cut streams closed their upstream requests", |l| {
+        l.iter().filter(|r| r["client_hung_up"] == true).count() == 2
+    })
+    .await;
+}
