@@ -14,11 +14,14 @@ use crate::config::{AuthConfig, AuthMode, ConfigError};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tenant(pub String);
 
+/// SHA-256 digests of tokens with their tenants.
+type TokenTable = Vec<([u8; 32], String)>;
+
 /// Checks callers. Cheap to clone.
 #[derive(Clone)]
 pub struct Authenticator {
     /// `None` in open mode.
-    tokens: Option<Arc<Vec<([u8; 32], String)>>>,
+    tokens: Option<Arc<TokenTable>>,
 }
 
 impl Authenticator {
@@ -107,7 +110,7 @@ impl Authenticator {
 }
 
 /// Parses `tenant:token` entries separated by newlines or commas.
-fn parse_tokens(text: &str) -> Result<Vec<([u8; 32], String)>, String> {
+fn parse_tokens(text: &str) -> Result<TokenTable, String> {
     let mut out = Vec::new();
     for (n, entry) in text.split(['\n', ',']).enumerate() {
         let entry = entry.trim();
