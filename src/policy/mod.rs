@@ -1,4 +1,11 @@
 //! Pure policy: outcome classes, breakers, health windows, budgets, backoff.
 //! Plain structs with time passed in; no I/O, no actors, no gRPC.
 
+pub mod backoff;
+pub mod breaker;
+pub mod budget;
+pub mod cooldown;
+pub mod health;
 pub mod outcome;
+pub mod token_bucket;
+mod window;
