@@ -21,7 +21,9 @@ use crate::api::auth::Authenticator;
 use crate::api::router_service::RouterService;
 use crate::config::{Config, ConfigError};
 use crate::dispatch::Dispatcher;
+use crate::idempotency::IdempotencyStore;
 use crate::proto;
+use crate::telemetry::metrics::Metrics;
 
 /// Starting the service failed.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +98,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     config.validate()?;
     let config = Arc::new(config);
     let registry = Arc::new(Registry::default());
+    let metrics = Arc::new(Metrics::new());
     let (supervisor, supervisor_handle) = Actor::spawn(
         None,
         Supervisor,
@@ -103,6 +106,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             config: config.clone(),
             registry: registry.clone(),
             runtimes: runtimes(&config)?,
+            metrics: metrics.clone(),
         },
     )
     .await
@@ -113,6 +117,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
 
     let dispatcher = Arc::new(Dispatcher::new(
         registry.clone(),
+        metrics.clone(),
+        IdempotencyStore::new(config.idempotency.ttl, config.idempotency.max_entries),
+        config.backoff.clone(),
         config.server.default_deadline,
     ));
     let auth = Authenticator::from_config(&config.auth)?;
@@ -180,6 +187,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let admin_router = admin_http::router(AdminState {
         registry: registry.clone(),
         ready: ready.clone(),
+        metrics: metrics.clone(),
     });
     let admin_stop = stop.clone();
     let admin = tokio::spawn(async move {

@@ -331,3 +331,52 @@ async fn whole_body(
         Err(f) => AttemptEnd::Failed(f),
     }
 }
+
+/// Runs a synthetic probe: one `max_tokens: 1` request with the given breaker
+/// ticket, outside any caller's request and outside the concurrency ceilings.
+pub async fn probe(
+    runtime: &ProviderRuntime,
+    model: &str,
+    ticket: crate::policy::breaker::Ticket,
+) -> crate::actors::provider::OutcomeReport {
+    let chat = ChatRequest {
+        model: model.to_string(),
+        messages: vec![crate::upstream::ChatMessage {
+            role: "user".into(),
+            content: "ping".into(),
+            ..Default::default()
+        }],
+        max_tokens: Some(1),
+        stream: runtime
+            .model(model)
+            .is_none_or(|m| m.has(crate::config::Capability::Stream)),
+        ..Default::default()
+    };
+    let mut sink = EventSink::discard();
+    let deadline = Instant::now() + runtime.first_token_timeout + runtime.idle_timeout;
+    let result = run(
+        AttemptInput {
+            runtime,
+            chat: &chat,
+            deadline,
+            attempt: 0,
+        },
+        &mut sink,
+    )
+    .await;
+    let class = result.end.class();
+    tracing::info!(provider = %runtime.id, model, outcome = %class, "synthetic probe");
+    crate::actors::provider::OutcomeReport {
+        model: model.to_string(),
+        ticket: Some(ticket),
+        class,
+        retry_after: match &result.end {
+            AttemptEnd::Failed(f) => f.retry_after,
+            _ => None,
+        },
+        traffic: crate::actors::provider::TrafficClass::Own,
+        elapsed: result.elapsed,
+        ttft: result.ttft,
+        failed_output_tokens: 0,
+    }
+}

@@ -9,6 +9,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::policy::backoff::Backoff;
+pub use crate::policy::breaker::BreakerConfig;
+pub use crate::policy::budget::RetryBudgetConfig;
+pub use crate::policy::cooldown::CooldownConfig;
+pub use crate::policy::health::HealthConfig;
 pub use crate::upstream::ProviderKind;
 
 /// A configuration error, naming the dotted path of the offending value.
@@ -43,6 +48,32 @@ pub struct Config {
     pub auth: AuthConfig,
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// Retries and failovers together, per route, as a share of first attempts.
+    #[serde(default)]
+    pub retry_budget: RetryBudgetConfig,
+    /// Full-jitter backoff before retrying the same target.
+    #[serde(default)]
+    pub backoff: Backoff,
+    #[serde(default)]
+    pub idempotency: IdempotencyConfig,
+}
+
+/// `[idempotency]`: how long finished answers are replayed for their key.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdempotencyConfig {
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    pub max_entries: usize,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> Self {
+        IdempotencyConfig {
+            ttl: Duration::from_secs(24 * 3600),
+            max_entries: 100_000,
+        }
+    }
 }
 
 /// How callers authenticate.
@@ -210,7 +241,28 @@ pub struct ProviderConfig {
     /// Longest silence between two chunks of a stream.
     #[serde(default = "default_idle_timeout", with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// Breaker per model of this provider.
+    #[serde(default)]
+    pub breaker: BreakerConfig,
+    /// Sliding health window per model (success rate, p95 latency and TTFT).
+    #[serde(default)]
+    pub health: HealthConfig,
+    /// Cooldowns after rate limits and exhausted quota (they never trip the breaker).
+    #[serde(default)]
+    pub cooldown: CooldownConfig,
+    /// After a 401/403 the target is skipped this long (or until a reload):
+    /// the router's key is wrong, retrying will not fix it.
+    #[serde(default = "default_auth_cooldown", with = "humantime_serde")]
+    pub auth_cooldown: Duration,
+    /// Probe a tripped target with a synthetic `max_tokens: 1` request instead
+    /// of a user's request, so no caller is spent on a dead provider.
+    #[serde(default)]
+    pub synthetic_probes: bool,
     pub models: Vec<ModelConfig>,
+}
+
+fn default_auth_cooldown() -> Duration {
+    Duration::from_secs(300)
 }
 
 fn default_max_concurrency() -> u32 {
@@ -452,6 +504,13 @@ impl Config {
                     return Err(ConfigError::new(at(field), "must be positive"));
                 }
             }
+            check_breaker(&p.breaker, &at("breaker"))?;
+            if p.health.window.is_zero() || p.health.buckets == 0 {
+                return Err(ConfigError::new(
+                    at("health.window"),
+                    "window and buckets must be positive",
+                ));
+            }
             if p.models.is_empty() {
                 return Err(ConfigError::new(
                     at("models"),
@@ -473,6 +532,31 @@ impl Config {
                     ));
                 }
             }
+        }
+        let b = &self.retry_budget;
+        if !(b.ratio >= 0.0 && b.ratio.is_finite()) {
+            return Err(ConfigError::new(
+                "retry_budget.ratio",
+                format!("{} must be a finite non-negative share", b.ratio),
+            ));
+        }
+        if !(b.min_per_sec >= 0.0 && b.min_per_sec.is_finite()) {
+            return Err(ConfigError::new(
+                "retry_budget.min_per_sec",
+                "must be finite and non-negative",
+            ));
+        }
+        if b.ttl < Duration::from_secs(1) || b.ttl > Duration::from_secs(60) {
+            return Err(ConfigError::new(
+                "retry_budget.ttl",
+                format!("{:?} is outside 1s..=60s", b.ttl),
+            ));
+        }
+        if self.backoff.base.is_zero() || self.backoff.cap < self.backoff.base {
+            return Err(ConfigError::new(
+                "backoff.cap",
+                "base must be positive and cap at least base",
+            ));
         }
         let mut routes = HashSet::new();
         for (i, r) in self.routes.iter().enumerate() {
@@ -597,6 +681,11 @@ impl Config {
                 connect_timeout: default_connect_timeout(),
                 first_token_timeout: default_first_token_timeout(),
                 idle_timeout: default_idle_timeout(),
+                breaker: BreakerConfig::default(),
+                health: HealthConfig::default(),
+                cooldown: CooldownConfig::default(),
+                auth_cooldown: default_auth_cooldown(),
+                synthetic_probes: false,
                 models: vec![ModelConfig {
                     name: "gpt-4o-mini".into(),
                     capabilities: all.clone(),
@@ -613,6 +702,11 @@ impl Config {
                 connect_timeout: default_connect_timeout(),
                 first_token_timeout: default_first_token_timeout(),
                 idle_timeout: default_idle_timeout(),
+                breaker: BreakerConfig::default(),
+                health: HealthConfig::default(),
+                cooldown: CooldownConfig::default(),
+                auth_cooldown: default_auth_cooldown(),
+                synthetic_probes: false,
                 models: vec![ModelConfig {
                     name: "claude-sonnet-4-5".into(),
                     capabilities: vec![
@@ -629,6 +723,9 @@ impl Config {
             server: ServerConfig::default(),
             auth: AuthConfig::default(),
             limits: LimitsConfig::default(),
+            retry_budget: RetryBudgetConfig::default(),
+            backoff: Backoff::default(),
+            idempotency: IdempotencyConfig::default(),
             providers,
             routes: vec![RouteConfig {
                 name: "chat".into(),
@@ -644,6 +741,40 @@ impl Config {
             }],
         }
     }
+}
+
+fn check_breaker(b: &BreakerConfig, at: &str) -> Result<(), ConfigError> {
+    if !(0.0..=1.0).contains(&b.jitter) {
+        return Err(ConfigError::new(
+            format!("{at}.jitter"),
+            format!("{} is outside 0..=1", b.jitter),
+        ));
+    }
+    if b.failure_rate.is_nan() || b.failure_rate <= 0.0 {
+        return Err(ConfigError::new(
+            format!("{at}.failure_rate"),
+            "must be positive (above 1 disables it)",
+        ));
+    }
+    if b.half_open_probes == 0 {
+        return Err(ConfigError::new(
+            format!("{at}.half_open_probes"),
+            "must be at least 1",
+        ));
+    }
+    if b.open_for.is_zero() || b.max_open_for < b.open_for {
+        return Err(ConfigError::new(
+            format!("{at}.max_open_for"),
+            "open_for must be positive and max_open_for at least open_for",
+        ));
+    }
+    if b.window.is_zero() || b.probe_timeout.is_zero() {
+        return Err(ConfigError::new(
+            format!("{at}.window"),
+            "window and probe_timeout must be positive",
+        ));
+    }
+    Ok(())
 }
 
 fn default_max_attempts() -> u32 {

@@ -1,7 +1,9 @@
-//! The request task: one per call. It asks the router actor for a plan, asks
-//! each candidate's provider actor for a permit, runs the attempt, reports its
-//! one outcome back, and moves on before the first token or ends the stream
-//! after it. Policy decisions come from the actors; this module carries them out.
+//! The request task: one per call. It asks the router actor for a plan, walks
+//! the candidates — each attempt admitted by the target's provider actor, each
+//! retry or failover granted by the route's budget, never past the deadline or
+//! after the caller left — reports every attempt's one outcome, and ends with
+//! an answer or one classified error. Policy comes from the actors and the
+//! pure policy structs; this module carries it out.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -13,18 +15,25 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actors::provider::{OutcomeReport, Permit, ProviderMsg, Refusal, TrafficClass};
 use crate::actors::registry::{ProviderEntry, Registry};
-use crate::actors::router::{Candidate, PlanError, RouterMsg};
+use crate::actors::router::{Candidate, Plan, PlanError, RouterMsg};
 use crate::actors::CALL_TIMEOUT;
 use crate::attempt::{self, AttemptEnd, AttemptInput};
+use crate::config::MidStreamPolicy;
 use crate::error::RequestError;
-use crate::policy::outcome::Failure;
+use crate::idempotency::{Claim, IdempotencyStore};
+use crate::policy::backoff::Backoff;
+use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::request::RequestSpec;
-use crate::sink::{EventSink, Finished, Started, Tier};
+use crate::sink::{Event, EventSink, Finished, Started, Tier};
+use crate::telemetry::metrics::{GenAiLabels, Metrics, ServedLabels, ShedLabels, TokenLabels};
 use crate::upstream::{ChatRequest, Usage};
 
 /// Shared by all request tasks.
 pub struct Dispatcher {
     pub registry: Arc<Registry>,
+    pub metrics: Arc<Metrics>,
+    pub idempotency: Arc<IdempotencyStore>,
+    pub backoff: Backoff,
     pub default_deadline: Duration,
     /// Cancelled when the drain timeout passes: remaining requests end with
     /// UNAVAILABLE (SERVER_DRAINING) and their upstream calls are dropped.
@@ -33,10 +42,33 @@ pub struct Dispatcher {
     pub active: AtomicUsize,
 }
 
+/// Samples of a target's TTFT needed before deadline-aware admission trusts its p95.
+const MIN_TTFT_SAMPLES: u64 = 5;
+
+/// Where a candidate stands within one request.
+#[derive(Debug, Clone)]
+enum Tried {
+    /// Not tried yet.
+    No,
+    /// Refused locally (ceiling, breaker, cooldown): skip it for this request.
+    Refused,
+    /// Attempted; it failed like this. `n` attempts so far.
+    Failed { failure: Failure, n: u32 },
+}
+
 impl Dispatcher {
-    pub fn new(registry: Arc<Registry>, default_deadline: Duration) -> Self {
+    pub fn new(
+        registry: Arc<Registry>,
+        metrics: Arc<Metrics>,
+        idempotency: Arc<IdempotencyStore>,
+        backoff: Backoff,
+        default_deadline: Duration,
+    ) -> Self {
         Dispatcher {
             registry,
+            metrics,
+            idempotency,
+            backoff,
             default_deadline,
             abort: CancellationToken::new(),
             active: AtomicUsize::new(0),
@@ -47,21 +79,72 @@ impl Dispatcher {
     pub async fn run(self: Arc<Self>, spec: RequestSpec, mut sink: EventSink) {
         self.active.fetch_add(1, Ordering::Relaxed);
         let result = tokio::select! {
-            r = self.drive(&spec, &mut sink) => r,
+            r = self.serve(&spec, &mut sink) => r,
             _ = self.abort.cancelled() => Err(RequestError::Draining),
         };
         if let Err(e) = result {
+            if let Some(reason) = e.shed_reason() {
+                self.metrics
+                    .shed
+                    .get_or_create(&ShedLabels {
+                        route: spec.route.clone(),
+                        reason,
+                    })
+                    .inc();
+            }
             sink.fail(e).await;
         }
         self.active.fetch_sub(1, Ordering::Relaxed);
     }
 
-    async fn drive(&self, spec: &RequestSpec, sink: &mut EventSink) -> Result<(), RequestError> {
+    /// Applies the idempotency key, then routes.
+    async fn serve(&self, spec: &RequestSpec, sink: &mut EventSink) -> Result<(), RequestError> {
+        let Some(key) = spec.scoped_key() else {
+            return self.drive(spec, sink).await;
+        };
+        match self
+            .idempotency
+            .claim(&key, spec.fingerprint(), Instant::now())
+        {
+            Claim::Fresh(guard) => {
+                sink.start_recording();
+                self.drive(spec, sink).await?;
+                if let Some(events) = sink.take_recording() {
+                    guard.complete(events, Instant::now());
+                }
+                Ok(())
+            }
+            Claim::Replay(events) => {
+                for event in events.iter().cloned() {
+                    let event = match event {
+                        Event::Finished(mut f) => {
+                            f.replayed = true;
+                            f.request_id = spec.request_id.clone();
+                            Event::Finished(f)
+                        }
+                        Event::Started(mut s) => {
+                            s.request_id = spec.request_id.clone();
+                            Event::Started(s)
+                        }
+                        other => other,
+                    };
+                    if sink.replay(event).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(())
+            }
+            Claim::InUse => Err(RequestError::IdempotencyKeyInUse),
+            Claim::Mismatch => Err(RequestError::IdempotencyKeyReused),
+        }
+    }
+
+    async fn plan(&self, spec: &RequestSpec) -> Result<Plan, RequestError> {
         let router = self
             .registry
             .router()
             .ok_or_else(|| RequestError::Unavailable("router actor is not running".into()))?;
-        let plan = match router
+        let answer = router
             .call(
                 |reply| RouterMsg::Plan {
                     route: spec.route.clone(),
@@ -70,21 +153,45 @@ impl Dispatcher {
                 },
                 Some(CALL_TIMEOUT),
             )
-            .await
-        {
-            Ok(CallResult::Success(Ok(plan))) => plan,
-            Ok(CallResult::Success(Err(PlanError::UnknownRoute(r)))) => {
-                return Err(RequestError::UnknownRoute(r))
-            }
-            Ok(CallResult::Success(Err(PlanError::NoCapableTarget { route, missing }))) => {
-                return Err(RequestError::NoCapableTarget { route, missing })
-            }
-            _ => {
-                return Err(RequestError::Unavailable(
-                    "router actor did not answer".into(),
-                ))
-            }
+            .await;
+        match answer {
+            Ok(CallResult::Success(Ok(plan))) => Ok(plan),
+            Ok(CallResult::Success(Err(e))) => Err(match e {
+                PlanError::UnknownRoute(r) => RequestError::UnknownRoute(r),
+                PlanError::NoCapableTarget { route, missing } => {
+                    RequestError::NoCapableTarget { route, missing }
+                }
+                PlanError::NoHealthyTarget { route, retry_in } => {
+                    RequestError::NoHealthyTarget { route, retry_in }
+                }
+            }),
+            _ => Err(RequestError::Unavailable(
+                "router actor did not answer".into(),
+            )),
+        }
+    }
+
+    /// Asks the route's budget for one more attempt.
+    async fn withdraw(&self, route: &str) -> bool {
+        let Some(router) = self.registry.router() else {
+            return false;
         };
+        matches!(
+            router
+                .call(
+                    |reply| RouterMsg::WithdrawRetry {
+                        route: route.to_string(),
+                        reply,
+                    },
+                    Some(CALL_TIMEOUT),
+                )
+                .await,
+            Ok(CallResult::Success(true))
+        )
+    }
+
+    async fn drive(&self, spec: &RequestSpec, sink: &mut EventSink) -> Result<(), RequestError> {
+        let plan = self.plan(spec).await?;
         let deadline = spec
             .deadline
             .unwrap_or_else(|| Instant::now() + plan.deadline.unwrap_or(self.default_deadline));
@@ -93,25 +200,72 @@ impl Dispatcher {
             chat.max_tokens = plan.default_max_tokens;
         }
 
+        let mut tried = vec![Tried::No; plan.candidates.len()];
         let mut attempts = 0u32;
         let mut last: Option<(Failure, String)> = None;
-        for candidate in &plan.candidates {
-            if Instant::now() >= deadline {
+        let mut last_target: Option<usize> = None;
+        let mut refused_retry_in: Option<Duration> = None;
+        let mut saturated = false;
+        let mut below_p95: Option<Duration> = None;
+
+        while attempts < plan.max_attempts {
+            if sink.is_closed() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(RequestError::DeadlineExceeded { attempts });
+            }
+            let remaining = deadline - now;
+            let Some((idx, wait)) = self.next_candidate(&tried, last_target, remaining) else {
+                break;
+            };
+            let candidate = &plan.candidates[idx];
+            let Some(entry) = self.registry.provider(&candidate.provider) else {
+                tried[idx] = Tried::Refused;
+                continue;
+            };
+            // Deadline-aware admission: an attempt that cannot produce a first
+            // token in time is not started.
+            if let Some(p95) = p95_ttft(&entry, &candidate.model) {
+                if p95 > remaining.saturating_sub(wait.unwrap_or_default()) {
+                    below_p95 = Some(below_p95.map_or(p95, |b: Duration| b.min(p95)));
+                    tried[idx] = Tried::Refused;
+                    continue;
+                }
+            }
+            if attempts > 0 && !self.withdraw(&plan.route).await {
+                return Err(RequestError::RetryBudgetExhausted {
+                    route: plan.route.clone(),
+                    last: last.map(|(f, p)| (Box::new(f), p)),
+                    attempts,
+                });
+            }
+            if let Some(wait) = wait {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = sink.closed() => return Ok(()),
+                }
             }
             let traffic = if candidate.primary {
                 TrafficClass::Own
             } else {
                 TrafficClass::Failover
             };
-            let (entry, permit) = match self.admit(candidate, traffic).await {
+            let (entry, mut permit) = match self.admit(candidate, traffic).await {
                 Admission::Granted(entry, permit) => (entry, permit),
                 Admission::Refused(refusal) => {
-                    tracing::debug!(provider = %candidate.provider, %refusal, "target refused admission");
+                    tracing::debug!(provider = %candidate.provider, model = %candidate.model, %refusal, "target refused admission");
+                    saturated |= matches!(refusal, Refusal::Saturated(_));
+                    if let Some(d) = refusal.retry_in() {
+                        refused_retry_in = Some(refused_retry_in.map_or(d, |r| r.min(d)));
+                    }
+                    tried[idx] = Tried::Refused;
                     continue;
                 }
                 Admission::Unreachable => {
                     tracing::warn!(provider = %candidate.provider, "provider actor unreachable; skipping it");
+                    tried[idx] = Tried::Refused;
                     continue;
                 }
             };
@@ -141,17 +295,31 @@ impl Dispatcher {
                 sink,
             )
             .await;
-            drop(permit);
             let class = result.end.class();
+            let failure = match &result.end {
+                AttemptEnd::Failed(f) => Some(f),
+                _ => None,
+            };
+            let failed_output_tokens = if failure.is_some() {
+                sink.attempt_chars().div_ceil(4) as u32
+            } else {
+                0
+            };
             let _ = entry.actor.cast(ProviderMsg::Report(OutcomeReport {
                 model: candidate.model.clone(),
+                ticket: permit.take_ticket(),
                 class,
+                retry_after: failure.and_then(|f| f.retry_after),
                 traffic,
                 elapsed: result.elapsed,
                 ttft: result.ttft,
+                failed_output_tokens,
             }));
+            drop(permit);
+            self.record_attempt(candidate, &entry, &result);
             tracing::info!(
                 request_id = %spec.request_id,
+                route = %plan.route,
                 provider = %candidate.provider,
                 model = %candidate.model,
                 attempt = attempts,
@@ -167,6 +335,8 @@ impl Dispatcher {
                         Some(u) => (u, false),
                         None => (estimate_usage(&chat, sink.attempt_chars()), true),
                     };
+                    self.record_usage(candidate, &entry, usage);
+                    self.served(&plan.route, candidate, tier);
                     let _ = sink
                         .finish(Finished {
                             finish_reason: completion.finish_reason,
@@ -178,6 +348,7 @@ impl Dispatcher {
                             attempts,
                             request_id: spec.request_id.clone(),
                             upstream_request_id: result.upstream_request_id,
+                            replayed: false,
                         })
                         .await;
                     return Ok(());
@@ -187,43 +358,182 @@ impl Dispatcher {
                     return Err(RequestError::DeadlineExceeded { attempts })
                 }
                 AttemptEnd::Failed(failure) => {
+                    let provider = candidate.provider.clone();
                     if sink.committed() {
-                        return Err(RequestError::MidStream {
-                            tokens_emitted: sink.attempt_chunks(),
-                            failure,
-                            provider: candidate.provider.clone(),
-                            attempts,
-                        });
-                    }
-                    if !failure.class.fail_over() {
-                        return Err(RequestError::Exhausted {
-                            failure,
-                            provider: candidate.provider.clone(),
-                            attempts,
-                        });
-                    }
-                    if sink.attempt_had_output() {
-                        // Buffered caller: discard the partial answer.
-                        let _ = sink
-                            .reset(
-                                format!("{} from {}", failure.class, candidate.provider),
+                        let may_reset = plan.mid_stream == MidStreamPolicy::Reset
+                            && failure.class.fail_over()
+                            && !plan.side_effects;
+                        if !may_reset {
+                            return Err(RequestError::MidStream {
+                                tokens_emitted: sink.attempt_chunks(),
+                                failure,
+                                provider,
                                 attempts,
-                            )
-                            .await;
+                            });
+                        }
+                        if sink
+                            .reset(format!("{} from {provider}", failure.class), attempts)
+                            .await
+                            .is_err()
+                        {
+                            return Ok(());
+                        }
+                    } else {
+                        let sent = failure.class != OutcomeClass::Connect;
+                        let stop = (!failure.class.fail_over()
+                            && failure.should_retry != Some(true))
+                            || (plan.side_effects && sent);
+                        if stop {
+                            return Err(RequestError::Exhausted {
+                                failure,
+                                provider,
+                                attempts,
+                            });
+                        }
+                        if sink.attempt_had_output() {
+                            // Buffered caller: discard the partial answer.
+                            let _ = sink
+                                .reset(format!("{} from {provider}", failure.class), attempts)
+                                .await;
+                        }
                     }
-                    last = Some((failure, candidate.provider.clone()));
+                    let n = match &tried[idx] {
+                        Tried::Failed { n, .. } => n + 1,
+                        _ => 1,
+                    };
+                    tried[idx] = Tried::Failed {
+                        failure: failure.clone(),
+                        n,
+                    };
+                    last = Some((failure, provider));
+                    last_target = Some(idx);
                 }
             }
         }
-        match last {
-            Some((failure, provider)) => Err(RequestError::Exhausted {
-                failure,
-                provider,
-                attempts,
-            }),
-            None => Err(RequestError::Saturated { route: plan.route }),
+        Err(match last {
+            Some((mut failure, provider)) => {
+                failure.retry_after = failure.retry_after.or(refused_retry_in);
+                RequestError::Exhausted {
+                    failure,
+                    provider,
+                    attempts,
+                }
+            }
+            None if saturated => RequestError::Saturated { route: plan.route },
+            None if below_p95.is_some() => RequestError::DeadlineTooShort {
+                p95_ttft: below_p95.unwrap_or_default(),
+            },
+            None => RequestError::NoHealthyTarget {
+                route: plan.route,
+                retry_in: refused_retry_in,
+            },
+        })
+    }
+
+    /// The next candidate and how long to wait before trying it: any target
+    /// not tried yet, in plan order; else a retry of one that failed with a
+    /// retryable class (preferring one other than the last to fail), after
+    /// full-jitter backoff or its Retry-After if that fits the deadline.
+    fn next_candidate(
+        &self,
+        tried: &[Tried],
+        last_target: Option<usize>,
+        remaining: Duration,
+    ) -> Option<(usize, Option<Duration>)> {
+        if let Some(idx) = tried.iter().position(|t| matches!(t, Tried::No)) {
+            return Some((idx, None));
+        }
+        let mut rng = rand::rng();
+        let mut retryable: Vec<usize> = tried
+            .iter()
+            .enumerate()
+            .filter(
+                |(_, t)| matches!(t, Tried::Failed { failure, .. } if failure.retry_same_target()),
+            )
+            .map(|(i, _)| i)
+            .collect();
+        retryable.sort_by_key(|i| Some(*i) == last_target);
+        retryable.into_iter().find_map(|idx| {
+            let Tried::Failed { failure, n } = &tried[idx] else {
+                return None;
+            };
+            let wait = self.backoff.retry_wait(
+                n.saturating_sub(1),
+                failure.retry_after,
+                remaining,
+                &mut rng,
+            )?;
+            Some((idx, Some(wait)))
+        })
+    }
+
+    fn record_attempt(
+        &self,
+        c: &Candidate,
+        entry: &ProviderEntry,
+        result: &attempt::AttemptResult,
+    ) {
+        let labels = GenAiLabels {
+            gen_ai_provider_name: entry.runtime.kind.as_str().to_string(),
+            gen_ai_request_model: c.model.clone(),
+            gen_ai_operation_name: "chat",
+            provider: c.provider.clone(),
+        };
+        self.metrics
+            .operation_duration
+            .get_or_create(&labels)
+            .observe(result.elapsed.as_secs_f64());
+        if let Some(ttft) = result.ttft {
+            self.metrics
+                .time_to_first_token
+                .get_or_create(&labels)
+                .observe(ttft.as_secs_f64());
         }
     }
+
+    fn record_usage(&self, c: &Candidate, entry: &ProviderEntry, usage: Usage) {
+        for (kind, n) in [
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+        ] {
+            self.metrics
+                .token_usage
+                .get_or_create(&TokenLabels {
+                    gen_ai_provider_name: entry.runtime.kind.as_str().to_string(),
+                    gen_ai_request_model: c.model.clone(),
+                    gen_ai_operation_name: "chat",
+                    provider: c.provider.clone(),
+                    gen_ai_token_type: kind,
+                })
+                .observe(f64::from(n));
+        }
+    }
+
+    fn served(&self, route: &str, c: &Candidate, tier: Tier) {
+        self.metrics
+            .served
+            .get_or_create(&ServedLabels {
+                route: route.to_string(),
+                tier: tier.as_str(),
+                provider: c.provider.clone(),
+            })
+            .inc();
+        if let Some(router) = self.registry.router() {
+            let _ = router.cast(RouterMsg::Served {
+                route: route.to_string(),
+                primary: c.position == 0,
+            });
+        }
+    }
+}
+
+/// A target's p95 time to first token, once enough samples back it.
+fn p95_ttft(entry: &ProviderEntry, model: &str) -> Option<Duration> {
+    let snapshot = entry.runtime.snapshot();
+    let t = snapshot.models.get(model)?;
+    (t.calls >= MIN_TTFT_SAMPLES)
+        .then_some(t.p95_ttft)
+        .flatten()
 }
 
 /// The answer to an admission request.

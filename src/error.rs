@@ -47,6 +47,28 @@ pub enum RequestError {
         limit: &'static str,
         retry_after: Option<Duration>,
     },
+    /// Every capable target is tripped, cooling down or forced open.
+    #[error("no healthy target for route `{route}`")]
+    NoHealthyTarget {
+        route: String,
+        retry_in: Option<Duration>,
+    },
+    /// The route's retry budget refused another attempt.
+    #[error("retry budget of route `{route}` exhausted after {attempts} attempt(s)")]
+    RetryBudgetExhausted {
+        route: String,
+        last: Option<(Box<Failure>, String)>,
+        attempts: u32,
+    },
+    /// The remaining deadline is below every candidate's p95 time to first token.
+    #[error("remaining deadline is below the targets' p95 time to first token ({p95_ttft:?})")]
+    DeadlineTooShort { p95_ttft: Duration },
+    /// A request with the same idempotency key is being served now.
+    #[error("a request with this idempotency key is in flight")]
+    IdempotencyKeyInUse,
+    /// The idempotency key was used before with a different request.
+    #[error("this idempotency key was used with a different request")]
+    IdempotencyKeyReused,
     /// Switchyard itself could not act (an actor did not answer).
     #[error("router unavailable: {0}")]
     Unavailable(String),
@@ -60,9 +82,31 @@ impl RequestError {
                 failure.retry_after
             }
             RequestError::TenantLimit { retry_after, .. } => *retry_after,
+            RequestError::NoHealthyTarget { retry_in, .. } => {
+                Some(retry_in.unwrap_or(Duration::from_secs(1)))
+            }
+            RequestError::RetryBudgetExhausted { last, .. } => Some(
+                last.as_ref()
+                    .and_then(|(f, _)| f.retry_after)
+                    .unwrap_or(Duration::from_secs(1)),
+            ),
             RequestError::Draining => Some(Duration::from_secs(1)),
             _ => None,
         }
+    }
+
+    /// The reason label when the request was refused without an upstream
+    /// answer (for the shed metric); `None` for upstream failures and caller errors.
+    pub fn shed_reason(&self) -> Option<&'static str> {
+        Some(match self {
+            RequestError::Saturated { .. } => "concurrency",
+            RequestError::NoHealthyTarget { .. } => "no_healthy_target",
+            RequestError::RetryBudgetExhausted { .. } => "retry_budget",
+            RequestError::DeadlineTooShort { .. } => "deadline",
+            RequestError::TenantLimit { .. } => "tenant_limit",
+            RequestError::Draining => "draining",
+            _ => return None,
+        })
     }
 
     /// The outcome class behind an upstream failure.

@@ -54,6 +54,8 @@ pub struct Finished {
     pub attempts: u32,
     pub request_id: String,
     pub upstream_request_id: Option<String>,
+    /// Replayed from an idempotency record, not generated now.
+    pub replayed: bool,
 }
 
 /// What flows to the caller, in order: `Started`, chunks, then `Finished`
@@ -75,7 +77,8 @@ pub struct ClientGone;
 
 /// The request task's side of the channel.
 pub struct EventSink {
-    tx: mpsc::Sender<Item>,
+    /// `None` for a sink that discards everything (synthetic probes).
+    tx: Option<mpsc::Sender<Item>>,
     /// `Started` of the current attempt, sent with its first chunk.
     pending_start: Option<Started>,
     /// Chunks forwarded in the current attempt.
@@ -87,17 +90,34 @@ pub struct EventSink {
     /// The caller buffers the whole answer (unary): partial output can be
     /// discarded with a `Reset`, so nothing is ever committed.
     buffered: bool,
+    /// Events of the current answer, kept for an idempotency record.
+    recording: Option<Vec<Event>>,
 }
 
 impl EventSink {
     pub fn new(tx: mpsc::Sender<Item>, buffered: bool) -> Self {
         EventSink {
-            tx,
+            tx: Some(tx),
             pending_start: None,
             attempt_chunks: 0,
             committed: false,
             attempt_chars: 0,
             buffered,
+            recording: None,
+        }
+    }
+
+    /// A sink with no caller behind it: output is counted and dropped, and it
+    /// never reports the caller gone.
+    pub fn discard() -> Self {
+        EventSink {
+            tx: None,
+            pending_start: None,
+            attempt_chunks: 0,
+            committed: false,
+            attempt_chars: 0,
+            buffered: true,
+            recording: None,
         }
     }
 
@@ -138,9 +158,27 @@ impl EventSink {
         self.send(Event::Finished(finished)).await
     }
 
+    /// Keeps a copy of the answer's events (a `Reset` starts over).
+    pub fn start_recording(&mut self) {
+        self.recording = Some(Vec::new());
+    }
+
+    /// The recorded answer, if recording and it finished.
+    pub fn take_recording(&mut self) -> Option<Vec<Event>> {
+        let events = self.recording.take()?;
+        matches!(events.last(), Some(Event::Finished(_))).then_some(events)
+    }
+
+    /// Sends a stored event as is.
+    pub async fn replay(&mut self, event: Event) -> Result<(), ClientGone> {
+        self.send(event).await
+    }
+
     /// Ends the request with an error.
     pub async fn fail(&mut self, error: RequestError) {
-        let _ = self.tx.send(Err(error)).await;
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Err(error)).await;
+        }
     }
 
     /// Output of the current attempt reached a streaming caller: the attempt
@@ -164,15 +202,27 @@ impl EventSink {
 
     /// Resolves when the caller has gone away.
     pub async fn closed(&self) {
-        self.tx.closed().await
+        match &self.tx {
+            Some(tx) => tx.closed().await,
+            None => std::future::pending().await,
+        }
     }
 
     pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
+        self.tx.as_ref().is_some_and(|tx| tx.is_closed())
     }
 
     async fn send(&mut self, event: Event) -> Result<(), ClientGone> {
-        self.tx.send(Ok(event)).await.map_err(|_| ClientGone)?;
+        if let Some(recording) = &mut self.recording {
+            if matches!(event, Event::Reset { .. }) {
+                recording.clear();
+            } else {
+                recording.push(event.clone());
+            }
+        }
+        if let Some(tx) = &self.tx {
+            tx.send(Ok(event)).await.map_err(|_| ClientGone)?;
+        }
         self.committed = true;
         Ok(())
     }

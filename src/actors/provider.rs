@@ -1,17 +1,27 @@
-//! The provider actor: one per provider. It owns the provider's control state
-//! (concurrency ceilings, per-model outcome tallies; breakers and health join
-//! here) and answers admissions with permits that live as long as the stream.
-//! It never awaits I/O in `handle`: the HTTP attempt runs in the request task.
+//! The provider actor: one per provider. It owns the provider's control
+//! state — a breaker, health window and cooldown per model, and the two
+//! concurrency ceilings — answers admissions with permits that live as long as
+//! the stream, takes one outcome report per attempt, and publishes a snapshot
+//! on a `watch` so the router never has to ask. It never awaits I/O in
+//! `handle`: attempts (and synthetic probes) run in their own tasks.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use crate::config::{ModelConfig, ProviderConfig, ProviderKind};
+use crate::policy::breaker::{
+    Breaker, BreakerRefusal, BreakerState, Cause, Forced, Phase, Ticket, Transition,
+};
+use crate::policy::cooldown::{Cooldown, CooldownKind};
+use crate::policy::health::{HealthWindow, Sample};
 use crate::policy::outcome::OutcomeClass;
+use crate::telemetry::metrics::{Metrics, RefusalLabels, TargetLabels, TransitionLabels};
 
 /// An API key: never printed, never logged.
 #[derive(Clone)]
@@ -49,9 +59,63 @@ impl TrafficClass {
     }
 }
 
+/// One model's published state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetSnapshot {
+    pub breaker: BreakerState,
+    /// Health score in [0, 1] (1 for an unknown or healthy target).
+    pub score: f64,
+    pub success_rate: Option<f64>,
+    pub p95_ttft: Option<Duration>,
+    pub calls: u64,
+    /// Skipped until this instant: rate limit, quota, or a rejected key.
+    pub cooldown_until: Option<Instant>,
+    pub cooldown_reason: Option<&'static str>,
+}
+
+/// All models of a provider, as of `at`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderSnapshot {
+    pub at: Instant,
+    pub models: HashMap<String, TargetSnapshot>,
+}
+
+impl ProviderSnapshot {
+    /// When a target the snapshot shows as unavailable may be tried again
+    /// (`None`: available now, or never by itself).
+    pub fn unavailable_for(&self, model: &str, now: Instant) -> Option<Unavailable> {
+        let t = self.models.get(model)?;
+        if let Some(until) = t.cooldown_until {
+            if until > now {
+                return Some(Unavailable::For(until - now));
+            }
+        }
+        match t.breaker {
+            BreakerState::Open { retry_in } => {
+                let at = self.at + retry_in;
+                (at > now).then(|| Unavailable::For(at - now))
+            }
+            BreakerState::ForcedOpen { retry_in: Some(d) } => {
+                let at = self.at + d;
+                (at > now).then(|| Unavailable::For(at - now))
+            }
+            BreakerState::ForcedOpen { retry_in: None } => Some(Unavailable::UntilCleared),
+            _ => None,
+        }
+    }
+}
+
+/// How long a target stays unavailable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable {
+    For(Duration),
+    UntilCleared,
+}
+
 /// What request tasks need to talk to a provider: immutable settings, the
-/// pooled HTTP client and the concurrency semaphores. Shared by every
-/// incarnation of the provider's actor, so a restart never loses or leaks permits.
+/// pooled HTTP client, the concurrency semaphores and the published snapshot.
+/// Shared by every incarnation of the provider's actor, so a restart never
+/// loses or leaks permits.
 #[derive(Debug)]
 pub struct ProviderRuntime {
     pub id: String,
@@ -59,7 +123,7 @@ pub struct ProviderRuntime {
     pub base_url: String,
     pub api_key: Option<Secret>,
     pub models: Vec<ModelConfig>,
-    pub connect_timeout: Duration,
+    pub config: ProviderConfig,
     pub first_token_timeout: Duration,
     pub idle_timeout: Duration,
     pub http: reqwest::Client,
@@ -69,6 +133,10 @@ pub struct ProviderRuntime {
     failover: Arc<Semaphore>,
     pub max_concurrency: u32,
     pub failover_max_concurrency: u32,
+    /// Published by the actor after every change.
+    snapshot: watch::Sender<ProviderSnapshot>,
+    /// Actor incarnations started so far (a restarted actor comes back half-open).
+    incarnations: AtomicU64,
 }
 
 /// Building a provider runtime failed.
@@ -97,13 +165,17 @@ impl ProviderRuntime {
             .tcp_nodelay(true)
             .pool_idle_timeout(Duration::from_secs(60))
             .build()?;
+        let (snapshot, _) = watch::channel(ProviderSnapshot {
+            at: Instant::now(),
+            models: HashMap::new(),
+        });
         Ok(ProviderRuntime {
             id: cfg.id.clone(),
             kind: cfg.kind,
             base_url: cfg.base_url.clone(),
             api_key,
             models: cfg.models.clone(),
-            connect_timeout: cfg.connect_timeout,
+            config: cfg.clone(),
             first_token_timeout: cfg.first_token_timeout,
             idle_timeout: cfg.idle_timeout,
             http,
@@ -111,11 +183,23 @@ impl ProviderRuntime {
             failover: Arc::new(Semaphore::new(cfg.failover_max_concurrency as usize)),
             max_concurrency: cfg.max_concurrency,
             failover_max_concurrency: cfg.failover_max_concurrency,
+            snapshot,
+            incarnations: AtomicU64::new(0),
         })
     }
 
     pub fn model(&self, name: &str) -> Option<&ModelConfig> {
         self.models.iter().find(|m| m.name == name)
+    }
+
+    /// The latest published state of this provider's targets.
+    pub fn snapshot(&self) -> ProviderSnapshot {
+        self.snapshot.borrow().clone()
+    }
+
+    /// Subscribe to snapshot changes.
+    pub fn subscribe(&self) -> watch::Receiver<ProviderSnapshot> {
+        self.snapshot.subscribe()
     }
 
     /// Requests in flight now, all traffic.
@@ -128,27 +212,35 @@ impl ProviderRuntime {
         self.failover_max_concurrency as usize - self.failover.available_permits()
     }
 
-    fn try_acquire(&self, class: TrafficClass) -> Option<Permit> {
+    fn try_acquire(
+        &self,
+        class: TrafficClass,
+    ) -> Option<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>)> {
         let failover = match class {
             TrafficClass::Own => None,
             TrafficClass::Failover => Some(self.failover.clone().try_acquire_owned().ok()?),
         };
         let total = self.total.clone().try_acquire_owned().ok()?;
-        Some(Permit {
-            _total: total,
-            _failover: failover,
-            class,
-        })
+        Some((total, failover))
     }
 }
 
-/// Admission to send one attempt. Dropping it frees the slot, so it must live
-/// as long as the upstream stream.
+/// Admission to send one attempt. Dropping it frees the concurrency slot, so
+/// it must live as long as the upstream stream; its breaker ticket goes back
+/// with the outcome report.
 #[derive(Debug)]
 pub struct Permit {
     _total: OwnedSemaphorePermit,
     _failover: Option<OwnedSemaphorePermit>,
     pub class: TrafficClass,
+    ticket: Option<Ticket>,
+}
+
+impl Permit {
+    /// The breaker ticket, to send back in the [`OutcomeReport`].
+    pub fn take_ticket(&mut self) -> Option<Ticket> {
+        self.ticket.take()
+    }
 }
 
 /// Why the provider would not take an attempt now. A local decision: it never
@@ -159,16 +251,57 @@ pub enum Refusal {
     Saturated(TrafficClass),
     #[error("provider does not serve model `{0}`")]
     UnknownModel(String),
+    #[error(transparent)]
+    Breaker(BreakerRefusal),
+    #[error("target cooling down ({reason}) for {retry_in:?}")]
+    Cooldown {
+        reason: &'static str,
+        retry_in: Duration,
+    },
 }
 
-/// One attempt's classified outcome, reported once by the request task.
-#[derive(Debug, Clone)]
+impl Refusal {
+    fn reason(&self) -> &'static str {
+        match self {
+            Refusal::Saturated(TrafficClass::Own) => "saturated_own",
+            Refusal::Saturated(TrafficClass::Failover) => "saturated_failover",
+            Refusal::UnknownModel(_) => "unknown_model",
+            Refusal::Breaker(_) => "breaker",
+            Refusal::Cooldown { .. } => "cooldown",
+        }
+    }
+
+    /// When trying this target again could succeed, if known.
+    pub fn retry_in(&self) -> Option<Duration> {
+        match self {
+            Refusal::Breaker(BreakerRefusal::Open { retry_in }) => Some(*retry_in),
+            Refusal::Breaker(BreakerRefusal::ForcedOpen { retry_in }) => *retry_in,
+            Refusal::Cooldown { retry_in, .. } => Some(*retry_in),
+            _ => None,
+        }
+    }
+}
+
+/// One attempt's classified outcome, reported once by whoever ran it.
+#[derive(Debug)]
 pub struct OutcomeReport {
     pub model: String,
+    pub ticket: Option<Ticket>,
     pub class: OutcomeClass,
+    /// What the upstream asked for (429/503), if anything.
+    pub retry_after: Option<Duration>,
     pub traffic: TrafficClass,
     pub elapsed: Duration,
     pub ttft: Option<Duration>,
+    /// Output tokens the upstream produced before a failure (billed anyway).
+    pub failed_output_tokens: u32,
+}
+
+/// An admin override of one target's breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerOverride {
+    Force(Forced),
+    Clear,
 }
 
 pub enum ProviderMsg {
@@ -180,87 +313,395 @@ pub enum ProviderMsg {
     },
     /// The outcome of an attempt this actor admitted.
     Report(OutcomeReport),
-    /// Snapshot of per-model tallies, for status surfaces and tests.
-    Tallies(RpcReplyPort<HashMap<String, Tally>>),
+    /// Admin: force a target's breaker open or closed, or clear the force.
+    SetBreaker {
+        model: String,
+        change: BreakerOverride,
+        reason: String,
+        reply: RpcReplyPort<Result<(), String>>,
+    },
+    /// Time to send a synthetic probe to a tripped model.
+    ProbeDue(String),
     /// Test hook: make `handle` fail as a panicking actor would.
     #[cfg(test)]
     Crash,
 }
 
-/// Per-model outcome counts since this incarnation started.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Tally {
-    pub successes: u64,
-    pub failures: u64,
-    pub excluded: u64,
+/// One model's control state.
+struct ModelState {
+    breaker: Breaker,
+    health: HealthWindow,
+    cooldown: Cooldown,
+    /// A 401/403 with the router's key: skipped until then (or a reload).
+    auth_until: Option<Instant>,
 }
 
-/// The actor. `self` holds nothing; the runtime arrives as the argument.
+/// The actor. `self` holds nothing; everything arrives as arguments.
 pub struct ProviderActor;
+
+/// What the actor starts with.
+pub struct ProviderArgs {
+    pub runtime: Arc<ProviderRuntime>,
+    pub metrics: Arc<Metrics>,
+}
 
 /// Mutable state of one incarnation.
 pub struct ProviderState {
-    /// Shared I/O runtime and semaphores (outlive this incarnation).
+    /// Shared I/O runtime, semaphores and snapshot (outlive this incarnation).
     runtime: Arc<ProviderRuntime>,
-    /// Outcome counts per model.
-    tallies: HashMap<String, Tally>,
+    metrics: Arc<Metrics>,
+    /// Control state per model name.
+    models: HashMap<String, ModelState>,
+}
+
+impl ProviderState {
+    fn labels(&self, model: &str) -> TargetLabels {
+        TargetLabels {
+            provider: self.runtime.id.clone(),
+            model: model.to_string(),
+        }
+    }
+
+    fn admit(&mut self, model: &str, class: TrafficClass, now: Instant) -> Result<Permit, Refusal> {
+        let synthetic = self.runtime.config.synthetic_probes;
+        let Some(m) = self.models.get_mut(model) else {
+            return Err(Refusal::UnknownModel(model.to_string()));
+        };
+        let transition = m.breaker.tick(now);
+        let result = (|| {
+            if let Some(until) = m.auth_until.filter(|u| *u > now) {
+                return Err(Refusal::Cooldown {
+                    reason: "auth",
+                    retry_in: until - now,
+                });
+            }
+            if let (Some(retry_in), Some(kind)) = (m.cooldown.active(now), m.cooldown.kind(now)) {
+                return Err(Refusal::Cooldown {
+                    reason: kind.as_str(),
+                    retry_in,
+                });
+            }
+            let (total, failover) = self
+                .runtime
+                .try_acquire(class)
+                .ok_or(Refusal::Saturated(class))?;
+            let ticket = m.breaker.admit(now).map_err(Refusal::Breaker)?;
+            if synthetic && ticket.is_probe() {
+                // Probes are synthetic for this provider: a caller's request
+                // is never spent on a target that may be dead.
+                let _ = m.breaker.record(ticket, OutcomeClass::Cancelled, now);
+                return Err(Refusal::Breaker(BreakerRefusal::HalfOpenBusy));
+            }
+            Ok(Permit {
+                _total: total,
+                _failover: failover,
+                class,
+                ticket: Some(ticket),
+            })
+        })();
+        if let Some(t) = transition {
+            self.on_transition(model, &t);
+        }
+        if let Err(refusal) = &result {
+            self.metrics
+                .permits_refused
+                .get_or_create(&RefusalLabels {
+                    provider: self.runtime.id.clone(),
+                    model: model.to_string(),
+                    reason: refusal.reason(),
+                })
+                .inc();
+        }
+        result
+    }
+
+    fn report(&mut self, r: OutcomeReport, now: Instant) -> Option<Transition> {
+        let cfg = &self.runtime.config;
+        let m = self.models.get_mut(&r.model)?;
+        m.health.record(
+            Sample {
+                class: r.class,
+                latency: Some(r.elapsed),
+                ttft: r.ttft,
+            },
+            now,
+        );
+        let transition = match r.ticket {
+            Some(ticket) => m.breaker.record(ticket, r.class, now),
+            None => m.breaker.tick(now),
+        };
+        if let Some(until) = m.cooldown.note(&cfg.cooldown, r.class, r.retry_after, now) {
+            let kind = m
+                .cooldown
+                .kind(now)
+                .map_or("cooldown", CooldownKind::as_str);
+            tracing::warn!(provider = %self.runtime.id, model = %r.model, reason = kind, for_ms = (until - now).as_millis() as u64, "target cooling down");
+            self.metrics
+                .cooldowns
+                .get_or_create(&RefusalLabels {
+                    provider: self.runtime.id.clone(),
+                    model: r.model.clone(),
+                    reason: kind,
+                })
+                .inc();
+        }
+        if r.class == OutcomeClass::Auth {
+            m.auth_until = Some(now + cfg.auth_cooldown);
+            tracing::error!(provider = %self.runtime.id, model = %r.model, skip_for = ?cfg.auth_cooldown, "upstream rejected the router's credentials: target skipped until reload or cooldown end");
+            self.metrics
+                .cooldowns
+                .get_or_create(&RefusalLabels {
+                    provider: self.runtime.id.clone(),
+                    model: r.model.clone(),
+                    reason: "auth",
+                })
+                .inc();
+        } else if r.class.is_success() {
+            m.auth_until = None;
+        }
+        self.metrics
+            .attempts
+            .get_or_create(&crate::telemetry::metrics::AttemptLabels {
+                provider: self.runtime.id.clone(),
+                model: r.model.clone(),
+                outcome: r.class.as_str(),
+            })
+            .inc();
+        if r.failed_output_tokens > 0 {
+            self.metrics
+                .failed_stream_tokens
+                .get_or_create(&self.labels(&r.model))
+                .inc_by(u64::from(r.failed_output_tokens));
+        }
+        transition
+    }
+
+    fn on_transition(&self, model: &str, t: &Transition) {
+        self.metrics
+            .breaker_transitions
+            .get_or_create(&TransitionLabels {
+                provider: self.runtime.id.clone(),
+                model: model.to_string(),
+                from: t.from.as_str(),
+                to: t.to.as_str(),
+            })
+            .inc();
+        match (&t.to, &t.cause) {
+            (Phase::Open, Cause::ConsecutiveFailures(tripped) | Cause::FailureRate(tripped)) => {
+                let recent: Vec<&str> = tripped.recent.iter().map(|c| c.as_str()).collect();
+                tracing::warn!(
+                    provider = %self.runtime.id,
+                    model,
+                    consecutive = tripped.consecutive,
+                    window_failures = tripped.window_failures,
+                    window_calls = tripped.window_calls,
+                    recent = ?recent,
+                    open_for_ms = t.open_for.map(|d| d.as_millis() as u64),
+                    "breaker opened"
+                );
+            }
+            (Phase::Open, cause) => {
+                tracing::warn!(provider = %self.runtime.id, model, ?cause, open_for_ms = t.open_for.map(|d| d.as_millis() as u64), "breaker opened")
+            }
+            (to, cause) => {
+                tracing::info!(provider = %self.runtime.id, model, from = t.from.as_str(), to = to.as_str(), ?cause, "breaker transition")
+            }
+        }
+    }
+
+    /// Publishes the snapshot and the breaker-state gauges.
+    fn publish(&self, now: Instant) {
+        let models = self
+            .models
+            .iter()
+            .map(|(name, m)| {
+                let breaker = m.breaker.state(now);
+                let gauge = match breaker.phase() {
+                    Phase::Closed | Phase::ForcedClosed => 0,
+                    Phase::HalfOpen => 1,
+                    Phase::Open | Phase::ForcedOpen => 2,
+                };
+                self.metrics
+                    .breaker_state
+                    .get_or_create(&self.labels(name))
+                    .set(gauge);
+                let (cooldown_until, cooldown_reason) =
+                    match (m.auth_until.filter(|u| *u > now), m.cooldown.active(now)) {
+                        (Some(u), _) => (Some(u), Some("auth")),
+                        (None, Some(left)) => (
+                            Some(now + left),
+                            m.cooldown.kind(now).map(CooldownKind::as_str),
+                        ),
+                        (None, None) => (None, None),
+                    };
+                let snapshot = TargetSnapshot {
+                    breaker,
+                    score: m.health.score(now),
+                    success_rate: m.health.success_rate(now),
+                    p95_ttft: m.health.p95_ttft(now),
+                    calls: m.health.calls(now),
+                    cooldown_until,
+                    cooldown_reason,
+                };
+                (name.clone(), snapshot)
+            })
+            .collect();
+        self.runtime
+            .snapshot
+            .send_replace(ProviderSnapshot { at: now, models });
+    }
 }
 
 impl Actor for ProviderActor {
     type Msg = ProviderMsg;
     type State = ProviderState;
-    type Arguments = Arc<ProviderRuntime>;
+    type Arguments = ProviderArgs;
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
-        runtime: Self::Arguments,
+        myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(ProviderState {
+        let now = Instant::now();
+        let runtime = args.runtime;
+        let restarted = runtime.incarnations.fetch_add(1, Ordering::Relaxed) > 0;
+        let models = runtime
+            .models
+            .iter()
+            .map(|m| {
+                let seed = rand::random();
+                let breaker = if restarted {
+                    Breaker::restarted(runtime.config.breaker.clone(), now, seed)
+                } else {
+                    Breaker::new(runtime.config.breaker.clone(), now, seed)
+                };
+                let state = ModelState {
+                    breaker,
+                    health: HealthWindow::new(runtime.config.health.clone(), now),
+                    cooldown: Cooldown::default(),
+                    auth_until: None,
+                };
+                (m.name.clone(), state)
+            })
+            .collect();
+        if restarted {
+            tracing::warn!(provider = %runtime.id, "provider actor restarted: its breakers start half-open");
+        }
+        let state = ProviderState {
             runtime,
-            tallies: HashMap::new(),
-        })
+            metrics: args.metrics,
+            models,
+        };
+        if restarted && state.runtime.config.synthetic_probes {
+            for name in state.models.keys() {
+                let _ = myself.cast(ProviderMsg::ProbeDue(name.clone()));
+            }
+        }
+        state.publish(now);
+        Ok(state)
     }
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         message: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        let now = Instant::now();
         match message {
             ProviderMsg::Admit {
                 model,
                 class,
                 reply,
             } => {
-                let answer = if state.runtime.model(&model).is_none() {
-                    Err(Refusal::UnknownModel(model))
-                } else {
-                    state
-                        .runtime
-                        .try_acquire(class)
-                        .ok_or(Refusal::Saturated(class))
-                };
+                let answer = state.admit(&model, class, now);
                 // The requester may have given up; a dropped reply drops the permit.
                 let _ = reply.send(answer);
             }
             ProviderMsg::Report(report) => {
-                let tally = state.tallies.entry(report.model).or_default();
-                if report.class.is_success() {
-                    tally.successes += 1;
-                } else if report.class.is_excluded() {
-                    tally.excluded += 1;
-                } else {
-                    tally.failures += 1;
+                let model = report.model.clone();
+                if let Some(t) = state.report(report, now) {
+                    state.on_transition(&model, &t);
+                    schedule_probe(state, &myself, &model, &t);
                 }
             }
-            ProviderMsg::Tallies(reply) => {
-                let _ = reply.send(state.tallies.clone());
+            ProviderMsg::SetBreaker {
+                model,
+                change,
+                reason,
+                reply,
+            } => {
+                let answer = match state.models.get_mut(&model) {
+                    None => Err(format!(
+                        "provider `{}` has no model `{model}`",
+                        state.runtime.id
+                    )),
+                    Some(m) => {
+                        let t = match change {
+                            BreakerOverride::Force(f) => Some(m.breaker.force(f)),
+                            BreakerOverride::Clear => m.breaker.clear_force(now),
+                        };
+                        tracing::warn!(provider = %state.runtime.id, model = %model, ?change, %reason, "breaker override by admin");
+                        if let Some(t) = t {
+                            state.on_transition(&model, &t);
+                        }
+                        Ok(())
+                    }
+                };
+                let _ = reply.send(answer);
             }
+            ProviderMsg::ProbeDue(model) => probe(state, &myself, &model, now),
             #[cfg(test)]
             ProviderMsg::Crash => return Err("crash requested by test".into()),
         }
+        state.publish(now);
         Ok(())
+    }
+}
+
+/// After a trip, schedule the synthetic probe for when the breaker half-opens.
+fn schedule_probe(
+    state: &ProviderState,
+    myself: &ActorRef<ProviderMsg>,
+    model: &str,
+    t: &Transition,
+) {
+    if !state.runtime.config.synthetic_probes || t.to != Phase::Open {
+        return;
+    }
+    if let Some(open_for) = t.open_for {
+        myself.send_after(open_for, {
+            let model = model.to_string();
+            move || ProviderMsg::ProbeDue(model)
+        });
+    }
+}
+
+/// Sends a synthetic `max_tokens: 1` probe if the breaker admits one; the
+/// attempt runs in its own task and reports back like any other.
+fn probe(state: &mut ProviderState, myself: &ActorRef<ProviderMsg>, model: &str, now: Instant) {
+    let Some(m) = state.models.get_mut(model) else {
+        return;
+    };
+    let transition = m.breaker.tick(now);
+    match m.breaker.admit(now) {
+        Ok(ticket) => {
+            let runtime = state.runtime.clone();
+            let actor = myself.clone();
+            let model = model.to_string();
+            tokio::spawn(async move {
+                let report = crate::attempt::probe(&runtime, &model, ticket).await;
+                let _ = actor.cast(ProviderMsg::Report(report));
+            });
+        }
+        Err(refusal) => {
+            // Still open (or a probe is out): look again when it may admit.
+            let wait = refusal.retry_in().unwrap_or(Duration::from_secs(1));
+            let model = model.to_string();
+            myself.send_after(wait, move || ProviderMsg::ProbeDue(model));
+        }
+    }
+    if let Some(t) = transition {
+        state.on_transition(model, &t);
     }
 }

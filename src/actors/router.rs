@@ -1,14 +1,24 @@
-//! The router actor: owns the route table and turns a request's route and
-//! needs into an ordered plan of candidate targets, failing closed on
-//! capabilities. It decides; it never touches a response byte.
+//! The router actor: owns the route table and each route's retry budget. It
+//! turns a request's route and needs into an ordered plan — capable targets
+//! only (fail closed), skipping tripped or cooling targets, sorted by health
+//! band, then priority, then weighted chance — and grants or refuses each
+//! retry and failover against the budget. It decides; it never touches a
+//! response byte, and it reads provider state from their published snapshots.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
 
-use crate::config::{Capability, Config};
+use super::provider::Unavailable;
+use super::registry::Registry;
+use crate::config::{Capability, Config, MidStreamPolicy, RetryBudgetConfig};
+use crate::policy::budget::RetryBudget;
+use crate::telemetry::metrics::{Metrics, RouteLabels};
 
 /// What a request needs from a target.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -32,13 +42,16 @@ pub struct Candidate {
     pub streams: bool,
 }
 
-/// The ordered candidates for one request and the route's defaults.
+/// The ordered candidates for one request and the route's policies.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub route: String,
     pub candidates: Vec<Candidate>,
     pub default_max_tokens: Option<u32>,
     pub deadline: Option<Duration>,
+    pub max_attempts: u32,
+    pub mid_stream: MidStreamPolicy,
+    pub side_effects: bool,
 }
 
 /// Why no plan could be made.
@@ -48,6 +61,12 @@ pub enum PlanError {
     UnknownRoute(String),
     #[error("no target of route `{route}` has {}", missing.join(", "))]
     NoCapableTarget { route: String, missing: Vec<String> },
+    /// Every capable target is tripped, cooling down or forced open.
+    #[error("no healthy target for route `{route}`")]
+    NoHealthyTarget {
+        route: String,
+        retry_in: Option<Duration>,
+    },
 }
 
 pub enum RouterMsg {
@@ -56,12 +75,25 @@ pub enum RouterMsg {
         needs: Needs,
         reply: RpcReplyPort<Result<Plan, PlanError>>,
     },
+    /// May this request make one more attempt (a retry or a failover)?
+    WithdrawRetry {
+        route: String,
+        reply: RpcReplyPort<bool>,
+    },
+    /// A request was answered; `primary` if by the route's first target.
+    Served { route: String, primary: bool },
 }
 
 struct RouteEntry {
     targets: Vec<TargetInfo>,
     default_max_tokens: Option<u32>,
     deadline: Option<Duration>,
+    max_attempts: u32,
+    mid_stream: MidStreamPolicy,
+    side_effects: bool,
+    budget: RetryBudget,
+    /// Requests answered in the last minute, and how many by a non-primary target.
+    served: FailoverWindow,
 }
 
 struct TargetInfo {
@@ -69,6 +101,8 @@ struct TargetInfo {
     model: String,
     capabilities: Vec<Capability>,
     context_tokens: u32,
+    priority: u32,
+    weight: u32,
 }
 
 impl TargetInfo {
@@ -91,16 +125,71 @@ impl TargetInfo {
     }
 }
 
-/// The actor; the config arrives as the argument.
+/// Served requests over the last minute, in 6 ten-second buckets.
+#[derive(Default)]
+struct FailoverWindow {
+    /// (bucket index, served, served by non-primary)
+    buckets: [(u64, u64, u64); 6],
+}
+
+impl FailoverWindow {
+    const WIDTH: Duration = Duration::from_secs(10);
+
+    fn record(&mut self, origin: Instant, now: Instant, primary: bool) {
+        let index = (now.duration_since(origin).as_secs() / Self::WIDTH.as_secs()) + 1;
+        let slot = &mut self.buckets[(index % 6) as usize];
+        if slot.0 != index {
+            *slot = (index, 0, 0);
+        }
+        slot.1 += 1;
+        if !primary {
+            slot.2 += 1;
+        }
+    }
+
+    fn rate(&self, origin: Instant, now: Instant) -> f64 {
+        let current = (now.duration_since(origin).as_secs() / Self::WIDTH.as_secs()) + 1;
+        let (served, failover) = self
+            .buckets
+            .iter()
+            .filter(|(i, _, _)| *i + 6 > current && *i <= current)
+            .fold((0, 0), |(s, f), (_, bs, bf)| (s + bs, f + bf));
+        if served == 0 {
+            0.0
+        } else {
+            failover as f64 / served as f64
+        }
+    }
+}
+
+/// The actor.
 pub struct RouterActor;
+
+/// What the actor starts with.
+pub struct RouterArgs {
+    pub config: Arc<Config>,
+    pub registry: Arc<Registry>,
+    pub metrics: Arc<Metrics>,
+}
 
 /// Mutable state: the route table built from the current config.
 pub struct RouterState {
     /// Routes by name.
     routes: HashMap<String, RouteEntry>,
+    /// Where the provider snapshots are read.
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    /// Weighted tie-breaking among equals.
+    rng: StdRng,
+    /// Time origin of the failover windows.
+    origin: Instant,
 }
 
-fn build_routes(config: &Config) -> HashMap<String, RouteEntry> {
+fn build_routes(
+    config: &Config,
+    budget: &RetryBudgetConfig,
+    now: Instant,
+) -> HashMap<String, RouteEntry> {
     config
         .routes
         .iter()
@@ -108,15 +197,18 @@ fn build_routes(config: &Config) -> HashMap<String, RouteEntry> {
             let targets = r
                 .targets
                 .iter()
-                .filter_map(|t| config.resolve_target(&t.target).ok())
-                .map(|t| {
-                    let p = &config.providers[t.provider];
-                    let m = &p.models[t.model];
+                .enumerate()
+                .filter_map(|(i, t)| Some((i, t, config.resolve_target(&t.target).ok()?)))
+                .map(|(i, t, at)| {
+                    let p = &config.providers[at.provider];
+                    let m = &p.models[at.model];
                     TargetInfo {
                         provider: p.id.clone(),
                         model: m.name.clone(),
                         capabilities: m.capabilities.clone(),
                         context_tokens: m.context_tokens,
+                        priority: t.priority.unwrap_or(i as u32),
+                        weight: t.weight.max(1),
                     }
                 })
                 .collect();
@@ -124,69 +216,126 @@ fn build_routes(config: &Config) -> HashMap<String, RouteEntry> {
                 targets,
                 default_max_tokens: r.default_max_tokens,
                 deadline: r.deadline,
+                max_attempts: r.max_attempts,
+                mid_stream: r.mid_stream,
+                side_effects: r.side_effects,
+                budget: RetryBudget::new(budget, now),
+                served: FailoverWindow::default(),
             };
             (r.name.clone(), entry)
         })
         .collect()
 }
 
-fn plan(
-    routes: &HashMap<String, RouteEntry>,
-    route: &str,
-    needs: &Needs,
-) -> Result<Plan, PlanError> {
-    let entry = routes
-        .get(route)
-        .ok_or_else(|| PlanError::UnknownRoute(route.to_string()))?;
-    let candidates: Vec<Candidate> = entry
-        .targets
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| t.unmet(needs).is_empty())
-        .map(|(position, t)| Candidate {
-            provider: t.provider.clone(),
-            model: t.model.clone(),
-            primary: position == 0,
-            position,
-            streams: t.capabilities.contains(&Capability::Stream),
-        })
-        .collect();
-    if candidates.is_empty() {
-        // Name what no target offers; if every need exists somewhere but never
-        // together, name them all.
-        let mut missing: Vec<String> = Vec::new();
-        for t in &entry.targets {
-            for m in t.unmet(needs) {
-                if !missing.contains(&m) {
-                    missing.push(m);
+/// Health bands: scores within one band count as equal, so a hair of
+/// difference does not move a route off its primary.
+fn band(score: f64) -> u32 {
+    ((1.0 - score.clamp(0.0, 1.0)) / 0.2).floor() as u32
+}
+
+impl RouterState {
+    fn plan(&mut self, route: &str, needs: &Needs, now: Instant) -> Result<Plan, PlanError> {
+        let entry = self
+            .routes
+            .get_mut(route)
+            .ok_or_else(|| PlanError::UnknownRoute(route.to_string()))?;
+        let capable: Vec<(usize, &TargetInfo)> = entry
+            .targets
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.unmet(needs).is_empty())
+            .collect();
+        if capable.is_empty() {
+            // Name what no target offers.
+            let mut missing: Vec<String> = Vec::new();
+            for t in &entry.targets {
+                for m in t.unmet(needs) {
+                    if !missing.contains(&m) {
+                        missing.push(m);
+                    }
                 }
             }
+            return Err(PlanError::NoCapableTarget {
+                route: route.to_string(),
+                missing,
+            });
         }
-        return Err(PlanError::NoCapableTarget {
+        entry.budget.deposit(now);
+        let mut soonest: Option<Duration> = None;
+        let mut ranked: Vec<((u32, u32, f64), Candidate)> = Vec::new();
+        for (position, t) in capable {
+            let snapshot = self
+                .registry
+                .provider(&t.provider)
+                .map(|p| p.runtime.snapshot());
+            let score = match &snapshot {
+                Some(s) => match s.unavailable_for(&t.model, now) {
+                    Some(Unavailable::For(d)) => {
+                        soonest = Some(soonest.map_or(d, |s| s.min(d)));
+                        continue;
+                    }
+                    Some(Unavailable::UntilCleared) => continue,
+                    None => s.models.get(&t.model).map_or(1.0, |m| m.score),
+                },
+                None => 1.0,
+            };
+            // Efraimidis-Spirakis key: a weighted random order among equals.
+            let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
+            let key = -u.ln() / f64::from(t.weight);
+            ranked.push((
+                (band(score), t.priority, key),
+                Candidate {
+                    provider: t.provider.clone(),
+                    model: t.model.clone(),
+                    primary: position == 0,
+                    position,
+                    streams: t.capabilities.contains(&Capability::Stream),
+                },
+            ));
+        }
+        if ranked.is_empty() {
+            return Err(PlanError::NoHealthyTarget {
+                route: route.to_string(),
+                retry_in: soonest,
+            });
+        }
+        ranked
+            .sort_by(|(a, _), (b, _)| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.total_cmp(&b.2)));
+        self.metrics
+            .retry_budget_remaining
+            .get_or_create(&RouteLabels {
+                route: route.to_string(),
+            })
+            .set(entry.budget.remaining(now));
+        Ok(Plan {
             route: route.to_string(),
-            missing,
-        });
+            candidates: ranked.into_iter().map(|(_, c)| c).collect(),
+            default_max_tokens: entry.default_max_tokens,
+            deadline: entry.deadline,
+            max_attempts: entry.max_attempts,
+            mid_stream: entry.mid_stream,
+            side_effects: entry.side_effects,
+        })
     }
-    Ok(Plan {
-        route: route.to_string(),
-        candidates,
-        default_max_tokens: entry.default_max_tokens,
-        deadline: entry.deadline,
-    })
 }
 
 impl Actor for RouterActor {
     type Msg = RouterMsg;
     type State = RouterState;
-    type Arguments = Arc<Config>;
+    type Arguments = RouterArgs;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        config: Self::Arguments,
+        args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
+        let now = Instant::now();
         Ok(RouterState {
-            routes: build_routes(&config),
+            routes: build_routes(&args.config, &args.config.retry_budget, now),
+            registry: args.registry,
+            metrics: args.metrics,
+            rng: StdRng::from_os_rng(),
+            origin: now,
         })
     }
 
@@ -196,13 +345,42 @@ impl Actor for RouterActor {
         message: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        let now = Instant::now();
         match message {
             RouterMsg::Plan {
                 route,
                 needs,
                 reply,
             } => {
-                let _ = reply.send(plan(&state.routes, &route, &needs));
+                let _ = reply.send(state.plan(&route, &needs, now));
+            }
+            RouterMsg::WithdrawRetry { route, reply } => {
+                let granted = match state.routes.get_mut(&route) {
+                    Some(entry) => {
+                        let granted = entry.budget.try_withdraw(now);
+                        state
+                            .metrics
+                            .retry_budget_remaining
+                            .get_or_create(&RouteLabels {
+                                route: route.clone(),
+                            })
+                            .set(entry.budget.remaining(now));
+                        granted
+                    }
+                    None => false,
+                };
+                let _ = reply.send(granted);
+            }
+            RouterMsg::Served { route, primary } => {
+                if let Some(entry) = state.routes.get_mut(&route) {
+                    entry.served.record(state.origin, now, primary);
+                    let rate = entry.served.rate(state.origin, now);
+                    state
+                        .metrics
+                        .failover_rate
+                        .get_or_create(&RouteLabels { route })
+                        .set(rate);
+                }
             }
         }
         Ok(())
@@ -240,35 +418,52 @@ base_url = "http://127.0.0.1:2/v1"
 [[routes]]
 name = "chat"
 targets = ["a/small", "a/big", "b/claude"]
+[[routes]]
+name = "spread"
+targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude", priority = 0, weight = 1 }]
 "#,
         )
         .unwrap()
     }
 
-    #[test]
-    fn plan_keeps_route_order_and_marks_primary() {
-        let routes = build_routes(&config());
-        let p = plan(&routes, "chat", &Needs::default()).unwrap();
-        let names: Vec<_> = p
-            .candidates
+    fn state() -> RouterState {
+        let now = Instant::now();
+        let config = config();
+        RouterState {
+            routes: build_routes(&config, &config.retry_budget, now),
+            registry: Arc::new(Registry::default()),
+            metrics: Arc::new(Metrics::new()),
+            rng: StdRng::seed_from_u64(7),
+            origin: now,
+        }
+    }
+
+    fn names(p: &Plan) -> Vec<String> {
+        p.candidates
             .iter()
             .map(|c| format!("{}/{}", c.provider, c.model))
-            .collect();
-        assert_eq!(names, ["a/small", "a/big", "b/claude"]);
+            .collect()
+    }
+
+    #[test]
+    fn plan_keeps_route_order_and_marks_primary() {
+        let p = state()
+            .plan("chat", &Needs::default(), Instant::now())
+            .unwrap();
+        assert_eq!(names(&p), ["a/small", "a/big", "b/claude"]);
         assert_eq!(p.candidates.iter().filter(|c| c.primary).count(), 1);
         assert!(p.candidates[0].primary);
+        assert_eq!(p.max_attempts, 3);
     }
 
     #[test]
     fn tools_never_land_on_a_model_without_them() {
-        let routes = build_routes(&config());
         let needs = Needs {
             tools: true,
             ..Needs::default()
         };
-        let p = plan(&routes, "chat", &needs).unwrap();
-        let names: Vec<_> = p.candidates.iter().map(|c| c.model.as_str()).collect();
-        assert_eq!(names, ["big", "claude"]);
+        let p = state().plan("chat", &needs, Instant::now()).unwrap();
+        assert_eq!(names(&p), ["a/big", "b/claude"]);
         assert!(
             !p.candidates[0].primary,
             "the primary was filtered out; the rest is failover traffic"
@@ -277,27 +472,24 @@ targets = ["a/small", "a/big", "b/claude"]
 
     #[test]
     fn context_and_vision_filter() {
-        let routes = build_routes(&config());
         let needs = Needs {
             vision: true,
             min_context_tokens: 150_000,
             ..Needs::default()
         };
-        let p = plan(&routes, "chat", &needs).unwrap();
-        assert_eq!(p.candidates.len(), 1);
-        assert_eq!(p.candidates[0].model, "claude");
+        let p = state().plan("chat", &needs, Instant::now()).unwrap();
+        assert_eq!(names(&p), ["b/claude"]);
     }
 
     #[test]
     fn nothing_capable_fails_closed_naming_what_is_missing() {
-        let routes = build_routes(&config());
+        let mut s = state();
         let needs = Needs {
             json: true,
             vision: true,
             ..Needs::default()
         };
-        let err = plan(&routes, "chat", &needs).unwrap_err();
-        match err {
+        match s.plan("chat", &needs, Instant::now()).unwrap_err() {
             PlanError::NoCapableTarget { missing, .. } => {
                 assert!(missing.contains(&"json".to_string()));
                 assert!(missing.contains(&"vision".to_string()));
@@ -305,8 +497,41 @@ targets = ["a/small", "a/big", "b/claude"]
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            plan(&routes, "nope", &Needs::default()).unwrap_err(),
+            s.plan("nope", &Needs::default(), Instant::now())
+                .unwrap_err(),
             PlanError::UnknownRoute("nope".into())
         );
+    }
+
+    #[test]
+    fn equal_priority_targets_share_load_by_weight() {
+        let mut s = state();
+        let mut first_big = 0;
+        for _ in 0..4000 {
+            let p = s.plan("spread", &Needs::default(), Instant::now()).unwrap();
+            if p.candidates[0].model == "big" {
+                first_big += 1;
+            }
+        }
+        // weight 3 : 1 -> about 75 % first.
+        assert!((2800..=3200).contains(&first_big), "{first_big}");
+    }
+
+    #[test]
+    fn health_bands_treat_near_equal_scores_as_equal() {
+        assert_eq!(band(1.0), band(0.85));
+        assert!(band(0.5) > band(0.95));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failover_rate_covers_the_last_minute() {
+        let origin = Instant::now();
+        let mut w = FailoverWindow::default();
+        w.record(origin, origin, true);
+        w.record(origin, origin, false);
+        assert_eq!(w.rate(origin, origin), 0.5);
+        let later = origin + Duration::from_secs(61);
+        w.record(origin, later, true);
+        assert_eq!(w.rate(origin, later), 0.0, "old requests aged out");
     }
 }

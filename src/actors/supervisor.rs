@@ -11,10 +11,11 @@ use std::sync::Arc;
 use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::time::{Duration, Instant};
 
-use super::provider::{ProviderActor, ProviderRuntime};
+use super::provider::{ProviderActor, ProviderArgs, ProviderRuntime};
 use super::registry::{ProviderEntry, Registry};
-use super::router::RouterActor;
+use super::router::{RouterActor, RouterArgs};
 use crate::config::Config;
+use crate::telemetry::metrics::Metrics;
 
 /// Restarts allowed per child within [`RESTART_WINDOW`].
 pub const MAX_RESTARTS: usize = 10;
@@ -26,6 +27,7 @@ pub struct SupervisorArgs {
     pub registry: Arc<Registry>,
     /// Runtimes by provider id, built before start so key errors surface early.
     pub runtimes: HashMap<String, Arc<ProviderRuntime>>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Which child a linked actor is, and how to start it again.
@@ -47,6 +49,7 @@ pub struct SupervisorState {
     registry: Arc<Registry>,
     /// Provider runtimes by id; they outlive actor incarnations.
     runtimes: HashMap<String, Arc<ProviderRuntime>>,
+    metrics: Arc<Metrics>,
     /// Live children by actor id.
     children: HashMap<ActorId, ChildSpec>,
     /// Recent restarts per child, for the restart cap.
@@ -85,8 +88,11 @@ impl SupervisorState {
                     .get(pid)
                     .cloned()
                     .ok_or_else(|| format!("no runtime for provider {pid}"))?;
-                let (actor, _) =
-                    Actor::spawn_linked(None, ProviderActor, runtime.clone(), supervisor).await?;
+                let args = ProviderArgs {
+                    runtime: runtime.clone(),
+                    metrics: self.metrics.clone(),
+                };
+                let (actor, _) = Actor::spawn_linked(None, ProviderActor, args, supervisor).await?;
                 self.registry.set_provider(
                     pid,
                     ProviderEntry {
@@ -97,8 +103,12 @@ impl SupervisorState {
                 actor.get_id()
             }
             ChildSpec::Router => {
-                let (actor, _) =
-                    Actor::spawn_linked(None, RouterActor, self.config.clone(), supervisor).await?;
+                let args = RouterArgs {
+                    config: self.config.clone(),
+                    registry: self.registry.clone(),
+                    metrics: self.metrics.clone(),
+                };
+                let (actor, _) = Actor::spawn_linked(None, RouterActor, args, supervisor).await?;
                 self.registry.set_router(actor.clone());
                 actor.get_id()
             }
@@ -127,6 +137,7 @@ impl Actor for Supervisor {
             config: args.config,
             registry: args.registry,
             runtimes: args.runtimes,
+            metrics: args.metrics,
             children: HashMap::new(),
             restarts: HashMap::new(),
         };
@@ -226,6 +237,7 @@ targets = ["a/m"]
                 config,
                 registry: registry.clone(),
                 runtimes,
+                metrics: Arc::new(Metrics::new()),
             },
         )
         .await
@@ -287,14 +299,37 @@ targets = ["a/m"]
             admit(&registry, TrafficClass::Failover).await.is_none(),
             "failover ceiling is 1"
         );
-        let own = admit(&registry, TrafficClass::Own)
+        let snapshot = registry.provider("a").unwrap().runtime.snapshot();
+        assert_eq!(
+            snapshot.models["m"].breaker,
+            crate::policy::breaker::BreakerState::HalfOpen,
+            "a restarted provider comes back half-open"
+        );
+        let mut own = admit(&registry, TrafficClass::Own)
             .await
-            .expect("own traffic still has room");
+            .expect("own traffic still has room: it is the half-open probe");
         assert!(
             admit(&registry, TrafficClass::Own).await.is_none(),
             "total ceiling is 2"
         );
         drop(held);
+        // The probe succeeds: the breaker closes.
+        let entry = registry.provider("a").unwrap();
+        entry
+            .actor
+            .cast(ProviderMsg::Report(
+                crate::actors::provider::OutcomeReport {
+                    model: "m".into(),
+                    ticket: own.take_ticket(),
+                    class: crate::policy::outcome::OutcomeClass::Ok,
+                    retry_after: None,
+                    traffic: TrafficClass::Own,
+                    elapsed: Duration::from_millis(5),
+                    ttft: Some(Duration::from_millis(1)),
+                    failed_output_tokens: 0,
+                },
+            ))
+            .unwrap();
         drop(own);
         assert_eq!(
             old.runtime.in_flight(),

@@ -10,6 +10,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use crate::actors::registry::Registry;
+use crate::telemetry::metrics::{Metrics, TrafficLabels, CONTENT_TYPE};
 
 /// What the admin endpoints read.
 #[derive(Clone)]
@@ -17,6 +18,7 @@ pub struct AdminState {
     pub registry: Arc<Registry>,
     /// False while starting or draining.
     pub ready: Arc<AtomicBool>,
+    pub metrics: Arc<Metrics>,
 }
 
 pub fn router(state: AdminState) -> axum::Router {
@@ -36,23 +38,19 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
-    let mut out = String::new();
-    out.push_str("# HELP switchyard_provider_in_flight Upstream requests in flight per provider and traffic class.\n");
-    out.push_str("# TYPE switchyard_provider_in_flight gauge\n");
-    let mut providers = s.registry.providers();
-    providers.sort_by(|a, b| a.runtime.id.cmp(&b.runtime.id));
-    for p in &providers {
-        let total = p.runtime.in_flight();
+    // In-flight gauges are read from the semaphores at scrape time.
+    for p in s.registry.providers() {
         let failover = p.runtime.failover_in_flight();
-        out.push_str(&format!(
-            "switchyard_provider_in_flight{{provider=\"{}\",traffic=\"own\"}} {}\n",
-            p.runtime.id,
-            total.saturating_sub(failover)
-        ));
-        out.push_str(&format!(
-            "switchyard_provider_in_flight{{provider=\"{}\",traffic=\"failover\"}} {}\n",
-            p.runtime.id, failover
-        ));
+        let own = p.runtime.in_flight().saturating_sub(failover);
+        for (traffic, n) in [("own", own), ("failover", failover)] {
+            s.metrics
+                .in_flight
+                .get_or_create(&TrafficLabels {
+                    provider: p.runtime.id.clone(),
+                    traffic,
+                })
+                .set(n as i64);
+        }
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], s.metrics.render())
 }

@@ -235,6 +235,7 @@ fn finished(f: &Finished) -> proto::Finished {
         request_id: f.request_id.clone(),
         upstream_request_id: f.upstream_request_id.clone().unwrap_or_default(),
         cache_age_ms: 0,
+        replayed: f.replayed,
     }
 }
 
@@ -327,6 +328,7 @@ impl Assembler {
                     request_id: fin.request_id,
                     upstream_request_id: fin.upstream_request_id,
                     cache_age_ms: fin.cache_age_ms,
+                    replayed: fin.replayed,
                 })
             }
         }
@@ -446,6 +448,7 @@ mod tests {
                 attempts: 2,
                 request_id: "r".into(),
                 upstream_request_id: None,
+                replayed: false,
             }))
             .unwrap();
         assert_eq!(done.text, "");

@@ -72,6 +72,29 @@ pub fn to_status(err: &RequestError) -> Status {
         }
         RequestError::Unavailable(_) => (Code::Unavailable, "ROUTER_UNAVAILABLE"),
         RequestError::Draining => (Code::Unavailable, "SERVER_DRAINING"),
+        RequestError::NoHealthyTarget { route, .. } => {
+            meta.insert("route".into(), route.clone());
+            (Code::Unavailable, "NO_HEALTHY_TARGET")
+        }
+        RequestError::RetryBudgetExhausted {
+            route,
+            last,
+            attempts,
+        } => {
+            meta.insert("route".into(), route.clone());
+            meta.insert("attempts".into(), attempts.to_string());
+            if let Some((f, provider)) = last {
+                meta.insert("provider".into(), provider.clone());
+                meta.insert("outcome".into(), f.class.as_str().into());
+            }
+            (Code::Unavailable, "RETRY_BUDGET_EXHAUSTED")
+        }
+        RequestError::DeadlineTooShort { p95_ttft } => {
+            meta.insert("p95_ttft_ms".into(), p95_ttft.as_millis().to_string());
+            (Code::DeadlineExceeded, "DEADLINE_BELOW_P95_TTFT")
+        }
+        RequestError::IdempotencyKeyInUse => (Code::Aborted, "IDEMPOTENCY_KEY_IN_USE"),
+        RequestError::IdempotencyKeyReused => (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED"),
         RequestError::TenantLimit { limit, .. } => {
             meta.insert("limit".into(), (*limit).into());
             (Code::ResourceExhausted, "TENANT_LIMIT")

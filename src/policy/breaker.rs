@@ -138,6 +138,17 @@ pub enum BreakerRefusal {
     ForcedOpen { retry_in: Option<Duration> },
 }
 
+impl BreakerRefusal {
+    /// When the breaker may admit again, if known.
+    pub fn retry_in(&self) -> Option<Duration> {
+        match self {
+            BreakerRefusal::Open { retry_in } => Some(*retry_in),
+            BreakerRefusal::ForcedOpen { retry_in } => *retry_in,
+            BreakerRefusal::HalfOpenBusy => None,
+        }
+    }
+}
+
 /// Permission for one attempt; hand it back to [`Breaker::record`] with the
 /// outcome. Deliberately not `Clone`: one admission, one result.
 #[derive(Debug, PartialEq, Eq)]
