@@ -4,8 +4,11 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
 
 use ractor::{Actor, ActorRef};
 use tokio::net::TcpListener;
@@ -15,10 +18,13 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::actors::provider::ProviderRuntime;
 use crate::actors::registry::Registry;
+use crate::actors::supervisor::ReloadReport;
 use crate::actors::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
+use crate::api::admin::{AdminAccess, AdminService};
 use crate::api::admin_http::{self, AdminState};
 use crate::api::auth::Authenticator;
 use crate::api::router_service::RouterService;
+use crate::config::AuthMode;
 use crate::config::{Config, ConfigError};
 use crate::dispatch::Dispatcher;
 use crate::idempotency::IdempotencyStore;
@@ -61,11 +67,109 @@ fn tls_config(
     Ok(cfg)
 }
 
+/// Re-reads the config file and applies it if valid (SIGHUP, file change,
+/// `Admin.ReloadConfig`). Providers and routes, their policies, budgets and
+/// timeouts are reloaded; listeners, TLS, auth and limits need a restart.
+pub struct Reloader {
+    path: Option<PathBuf>,
+    supervisor: ActorRef<SupervisorMsg>,
+    /// Digest of the last file applied (or rejected), for the file watcher.
+    last_seen: Mutex<[u8; 32]>,
+    /// The config in force.
+    current: Mutex<Arc<Config>>,
+}
+
+impl Reloader {
+    /// Reloads now; `Err` carries why the new file was rejected (the old one stays).
+    pub async fn reload(&self) -> Result<ReloadReport, String> {
+        let path = self
+            .path
+            .as_ref()
+            .ok_or("no --config file: nothing to reload")?;
+        let text =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if let Ok(mut last) = self.last_seen.lock() {
+            *last = Sha256::digest(&text).into();
+        }
+        let result = self.apply(&text).await;
+        match &result {
+            Ok(report) => tracing::info!(file = %path.display(), "{}", report.summary()),
+            Err(e) => {
+                tracing::error!(file = %path.display(), error = %e, "config reload rejected; keeping the config in force")
+            }
+        }
+        result
+    }
+
+    async fn apply(&self, text: &[u8]) -> Result<ReloadReport, String> {
+        let text = std::str::from_utf8(text).map_err(|_| "the file is not UTF-8".to_string())?;
+        let config = Config::from_toml_str(text).map_err(|e| e.to_string())?;
+        if let Some((path, env)) = config.missing_env().into_iter().next() {
+            return Err(format!("{path}: environment variable {env} is not set"));
+        }
+        let fresh = runtimes(&config).map_err(|e| e.to_string())?;
+        let config = Arc::new(config);
+        let answer = self
+            .supervisor
+            .call(
+                |reply| SupervisorMsg::Reload {
+                    config: config.clone(),
+                    runtimes: fresh,
+                    reply,
+                },
+                Some(std::time::Duration::from_secs(10)),
+            )
+            .await;
+        let mut report = match answer {
+            Ok(ractor::rpc::CallResult::Success(report)) => report,
+            _ => return Err("the supervisor did not apply the config".into()),
+        };
+        if let Ok(mut current) = self.current.lock() {
+            if current.server != config.server
+                || current.auth != config.auth
+                || current.limits != config.limits
+            {
+                report.restart_needed = true;
+            }
+            *current = config;
+        }
+        Ok(report)
+    }
+
+    /// Polls the file and reloads when its content changes (ConfigMap updates
+    /// swap symlinks, so content, not mtime, is compared).
+    async fn watch(self: Arc<Self>, stop: CancellationToken) {
+        let Some(path) = self.path.clone() else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+            }
+            let Ok(text) = std::fs::read(&path) else {
+                continue;
+            };
+            let digest: [u8; 32] = Sha256::digest(&text).into();
+            let changed = self
+                .last_seen
+                .lock()
+                .map(|last| *last != digest)
+                .unwrap_or(false);
+            if changed {
+                tracing::info!(file = %path.display(), "config file changed; reloading");
+                let _ = self.reload().await;
+            }
+        }
+    }
+}
+
 /// A running server.
 pub struct Running {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub registry: Arc<Registry>,
+    pub reloader: Arc<Reloader>,
     dispatcher: Arc<Dispatcher>,
     drain_timeout: std::time::Duration,
     supervisor: ActorRef<SupervisorMsg>,
@@ -94,8 +198,14 @@ fn runtimes(config: &Config) -> Result<HashMap<String, Arc<ProviderRuntime>>, Co
 }
 
 /// Starts actors and listeners; returns once both listeners are bound.
-pub async fn start(config: Config) -> Result<Running, StartError> {
+/// `config_path` is the file to reload from (SIGHUP, changes, the Admin API).
+pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Running, StartError> {
     config.validate()?;
+    let initial_digest: [u8; 32] = config_path
+        .as_ref()
+        .and_then(|p| std::fs::read(p).ok())
+        .map(|t| Sha256::digest(&t).into())
+        .unwrap_or_default();
     let config = Arc::new(config);
     let registry = Arc::new(Registry::default());
     let metrics = Arc::new(Metrics::new());
@@ -169,6 +279,30 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let stop = CancellationToken::new();
     let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let grpc_stop = stop.clone();
+    let reloader = Arc::new(Reloader {
+        path: config_path,
+        supervisor: supervisor.clone(),
+        last_seen: Mutex::new(initial_digest),
+        current: Mutex::new(config.clone()),
+    });
+    let admin_access = match &config.admin.token_env {
+        Some(env) => {
+            let token = std::env::var(env).map_err(|_| ConfigError {
+                path: "admin.token_env".into(),
+                message: format!("environment variable {env} is not set"),
+            })?;
+            AdminAccess::Token(Authenticator::single("admin", &token))
+        }
+        None if config.auth.mode == AuthMode::Open => AdminAccess::Open,
+        None => AdminAccess::Disabled,
+    };
+    let admin_service = tonic::service::interceptor::InterceptedService::new(
+        proto::admin_server::AdminServer::new(AdminService::new(
+            registry.clone(),
+            reloader.clone(),
+        )),
+        move |req| admin_access.check(req),
+    );
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = &config.server.tls {
         server = server
@@ -180,6 +314,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             .add_service(health_service)
             .add_service(reflection)
             .add_service(router)
+            .add_service(admin_service)
             .serve_with_incoming_shutdown(incoming, async move { grpc_stop.cancelled().await }),
     );
 
@@ -200,10 +335,14 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             .await
     });
 
+    if config.server.watch_config {
+        tokio::spawn(reloader.clone().watch(stop.clone()));
+    }
     Ok(Running {
         grpc_addr,
         admin_addr,
         registry,
+        reloader,
         dispatcher,
         drain_timeout: config.server.drain_timeout,
         supervisor,

@@ -56,6 +56,17 @@ pub struct Config {
     pub backoff: Backoff,
     #[serde(default)]
     pub idempotency: IdempotencyConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+}
+
+/// `[admin]`: the operator API.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Environment variable holding the admin bearer token. Without it the
+    /// Admin service is open when caller auth is open, and disabled otherwise.
+    pub token_env: Option<String>,
 }
 
 /// `[idempotency]`: how long finished answers are replayed for their key.
@@ -154,6 +165,8 @@ pub struct ServerConfig {
     /// Admin HTTP listener: `/metrics`, `/healthz`, `/readyz`.
     pub admin_listen: SocketAddr,
     pub log_format: LogFormat,
+    /// Re-read the config file when it changes (a ConfigMap update).
+    pub watch_config: bool,
     /// Deadline for a request that carries no `grpc-timeout` and whose route sets none.
     #[serde(with = "humantime_serde")]
     pub default_deadline: Duration,
@@ -188,6 +201,7 @@ impl Default for ServerConfig {
             stream_buffer: 64,
             drain_timeout: Duration::from_secs(20),
             tls: None,
+            watch_config: true,
         }
     }
 }
@@ -726,6 +740,7 @@ impl Config {
             retry_budget: RetryBudgetConfig::default(),
             backoff: Backoff::default(),
             idempotency: IdempotencyConfig::default(),
+            admin: AdminConfig::default(),
             providers,
             routes: vec![RouteConfig {
                 name: "chat".into(),

@@ -176,13 +176,14 @@ async fn serve(args: ServeArgs) -> ExitCode {
         return ExitCode::from(2);
     }
 
-    let mut running = match switchyard::app::start(config).await {
+    let mut running = match switchyard::app::start(config, args.config.clone()).await {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let mut hangups = Hangups::install();
     println!(
         "switchyard serving grpc={} admin={}",
         running.grpc_addr, running.admin_addr
@@ -190,11 +191,17 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let _ = std::io::stdout().flush();
     tracing::info!(grpc = %running.grpc_addr, admin = %running.admin_addr, "serving");
 
-    let code = tokio::select! {
-        _ = shutdown_signal() => ExitCode::SUCCESS,
-        _ = running.supervisor_exited() => {
-            tracing::error!("the actor supervisor stopped; exiting");
-            ExitCode::FAILURE
+    let code = loop {
+        tokio::select! {
+            _ = shutdown_signal() => break ExitCode::SUCCESS,
+            _ = hangups.next() => {
+                tracing::info!("SIGHUP: reloading the config");
+                let _ = running.reloader.reload().await;
+            }
+            _ = running.supervisor_exited() => {
+                tracing::error!("the actor supervisor stopped; exiting");
+                break ExitCode::FAILURE;
+            }
         }
     };
     tracing::info!("shutting down");
@@ -214,6 +221,31 @@ fn builtin_mock_args(kind: MockKind) -> MockArgs {
         fault: None,
         max_concurrency: 0,
         seed: 0,
+    }
+}
+
+/// SIGHUP, installed before the banner so a reload signal never kills the process.
+struct Hangups {
+    #[cfg(unix)]
+    signal: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangups {
+    fn install() -> Self {
+        Hangups {
+            #[cfg(unix)]
+            signal: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
+        }
+    }
+
+    /// Resolves on the next SIGHUP (never on other platforms).
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        if let Some(s) = &mut self.signal {
+            s.recv().await;
+            return;
+        }
+        std::future::pending::<()>().await
     }
 }
 

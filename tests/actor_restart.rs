@@ -54,7 +54,7 @@ targets = ["primary/m", "secondary/c"]
         secondary.base_url()
     ))
     .unwrap();
-    let running = switchyard::app::start(config).await.unwrap();
+    let running = switchyard::app::start(config, None).await.unwrap();
     let addr: SocketAddr = running.grpc_addr;
     let registry = running.registry.clone();
 

@@ -21,6 +21,7 @@ use crate::policy::breaker::{
 use crate::policy::cooldown::{Cooldown, CooldownKind};
 use crate::policy::health::{HealthWindow, Sample};
 use crate::policy::outcome::OutcomeClass;
+use crate::policy::share::ShareWindow;
 use crate::telemetry::metrics::{Metrics, RefusalLabels, TargetLabels, TransitionLabels};
 
 /// An API key: never printed, never logged.
@@ -71,6 +72,8 @@ pub struct TargetSnapshot {
     /// Skipped until this instant: rate limit, quota, or a rejected key.
     pub cooldown_until: Option<Instant>,
     pub cooldown_reason: Option<&'static str>,
+    /// Share of recent attempts that were failover traffic.
+    pub failover_share: f64,
 }
 
 /// All models of a provider, as of `at`.
@@ -334,6 +337,8 @@ struct ModelState {
     cooldown: Cooldown,
     /// A 401/403 with the router's key: skipped until then (or a reload).
     auth_until: Option<Instant>,
+    /// Recent attempts, and how many were failover traffic.
+    traffic: ShareWindow,
 }
 
 /// The actor. `self` holds nothing; everything arrives as arguments.
@@ -426,6 +431,7 @@ impl ProviderState {
             },
             now,
         );
+        m.traffic.record(r.traffic == TrafficClass::Failover, now);
         let transition = match r.ticket {
             Some(ticket) => m.breaker.record(ticket, r.class, now),
             None => m.breaker.tick(now),
@@ -542,6 +548,7 @@ impl ProviderState {
                     calls: m.health.calls(now),
                     cooldown_until,
                     cooldown_reason,
+                    failover_share: m.traffic.share(now),
                 };
                 (name.clone(), snapshot)
             })
@@ -580,6 +587,7 @@ impl Actor for ProviderActor {
                     health: HealthWindow::new(runtime.config.health.clone(), now),
                     cooldown: Cooldown::default(),
                     auth_until: None,
+                    traffic: ShareWindow::new(Duration::from_secs(60), now),
                 };
                 (m.name.clone(), state)
             })

@@ -46,6 +46,10 @@ impl Registry {
         }
     }
 
+    pub(crate) fn remove_provider(&self, id: &str) -> Option<ProviderEntry> {
+        self.providers.write().ok()?.remove(id)
+    }
+
     pub(crate) fn set_router(&self, router: ActorRef<RouterMsg>) {
         if let Ok(mut r) = self.router.write() {
             *r = Some(router);

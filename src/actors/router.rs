@@ -18,6 +18,7 @@ use super::provider::Unavailable;
 use super::registry::Registry;
 use crate::config::{Capability, Config, MidStreamPolicy, RetryBudgetConfig};
 use crate::policy::budget::RetryBudget;
+use crate::policy::share::ShareWindow;
 use crate::telemetry::metrics::{Metrics, RouteLabels};
 
 /// What a request needs from a target.
@@ -82,6 +83,19 @@ pub enum RouterMsg {
     },
     /// A request was answered; `primary` if by the route's first target.
     Served { route: String, primary: bool },
+    /// Every route's state, for the admin surfaces.
+    Status(RpcReplyPort<Vec<RouteStatus>>),
+    /// A new, validated config: rebuild the route table.
+    Reload(Arc<Config>),
+}
+
+/// One route as the admin surfaces show it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RouteStatus {
+    pub name: String,
+    pub targets: Vec<String>,
+    pub failover_rate: f64,
+    pub retry_budget_remaining: f64,
 }
 
 struct RouteEntry {
@@ -93,7 +107,7 @@ struct RouteEntry {
     side_effects: bool,
     budget: RetryBudget,
     /// Requests answered in the last minute, and how many by a non-primary target.
-    served: FailoverWindow,
+    served: ShareWindow,
 }
 
 struct TargetInfo {
@@ -125,43 +139,6 @@ impl TargetInfo {
     }
 }
 
-/// Served requests over the last minute, in 6 ten-second buckets.
-#[derive(Default)]
-struct FailoverWindow {
-    /// (bucket index, served, served by non-primary)
-    buckets: [(u64, u64, u64); 6],
-}
-
-impl FailoverWindow {
-    const WIDTH: Duration = Duration::from_secs(10);
-
-    fn record(&mut self, origin: Instant, now: Instant, primary: bool) {
-        let index = (now.duration_since(origin).as_secs() / Self::WIDTH.as_secs()) + 1;
-        let slot = &mut self.buckets[(index % 6) as usize];
-        if slot.0 != index {
-            *slot = (index, 0, 0);
-        }
-        slot.1 += 1;
-        if !primary {
-            slot.2 += 1;
-        }
-    }
-
-    fn rate(&self, origin: Instant, now: Instant) -> f64 {
-        let current = (now.duration_since(origin).as_secs() / Self::WIDTH.as_secs()) + 1;
-        let (served, failover) = self
-            .buckets
-            .iter()
-            .filter(|(i, _, _)| *i + 6 > current && *i <= current)
-            .fold((0, 0), |(s, f), (_, bs, bf)| (s + bs, f + bf));
-        if served == 0 {
-            0.0
-        } else {
-            failover as f64 / served as f64
-        }
-    }
-}
-
 /// The actor.
 pub struct RouterActor;
 
@@ -181,8 +158,6 @@ pub struct RouterState {
     metrics: Arc<Metrics>,
     /// Weighted tie-breaking among equals.
     rng: StdRng,
-    /// Time origin of the failover windows.
-    origin: Instant,
 }
 
 fn build_routes(
@@ -220,7 +195,7 @@ fn build_routes(
                 mid_stream: r.mid_stream,
                 side_effects: r.side_effects,
                 budget: RetryBudget::new(budget, now),
-                served: FailoverWindow::default(),
+                served: ShareWindow::new(Duration::from_secs(60), now),
             };
             (r.name.clone(), entry)
         })
@@ -335,7 +310,6 @@ impl Actor for RouterActor {
             registry: args.registry,
             metrics: args.metrics,
             rng: StdRng::from_os_rng(),
-            origin: now,
         })
     }
 
@@ -373,14 +347,43 @@ impl Actor for RouterActor {
             }
             RouterMsg::Served { route, primary } => {
                 if let Some(entry) = state.routes.get_mut(&route) {
-                    entry.served.record(state.origin, now, primary);
-                    let rate = entry.served.rate(state.origin, now);
+                    entry.served.record(!primary, now);
+                    let rate = entry.served.share(now);
                     state
                         .metrics
                         .failover_rate
                         .get_or_create(&RouteLabels { route })
                         .set(rate);
                 }
+            }
+            RouterMsg::Status(reply) => {
+                let mut routes: Vec<RouteStatus> = state
+                    .routes
+                    .iter()
+                    .map(|(name, e)| RouteStatus {
+                        name: name.clone(),
+                        targets: e
+                            .targets
+                            .iter()
+                            .map(|t| format!("{}/{}", t.provider, t.model))
+                            .collect(),
+                        failover_rate: e.served.share(now),
+                        retry_budget_remaining: e.budget.remaining(now),
+                    })
+                    .collect();
+                routes.sort_by(|a, b| a.name.cmp(&b.name));
+                let _ = reply.send(routes);
+            }
+            RouterMsg::Reload(config) => {
+                let mut fresh = build_routes(&config, &config.retry_budget, now);
+                // Unchanged routes keep their budget and failover window.
+                for (name, entry) in fresh.iter_mut() {
+                    if let Some(old) = state.routes.remove(name) {
+                        entry.budget = old.budget;
+                        entry.served = old.served;
+                    }
+                }
+                state.routes = fresh;
             }
         }
         Ok(())
@@ -434,7 +437,6 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
             registry: Arc::new(Registry::default()),
             metrics: Arc::new(Metrics::new()),
             rng: StdRng::seed_from_u64(7),
-            origin: now,
         }
     }
 
@@ -521,17 +523,5 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
     fn health_bands_treat_near_equal_scores_as_equal() {
         assert_eq!(band(1.0), band(0.85));
         assert!(band(0.5) > band(0.95));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn failover_rate_covers_the_last_minute() {
-        let origin = Instant::now();
-        let mut w = FailoverWindow::default();
-        w.record(origin, origin, true);
-        w.record(origin, origin, false);
-        assert_eq!(w.rate(origin, origin), 0.5);
-        let later = origin + Duration::from_secs(61);
-        w.record(origin, later, true);
-        assert_eq!(w.rate(origin, later), 0.0, "old requests aged out");
     }
 }

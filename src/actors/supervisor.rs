@@ -37,7 +37,49 @@ enum ChildSpec {
     Router,
 }
 
-pub enum SupervisorMsg {}
+pub enum SupervisorMsg {
+    /// Apply a new, validated config: `runtimes` holds a freshly built runtime
+    /// for every provider of it (only the new or changed ones are used).
+    Reload {
+        config: Arc<Config>,
+        runtimes: HashMap<String, Arc<ProviderRuntime>>,
+        reply: ractor::RpcReplyPort<ReloadReport>,
+    },
+}
+
+/// What a reload changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReloadReport {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+    /// `[server]`, `[auth]` or `[limits]` changed: those apply at the next restart.
+    pub restart_needed: bool,
+}
+
+impl ReloadReport {
+    /// One line for logs and the admin response.
+    pub fn summary(&self) -> String {
+        let mut s = if self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty() {
+            "applied; providers unchanged (routes and policies updated)".to_string()
+        } else {
+            format!(
+                "applied; providers added [{}], removed [{}], changed [{}]",
+                self.added.join(", "),
+                self.removed.join(", "),
+                self.changed.join(", ")
+            )
+        };
+        if self.restart_needed {
+            s.push_str("; [server], [auth] and [limits] changes take effect at the next restart");
+        }
+        s
+    }
+}
+
+/// How long a removed provider may finish its in-flight requests before its
+/// actor is stopped anyway.
+const RETIRE_GRACE: Duration = Duration::from_secs(120);
 
 pub struct Supervisor;
 
@@ -54,6 +96,8 @@ pub struct SupervisorState {
     children: HashMap<ActorId, ChildSpec>,
     /// Recent restarts per child, for the restart cap.
     restarts: HashMap<ChildSpec, RestartLog>,
+    /// Actors of removed providers, finishing their streams: not restarted.
+    retiring: std::collections::HashSet<ActorId>,
 }
 
 /// Restart times of one child within the window: a pure policy struct.
@@ -117,10 +161,77 @@ impl SupervisorState {
         Ok(())
     }
 
+    /// Takes a provider out of service: new requests no longer find it, and
+    /// its actor stops once its in-flight streams ended (or after a grace).
+    fn retire(&mut self, id: &str) {
+        self.runtimes.remove(id);
+        let Some(entry) = self.registry.remove_provider(id) else {
+            return;
+        };
+        let actor_id = entry.actor.get_id();
+        self.children.remove(&actor_id);
+        self.retiring.insert(actor_id);
+        tokio::spawn(async move {
+            let give_up = Instant::now() + RETIRE_GRACE;
+            while entry.runtime.in_flight() > 0 && Instant::now() < give_up {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            entry.actor.stop(Some("removed by config reload".into()));
+        });
+    }
+
+    async fn reload(
+        &mut self,
+        config: Arc<Config>,
+        mut fresh: HashMap<String, Arc<ProviderRuntime>>,
+        supervisor: ActorCell,
+    ) -> Result<ReloadReport, ActorProcessingErr> {
+        let mut report = ReloadReport::default();
+        let mut old: Vec<String> = self.runtimes.keys().cloned().collect();
+        old.sort();
+        for id in old {
+            match fresh.get(&id) {
+                None => {
+                    self.retire(&id);
+                    report.removed.push(id);
+                }
+                Some(new) if !same_runtime(&self.runtimes[&id], new) => {
+                    self.retire(&id);
+                    report.changed.push(id);
+                }
+                Some(_) => {
+                    // Unchanged: keeps its actor, breakers and health windows.
+                    fresh.remove(&id);
+                }
+            }
+        }
+        let mut added: Vec<(String, Arc<ProviderRuntime>)> = fresh.into_iter().collect();
+        added.sort_by(|a, b| a.0.cmp(&b.0));
+        for (id, runtime) in added {
+            if !report.changed.contains(&id) {
+                report.added.push(id.clone());
+            }
+            self.runtimes.insert(id.clone(), runtime);
+            self.start_child(ChildSpec::Provider(id), supervisor.clone())
+                .await?;
+        }
+        self.config = config.clone();
+        if let Some(router) = self.registry.router() {
+            let _ = router.cast(super::router::RouterMsg::Reload(config));
+        }
+        Ok(report)
+    }
+
     /// Records a restart; `false` once the child exceeded its cap.
     fn allow_restart(&mut self, spec: &ChildSpec, now: Instant) -> bool {
         self.restarts.entry(spec.clone()).or_default().allow(now)
     }
+}
+
+/// The same provider config and the same key: nothing to restart.
+fn same_runtime(a: &ProviderRuntime, b: &ProviderRuntime) -> bool {
+    a.config == b.config
+        && a.api_key.as_ref().map(|k| k.expose()) == b.api_key.as_ref().map(|k| k.expose())
 }
 
 impl Actor for Supervisor {
@@ -140,6 +251,7 @@ impl Actor for Supervisor {
             metrics: args.metrics,
             children: HashMap::new(),
             restarts: HashMap::new(),
+            retiring: Default::default(),
         };
         let mut ids: Vec<String> = state.runtimes.keys().cloned().collect();
         ids.sort();
@@ -152,6 +264,26 @@ impl Actor for Supervisor {
             .start_child(ChildSpec::Router, myself.get_cell())
             .await?;
         Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            SupervisorMsg::Reload {
+                config,
+                runtimes,
+                reply,
+            } => {
+                let report = state.reload(config, runtimes, myself.get_cell()).await?;
+                tracing::info!(?report, "config reloaded");
+                let _ = reply.send(report);
+            }
+        }
+        Ok(())
     }
 
     async fn post_stop(
@@ -182,6 +314,9 @@ impl Actor for Supervisor {
             ),
             _ => return Ok(()),
         };
+        if state.retiring.remove(&cell.get_id()) {
+            return Ok(());
+        }
         let Some(spec) = state.children.remove(&cell.get_id()) else {
             return Ok(());
         };

@@ -26,6 +26,7 @@ pub fn router(state: AdminState) -> axum::Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/v1/status", get(status))
         .with_state(state)
 }
 
@@ -35,6 +36,10 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
     }
+}
+
+async fn status(State(s): State<AdminState>) -> impl IntoResponse {
+    axum::Json(crate::api::admin::collect(&s.registry).await)
 }
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {

@@ -2,6 +2,7 @@
 //! request errors to gRPC statuses, and the admin HTTP listener. Nothing here
 //! knows upstream wire details.
 
+pub mod admin;
 pub mod admin_http;
 pub mod auth;
 pub mod convert;

@@ -7,5 +7,6 @@ pub mod budget;
 pub mod cooldown;
 pub mod health;
 pub mod outcome;
+pub mod share;
 pub mod token_bucket;
 mod window;
