@@ -12,6 +12,7 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::actors::provider::{OutcomeReport, Permit, ProviderMsg, Refusal, TrafficClass};
 use crate::actors::registry::{ProviderEntry, Registry};
@@ -285,6 +286,19 @@ impl Dispatcher {
                 tier,
                 request_id: spec.request_id.clone(),
             });
+            let span = tracing::info_span!(
+                "attempt",
+                otel.name = %format!("chat {}", candidate.model),
+                otel.kind = "client",
+                provider = %candidate.provider,
+                gen_ai.provider.name = entry.runtime.kind.as_str(),
+                gen_ai.request.model = %candidate.model,
+                attempt = attempts,
+                traffic = traffic.as_str(),
+                outcome = tracing::field::Empty,
+                ttft_ms = tracing::field::Empty,
+                output_chars = tracing::field::Empty,
+            );
             let result = attempt::run(
                 AttemptInput {
                     runtime: &entry.runtime,
@@ -294,7 +308,13 @@ impl Dispatcher {
                 },
                 sink,
             )
+            .instrument(span.clone())
             .await;
+            span.record("outcome", result.end.class().as_str());
+            if let Some(ttft) = result.ttft {
+                span.record("ttft_ms", ttft.as_millis() as u64);
+            }
+            span.record("output_chars", sink.attempt_chars() as u64);
             let class = result.end.class();
             let failure = match &result.end {
                 AttemptEnd::Failed(f) => Some(f),

@@ -50,18 +50,6 @@ struct ServeArgs {
     log_format: Option<LogFormat>,
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Pretty => builder.init(),
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
@@ -74,8 +62,10 @@ fn main() -> ExitCode {
     match cli.command {
         Command::CheckConfig { file } => check_config(&file),
         Command::MockUpstream(args) => {
-            init_logging(LogFormat::Pretty);
-            match runtime.block_on(mock::run(args)) {
+            let telemetry = switchyard::telemetry::tracing::init(LogFormat::Pretty);
+            let result = runtime.block_on(mock::run(args));
+            telemetry.shutdown();
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: mock-upstream: {e}");
@@ -153,7 +143,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     if let Some(f) = args.log_format {
         config.server.log_format = f;
     }
-    init_logging(config.server.log_format);
+    let telemetry = switchyard::telemetry::tracing::init(config.server.log_format);
     if args.config.is_none() {
         if mocks.is_empty() {
             tracing::info!("no --config: routing `chat` to OpenAI and Anthropic with the keys from the environment");
@@ -173,6 +163,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     }
     if let Some((path, env)) = config.missing_env().into_iter().next() {
         eprintln!("error: {path}: environment variable {env} is not set");
+        telemetry.shutdown();
         return ExitCode::from(2);
     }
 
@@ -180,6 +171,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
+            telemetry.shutdown();
             return ExitCode::FAILURE;
         }
     };
@@ -209,6 +201,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     for m in mocks {
         m.shutdown().await;
     }
+    telemetry.shutdown();
     code
 }
 

@@ -454,3 +454,119 @@ async fn keys_and_prompts_never_reach_logs_or_metrics() {
         "trace logging was on: {logs}"
     );
 }
+
+/// Spans received by an in-process OTLP/HTTP collector.
+type Received = std::sync::Arc<std::sync::Mutex<Vec<opentelemetry_proto::tonic::trace::v1::Span>>>;
+
+async fn otlp_collector() -> (String, Received) {
+    use prost::Message;
+    let received: Received = Default::default();
+    let sink = received.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let sink = sink.clone();
+            async move {
+                let req = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::decode(body)
+                    .expect("OTLP protobuf");
+                let mut spans = sink.lock().unwrap();
+                for rs in req.resource_spans {
+                    for ss in rs.scope_spans {
+                        spans.extend(ss.spans);
+                    }
+                }
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), received)
+}
+
+fn attr(span: &opentelemetry_proto::tonic::trace::v1::Span, key: &str) -> Option<String> {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    span.attributes.iter().find(|a| a.key == key).and_then(|a| {
+        match a.value.as_ref()?.value.as_ref()? {
+            Value::StringValue(s) => Some(s.clone()),
+            Value::IntValue(i) => Some(i.to_string()),
+            Value::BoolValue(b) => Some(b.to_string()),
+            _ => None,
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_callers_trace_continues_through_switchyard() {
+    let (endpoint, received) = otlp_collector().await;
+    let a = Mock::start("openai", &[]).await;
+    let b = Mock::start("anthropic", &[]).await;
+    let sy = Switchyard::start_with(
+        &two(&a, &b),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    )
+    .await;
+    a.set_fault(json!({"type": "status", "status": 500, "times": 1}))
+        .await;
+    let mut client = sy.client().await;
+    let mut req = tonic::Request::new(request("chat"));
+    req.metadata_mut().insert(
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+            .parse()
+            .unwrap(),
+    );
+    assert!(stream(&mut client, req).await.finished.is_some());
+
+    let trace_id = hex_decode("4bf92f3577b34da6a3ce929d0e0e4736");
+    let caller_span = hex_decode("00f067aa0ba902b7");
+    for _ in 0..200 {
+        let spans = received.lock().unwrap().clone();
+        let ours: Vec<_> = spans.iter().filter(|s| s.trace_id == trace_id).collect();
+        let request_span = ours.iter().find(|s| s.name == "chat chat");
+        let attempts: Vec<_> = ours
+            .iter()
+            .filter(|s| {
+                attr(s, "provider").is_some()
+                    && s.name.starts_with("chat ")
+                    && s.name != "chat chat"
+            })
+            .collect();
+        if let (Some(request_span), 2) = (request_span, attempts.len()) {
+            assert_eq!(
+                request_span.parent_span_id, caller_span,
+                "the request span is the caller's child"
+            );
+            for a in &attempts {
+                assert_eq!(
+                    a.parent_span_id, request_span.span_id,
+                    "attempts are children of the request"
+                );
+            }
+            let outcomes: Vec<_> = attempts
+                .iter()
+                .map(|s| attr(s, "outcome").unwrap_or_default())
+                .collect();
+            assert!(
+                outcomes.contains(&"server_error".to_string())
+                    && outcomes.contains(&"ok".to_string()),
+                "{outcomes:?}"
+            );
+            assert!(attempts.iter().any(|s| attr(s, "ttft_ms").is_some()));
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("spans never arrived: {:#?}", received.lock().unwrap());
+}
+
+fn hex_decode(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::auth::Tenant;
 use super::convert;
@@ -69,6 +70,7 @@ impl RouterService {
             .and_then(convert::parse_grpc_timeout)
             .map(|t| Instant::now() + t.saturating_sub(deadline_margin(t)));
         let tenant = request.extensions().get::<Tenant>().map(|t| t.0.clone());
+        let metadata = request.metadata().clone();
         let request_id = self.request_id();
         let mut spec = convert::request_spec(
             request.into_inner(),
@@ -81,11 +83,22 @@ impl RouterService {
             // An authenticated caller's tenant is its token's, not what it claims.
             spec.tenant = tenant;
         }
+        let span = tracing::info_span!(
+            "request",
+            otel.name = %format!("chat {}", spec.route),
+            otel.kind = "server",
+            request_id = %spec.request_id,
+            route = %spec.route,
+            gen_ai.operation.name = "chat",
+            streaming = !buffered,
+        );
+        crate::telemetry::tracing::continue_trace(&span, &metadata);
         let (tx, rx) = mpsc::channel(self.buffer);
         tokio::spawn(
             self.dispatcher
                 .clone()
-                .run(spec, EventSink::new(tx, buffered)),
+                .run(spec, EventSink::new(tx, buffered))
+                .instrument(span),
         );
         Ok(Started {
             request_id,

@@ -1,0 +1,105 @@
+//! Logging and tracing setup: `tracing` to stderr as pretty text or JSON, and
+//! spans exported over OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set
+//! (off and free otherwise). W3C trace context is read from gRPC metadata so
+//! a caller's trace continues through Switchyard. No key, authorization
+//! header or message content is ever put in a field.
+
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+use crate::config::LogFormat;
+
+/// Flushes exported spans on drop of the process (call [`Telemetry::shutdown`]).
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Whether spans are exported.
+    pub fn exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+
+    /// Flushes and stops the exporter (on its own thread: the OTLP client blocks).
+    pub fn shutdown(self) {
+        if let Some(provider) = self.provider {
+            let _ = std::thread::spawn(move || provider.shutdown()).join();
+        }
+    }
+}
+
+/// Installs the global subscriber. Call once.
+pub fn init(format: LogFormat) -> Telemetry {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let provider = std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .and_then(|_| std::thread::spawn(build_provider).join().ok().flatten());
+    let otel = provider
+        .as_ref()
+        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("switchyard")));
+    let registry = tracing_subscriber::registry().with(filter).with(otel);
+    match format {
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(std::io::stderr),
+            )
+            .init(),
+        LogFormat::Pretty => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .init(),
+    }
+    if provider.is_some() {
+        tracing::info!("exporting spans over OTLP/HTTP");
+    }
+    Telemetry { provider }
+}
+
+/// The OTLP/HTTP exporter (it reads the standard OTEL_* variables itself).
+fn build_provider() -> Option<SdkTracerProvider> {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .build()
+        .map_err(|e| eprintln!("warning: OTLP exporter disabled: {e}"))
+        .ok()?;
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name("switchyard")
+        .build();
+    Some(
+        SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(resource)
+            .build(),
+    )
+}
+
+/// Reads W3C `traceparent` / `tracestate` from gRPC metadata.
+struct MetadataExtractor<'a>(&'a tonic::metadata::MetadataMap);
+
+impl Extractor for MetadataExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .filter_map(|k| match k {
+                tonic::metadata::KeyRef::Ascii(k) => Some(k.as_str()),
+                tonic::metadata::KeyRef::Binary(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// Makes `span` a child of the caller's trace, if the metadata carries one.
+pub fn continue_trace(span: &tracing::Span, metadata: &tonic::metadata::MetadataMap) {
+    let parent = TraceContextPropagator::new().extract(&MetadataExtractor(metadata));
+    let _ = span.set_parent(parent);
+}
