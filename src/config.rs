@@ -58,6 +58,79 @@ pub struct Config {
     pub idempotency: IdempotencyConfig,
     #[serde(default)]
     pub admin: AdminConfig,
+    #[serde(default)]
+    pub cache: CacheConfig,
+    #[serde(default)]
+    pub cost: CostConfig,
+    #[serde(default)]
+    pub queue: QueueConfig,
+}
+
+/// `[cache]`: the in-process response cache.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Memory bound of stored answers; least recently used go first.
+    pub max_bytes: usize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            max_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// `[cost]`: per-tenant spend caps over a sliding window.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CostConfig {
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Cap for tenants without their own (none when absent).
+    pub default_cap_usd: Option<f64>,
+    /// Caps by tenant.
+    pub tenant_caps_usd: std::collections::BTreeMap<String, f64>,
+}
+
+impl Default for CostConfig {
+    fn default() -> Self {
+        CostConfig {
+            window: Duration::from_secs(3600),
+            default_cap_usd: None,
+            tenant_caps_usd: Default::default(),
+        }
+    }
+}
+
+/// `[queue]`: the durable job queue and its drain.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// SQLite file (WAL mode); created if missing.
+    pub path: std::path::PathBuf,
+    /// Jobs waiting or running, all tenants.
+    pub max_jobs: usize,
+    /// Jobs waiting or running per tenant.
+    pub max_jobs_per_tenant: usize,
+    /// Drain rate once capacity returns.
+    pub drain: crate::policy::token_bucket::TokenBucketConfig,
+    /// A job not finished within this after it was accepted expires.
+    #[serde(with = "humantime_serde")]
+    pub job_ttl: Duration,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            path: std::path::PathBuf::from("switchyard-queue.sqlite3"),
+            max_jobs: 10_000,
+            max_jobs_per_tenant: 1_000,
+            drain: Default::default(),
+            job_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
 }
 
 /// `[admin]`: the operator API.
@@ -304,6 +377,24 @@ pub struct ModelConfig {
     pub capabilities: Vec<Capability>,
     #[serde(default = "default_context_tokens")]
     pub context_tokens: u32,
+    /// Price in USD per million tokens, for the cost guard and `Finished.cost_usd`.
+    #[serde(default)]
+    pub price: Price,
+}
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Price {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+}
+
+impl Price {
+    /// The cost of one call.
+    pub fn cost(&self, input_tokens: u32, output_tokens: u32) -> f64 {
+        (f64::from(input_tokens) * self.input_per_mtok + f64::from(output_tokens) * self.output_per_mtok) / 1e6
+    }
 }
 
 fn default_capabilities() -> Vec<Capability> {
@@ -415,6 +506,54 @@ pub struct RouteConfig {
     /// Deadline for requests without `grpc-timeout` (overrides the server default).
     #[serde(default, with = "humantime_serde")]
     pub deadline: Option<Duration>,
+    /// The rungs that may answer when the live targets cannot, in order.
+    #[serde(default = "default_ladder")]
+    pub ladder: Vec<Rung>,
+    /// Cheaper targets validated for this route, tried after the regular
+    /// ones when the ladder has `downshift`; answers are marked DOWNSHIFT.
+    #[serde(default)]
+    pub downshift: Vec<RouteTarget>,
+    /// How long a good answer stays in the response cache (the `cache` rung
+    /// and `serve_fresh_within` read it).
+    #[serde(default = "default_cache_ttl", with = "humantime_serde")]
+    pub cache_ttl: Duration,
+    /// Answer from the cache, without an upstream call, when a stored answer
+    /// is younger than this (off when absent).
+    #[serde(default, with = "humantime_serde")]
+    pub serve_fresh_within: Option<Duration>,
+    /// Highest `max_tokens` a caller may ask for on this route.
+    #[serde(default)]
+    pub max_tokens_limit: Option<u32>,
+}
+
+/// A rung of the degradation ladder.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Rung {
+    /// Other targets of the route (always tried first).
+    Fallback,
+    /// The route's `downshift` targets.
+    Downshift,
+    /// The last good answer for the same request, with its age.
+    Cache,
+    /// Accepted into the durable job queue, finished later.
+    Queue,
+    /// UNAVAILABLE with RetryInfo.
+    Refuse,
+}
+
+fn default_ladder() -> Vec<Rung> {
+    vec![Rung::Fallback, Rung::Refuse]
+}
+
+fn default_cache_ttl() -> Duration {
+    Duration::from_secs(3600)
+}
+
+impl RouteConfig {
+    pub fn has_rung(&self, rung: Rung) -> bool {
+        self.ladder.contains(&rung)
+    }
 }
 
 /// A route target resolved to indices into `Config::providers` and its models.
@@ -613,6 +752,19 @@ impl Config {
                     ));
                 }
             }
+            for (j, t) in r.downshift.iter().enumerate() {
+                self.resolve_target(&t.target)
+                    .map_err(|m| ConfigError::new(format!("routes[{i}].downshift[{j}]"), m))?;
+            }
+            if !r.downshift.is_empty() && !r.has_rung(Rung::Downshift) {
+                return Err(ConfigError::new(
+                    format!("routes[{i}].ladder"),
+                    "downshift targets are set but the ladder has no `downshift` rung",
+                ));
+            }
+            if r.ladder.first() != Some(&Rung::Fallback) {
+                return Err(ConfigError::new(format!("routes[{i}].ladder"), "must start with `fallback`"));
+            }
             if r.max_attempts == 0 || r.max_attempts > 10 {
                 return Err(ConfigError::new(
                     format!("routes[{i}].max_attempts"),
@@ -704,6 +856,10 @@ impl Config {
                     name: "gpt-4o-mini".into(),
                     capabilities: all.clone(),
                     context_tokens: 128_000,
+                    price: Price {
+                        input_per_mtok: 0.15,
+                        output_per_mtok: 0.6,
+                    },
                 }],
             },
             ProviderConfig {
@@ -730,6 +886,10 @@ impl Config {
                         Capability::Vision,
                     ],
                     context_tokens: 200_000,
+                    price: Price {
+                        input_per_mtok: 3.0,
+                        output_per_mtok: 15.0,
+                    },
                 }],
             },
         ];
@@ -741,6 +901,9 @@ impl Config {
             backoff: Backoff::default(),
             idempotency: IdempotencyConfig::default(),
             admin: AdminConfig::default(),
+            cache: CacheConfig::default(),
+            cost: CostConfig::default(),
+            queue: QueueConfig::default(),
             providers,
             routes: vec![RouteConfig {
                 name: "chat".into(),
@@ -753,6 +916,11 @@ impl Config {
                 side_effects: false,
                 default_max_tokens: None,
                 deadline: None,
+                ladder: default_ladder(),
+                downshift: Vec::new(),
+                cache_ttl: default_cache_ttl(),
+                serve_fresh_within: None,
+                max_tokens_limit: None,
             }],
         }
     }
