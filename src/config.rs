@@ -393,7 +393,9 @@ pub struct Price {
 impl Price {
     /// The cost of one call.
     pub fn cost(&self, input_tokens: u32, output_tokens: u32) -> f64 {
-        (f64::from(input_tokens) * self.input_per_mtok + f64::from(output_tokens) * self.output_per_mtok) / 1e6
+        (f64::from(input_tokens) * self.input_per_mtok
+            + f64::from(output_tokens) * self.output_per_mtok)
+            / 1e6
     }
 }
 
@@ -763,7 +765,10 @@ impl Config {
                 ));
             }
             if r.ladder.first() != Some(&Rung::Fallback) {
-                return Err(ConfigError::new(format!("routes[{i}].ladder"), "must start with `fallback`"));
+                return Err(ConfigError::new(
+                    format!("routes[{i}].ladder"),
+                    "must start with `fallback`",
+                ));
             }
             if r.max_attempts == 0 || r.max_attempts > 10 {
                 return Err(ConfigError::new(

@@ -235,13 +235,6 @@ impl Dispatcher {
                     continue;
                 }
             }
-            if attempts > 0 && !self.withdraw(&plan.route).await {
-                return Err(RequestError::RetryBudgetExhausted {
-                    route: plan.route.clone(),
-                    last: last.map(|(f, p)| (Box::new(f), p)),
-                    attempts,
-                });
-            }
             if let Some(wait) = wait {
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
@@ -270,6 +263,25 @@ impl Dispatcher {
                     continue;
                 }
             };
+            // Only an attempt that will really be sent spends the budget: a
+            // local refusal above cost nothing.
+            if attempts > 0 && !self.withdraw(&plan.route).await {
+                let _ = entry.actor.cast(ProviderMsg::Report(OutcomeReport {
+                    model: candidate.model.clone(),
+                    ticket: permit.take_ticket(),
+                    class: OutcomeClass::Cancelled,
+                    retry_after: None,
+                    traffic,
+                    elapsed: Duration::ZERO,
+                    ttft: None,
+                    failed_output_tokens: 0,
+                }));
+                return Err(RequestError::RetryBudgetExhausted {
+                    route: plan.route.clone(),
+                    last: last.map(|(f, p)| (Box::new(f), p)),
+                    attempts,
+                });
+            }
 
             attempts += 1;
             chat.model = candidate.model.clone();

@@ -1372,7 +1372,6 @@ async fn row_43_local_saturation_never_trips_the_breaker() {
 }
 
 #[tokio::test]
-#[ignore = "BUG: dispatch withdraws from the retry budget before admission, so locally refused failovers spend it"]
 async fn row_43_refused_admissions_do_not_spend_the_retry_budget() {
     // P refuses connections (fail over, never retried on P); its breaker is off
     // and it stays ranked first, so every request needs a failover to S2.

@@ -137,7 +137,7 @@ impl Started {
 /// How much earlier than the caller's deadline Switchyard gives up, so its
 /// answer arrives before the caller's (or tonic's) own timer fires.
 fn deadline_margin(timeout: Duration) -> Duration {
-    (timeout / 10).min(Duration::from_millis(5))
+    (timeout / 10).min(Duration::from_millis(20))
 }
 
 fn with_request_id<T>(mut response: Response<T>, id: &str) -> Response<T> {
