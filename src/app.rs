@@ -24,8 +24,10 @@ use crate::api::admin::{AdminAccess, AdminService};
 use crate::api::admin_http::{self, AdminState};
 use crate::api::auth::Authenticator;
 use crate::api::router_service::RouterService;
+use crate::cache::ResponseCache;
 use crate::config::AuthMode;
 use crate::config::{Config, ConfigError};
+use crate::cost::CostGuard;
 use crate::dispatch::Dispatcher;
 use crate::idempotency::IdempotencyStore;
 use crate::proto;
@@ -229,6 +231,8 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         registry.clone(),
         metrics.clone(),
         IdempotencyStore::new(config.idempotency.ttl, config.idempotency.max_entries),
+        ResponseCache::new(config.cache.max_bytes),
+        Arc::new(CostGuard::new(config.cost.clone())),
         config.backoff.clone(),
         config.server.default_deadline,
     ));

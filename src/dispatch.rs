@@ -19,7 +19,9 @@ use crate::actors::registry::{ProviderEntry, Registry};
 use crate::actors::router::{Candidate, Plan, PlanError, RouterMsg};
 use crate::actors::CALL_TIMEOUT;
 use crate::attempt::{self, AttemptEnd, AttemptInput};
-use crate::config::MidStreamPolicy;
+use crate::cache::ResponseCache;
+use crate::config::{MidStreamPolicy, Rung};
+use crate::cost::CostGuard;
 use crate::error::RequestError;
 use crate::idempotency::{Claim, IdempotencyStore};
 use crate::policy::backoff::Backoff;
@@ -34,6 +36,8 @@ pub struct Dispatcher {
     pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,
     pub idempotency: Arc<IdempotencyStore>,
+    pub cache: Arc<ResponseCache>,
+    pub cost: Arc<CostGuard>,
     pub backoff: Backoff,
     pub default_deadline: Duration,
     /// Cancelled when the drain timeout passes: remaining requests end with
@@ -62,6 +66,8 @@ impl Dispatcher {
         registry: Arc<Registry>,
         metrics: Arc<Metrics>,
         idempotency: Arc<IdempotencyStore>,
+        cache: Arc<ResponseCache>,
+        cost: Arc<CostGuard>,
         backoff: Backoff,
         default_deadline: Duration,
     ) -> Self {
@@ -69,6 +75,8 @@ impl Dispatcher {
             registry,
             metrics,
             idempotency,
+            cache,
+            cost,
             backoff,
             default_deadline,
             abort: CancellationToken::new(),
@@ -98,46 +106,87 @@ impl Dispatcher {
         self.active.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Applies the idempotency key, then routes.
+    /// The whole request: cost cap, idempotency, fresh cache hits, the live
+    /// targets, then the rest of the degradation ladder.
     async fn serve(&self, spec: &RequestSpec, sink: &mut EventSink) -> Result<(), RequestError> {
-        let Some(key) = spec.scoped_key() else {
-            return self.drive(spec, sink).await;
-        };
-        match self
-            .idempotency
-            .claim(&key, spec.fingerprint(), Instant::now())
-        {
-            Claim::Fresh(guard) => {
-                sink.start_recording();
-                self.drive(spec, sink).await?;
-                if let Some(events) = sink.take_recording() {
-                    guard.complete(events, Instant::now());
+        if let Err(over) = self.cost.check(&spec.tenant, Instant::now()) {
+            return Err(RequestError::CostCap {
+                tenant: spec.tenant.clone(),
+                spent_usd: over.spent_usd,
+                cap_usd: over.cap_usd,
+                retry_in: over.retry_in,
+            });
+        }
+        let fingerprint = spec.fingerprint();
+        let guard = match spec.scoped_key() {
+            None => None,
+            Some(key) => match self.idempotency.claim(&key, fingerprint, Instant::now()) {
+                Claim::Fresh(guard) => Some(guard),
+                Claim::Replay(events) => {
+                    replay(sink, &events, spec, |f| f.replayed = true).await;
+                    return Ok(());
                 }
-                Ok(())
+                Claim::InUse => return Err(RequestError::IdempotencyKeyInUse),
+                Claim::Mismatch => return Err(RequestError::IdempotencyKeyReused),
+            },
+        };
+        let plan = self.plan(spec).await?;
+        if let (Some(limit), Some(asked)) = (plan.max_tokens_limit, spec.chat.max_tokens) {
+            if asked > limit {
+                return Err(RequestError::InvalidRequest(format!(
+                    "max_tokens: {asked} exceeds route `{}`'s limit of {limit}",
+                    plan.route
+                )));
             }
-            Claim::Replay(events) => {
-                for event in events.iter().cloned() {
-                    let event = match event {
-                        Event::Finished(mut f) => {
-                            f.replayed = true;
-                            f.request_id = spec.request_id.clone();
-                            Event::Finished(f)
-                        }
-                        Event::Started(mut s) => {
-                            s.request_id = spec.request_id.clone();
-                            Event::Started(s)
-                        }
-                        other => other,
-                    };
-                    if sink.replay(event).await.is_err() {
-                        break;
+        }
+        if let Some(fresh) = plan.serve_fresh_within {
+            if let Some(hit) = self.cache.get(&fingerprint, Some(fresh), Instant::now()) {
+                self.served_from_cache(&plan.route);
+                replay_cached(sink, &hit, spec, 0).await;
+                return Ok(());
+            }
+        }
+        let caches = plan.has_rung(Rung::Cache) || plan.serve_fresh_within.is_some();
+        if caches || guard.is_some() {
+            sink.start_recording();
+        }
+        match self.drive(spec, &plan, sink).await {
+            Ok(()) => {
+                if let Some(events) = sink.take_recording() {
+                    if caches {
+                        self.cache
+                            .put(fingerprint, events.clone(), plan.cache_ttl, Instant::now());
+                    }
+                    if let Some(guard) = guard {
+                        guard.complete(events, Instant::now());
                     }
                 }
                 Ok(())
             }
-            Claim::InUse => Err(RequestError::IdempotencyKeyInUse),
-            Claim::Mismatch => Err(RequestError::IdempotencyKeyReused),
+            Err(e) if e.may_descend_ladder() && !sink.committed() => {
+                if plan.has_rung(Rung::Cache) {
+                    if let Some(hit) = self.cache.get(&fingerprint, None, Instant::now()) {
+                        tracing::warn!(request_id = %spec.request_id, route = %plan.route, age_ms = hit.age.as_millis() as u64, error = %e, "no live answer; serving the cached one");
+                        self.served_from_cache(&plan.route);
+                        replay_cached(sink, &hit, spec, e.attempts()).await;
+                        return Ok(());
+                    }
+                }
+                Err(e)
+            }
+            Err(e) => Err(e),
         }
+    }
+
+    fn served_from_cache(&self, route: &str) {
+        self.metrics
+            .served
+            .get_or_create(&ServedLabels {
+                route: route.to_string(),
+                tier: Tier::Cache.as_str(),
+                provider: "cache".into(),
+            })
+            .inc();
     }
 
     async fn plan(&self, spec: &RequestSpec) -> Result<Plan, RequestError> {
@@ -191,8 +240,12 @@ impl Dispatcher {
         )
     }
 
-    async fn drive(&self, spec: &RequestSpec, sink: &mut EventSink) -> Result<(), RequestError> {
-        let plan = self.plan(spec).await?;
+    async fn drive(
+        &self,
+        spec: &RequestSpec,
+        plan: &Plan,
+        sink: &mut EventSink,
+    ) -> Result<(), RequestError> {
         let deadline = spec
             .deadline
             .unwrap_or_else(|| Instant::now() + plan.deadline.unwrap_or(self.default_deadline));
@@ -218,6 +271,16 @@ impl Dispatcher {
                 return Err(RequestError::DeadlineExceeded { attempts });
             }
             let remaining = deadline - now;
+            if attempts > 0 {
+                if let Err(over) = self.cost.check(&spec.tenant, now) {
+                    return Err(RequestError::CostCap {
+                        tenant: spec.tenant.clone(),
+                        spent_usd: over.spent_usd,
+                        cap_usd: over.cap_usd,
+                        retry_in: over.retry_in,
+                    });
+                }
+            }
             let Some((idx, wait)) = self.next_candidate(&tried, last_target, remaining) else {
                 break;
             };
@@ -348,6 +411,11 @@ impl Dispatcher {
                 failed_output_tokens,
             }));
             drop(permit);
+            if failed_output_tokens > 0 {
+                // Output before a failure is billed all the same.
+                let cost = price(&entry, &candidate.model).cost(0, failed_output_tokens);
+                self.cost.charge(&spec.tenant, cost, Instant::now());
+            }
             self.record_attempt(candidate, &entry, &result);
             tracing::info!(
                 request_id = %spec.request_id,
@@ -368,6 +436,9 @@ impl Dispatcher {
                         None => (estimate_usage(&chat, sink.attempt_chars()), true),
                     };
                     self.record_usage(candidate, &entry, usage);
+                    let cost_usd = price(&entry, &candidate.model)
+                        .cost(usage.input_tokens, usage.output_tokens);
+                    self.cost.charge(&spec.tenant, cost_usd, Instant::now());
                     self.served(&plan.route, candidate, tier);
                     let _ = sink
                         .finish(Finished {
@@ -381,6 +452,8 @@ impl Dispatcher {
                             request_id: spec.request_id.clone(),
                             upstream_request_id: result.upstream_request_id,
                             replayed: false,
+                            cache_age: None,
+                            cost_usd,
                         })
                         .await;
                     return Ok(());
@@ -451,12 +524,14 @@ impl Dispatcher {
                     attempts,
                 }
             }
-            None if saturated => RequestError::Saturated { route: plan.route },
+            None if saturated => RequestError::Saturated {
+                route: plan.route.clone(),
+            },
             None if below_p95.is_some() => RequestError::DeadlineTooShort {
                 p95_ttft: below_p95.unwrap_or_default(),
             },
             None => RequestError::NoHealthyTarget {
-                route: plan.route,
+                route: plan.route.clone(),
                 retry_in: refused_retry_in,
             },
         })
@@ -559,7 +634,69 @@ impl Dispatcher {
     }
 }
 
+/// Replays stored events as a new answer, re-stamped for this request.
+async fn replay(
+    sink: &mut EventSink,
+    events: &[Event],
+    spec: &RequestSpec,
+    mark: impl Fn(&mut Finished),
+) {
+    for event in events.iter().cloned() {
+        let event = match event {
+            Event::Finished(mut f) => {
+                f.request_id = spec.request_id.clone();
+                mark(&mut f);
+                Event::Finished(f)
+            }
+            Event::Started(mut s) => {
+                s.request_id = spec.request_id.clone();
+                Event::Started(s)
+            }
+            other => other,
+        };
+        if sink.replay(event).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Replays a cached answer labelled as such: tier CACHE, with its age.
+async fn replay_cached(
+    sink: &mut EventSink,
+    hit: &crate::cache::Hit,
+    spec: &RequestSpec,
+    attempts: u32,
+) {
+    let events: Vec<Event> = hit
+        .events
+        .iter()
+        .cloned()
+        .map(|e| match e {
+            Event::Started(mut s) => {
+                s.tier = Tier::Cache;
+                s.attempt = attempts;
+                Event::Started(s)
+            }
+            other => other,
+        })
+        .collect();
+    replay(sink, &events, spec, |f| {
+        f.tier = Tier::Cache;
+        f.cache_age = Some(hit.age);
+        f.attempts = attempts;
+    })
+    .await;
+}
+
 /// A target's p95 time to first token, once enough samples back it.
+fn price(entry: &ProviderEntry, model: &str) -> crate::config::Price {
+    entry
+        .runtime
+        .model(model)
+        .map(|m| m.price)
+        .unwrap_or_default()
+}
+
 fn p95_ttft(entry: &ProviderEntry, model: &str) -> Option<Duration> {
     let snapshot = entry.runtime.snapshot();
     let t = snapshot.models.get(model)?;

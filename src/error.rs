@@ -63,6 +63,14 @@ pub enum RequestError {
     /// The remaining deadline is below every candidate's p95 time to first token.
     #[error("remaining deadline is below the targets' p95 time to first token ({p95_ttft:?})")]
     DeadlineTooShort { p95_ttft: Duration },
+    /// The tenant's spend cap over the window is reached.
+    #[error("tenant `{tenant}` reached its spend cap ({spent_usd:.4} of {cap_usd:.4} USD)")]
+    CostCap {
+        tenant: String,
+        spent_usd: f64,
+        cap_usd: f64,
+        retry_in: Duration,
+    },
     /// A request with the same idempotency key is being served now.
     #[error("a request with this idempotency key is in flight")]
     IdempotencyKeyInUse,
@@ -82,6 +90,7 @@ impl RequestError {
                 failure.retry_after
             }
             RequestError::TenantLimit { retry_after, .. } => *retry_after,
+            RequestError::CostCap { retry_in, .. } => Some(*retry_in),
             RequestError::NoHealthyTarget { retry_in, .. } => {
                 Some(retry_in.unwrap_or(Duration::from_secs(1)))
             }
@@ -104,9 +113,37 @@ impl RequestError {
             RequestError::RetryBudgetExhausted { .. } => "retry_budget",
             RequestError::DeadlineTooShort { .. } => "deadline",
             RequestError::TenantLimit { .. } => "tenant_limit",
+            RequestError::CostCap { .. } => "cost_cap",
             RequestError::Draining => "draining",
             _ => return None,
         })
+    }
+
+    /// No live target could answer, for reasons a lower rung (cache, queue)
+    /// may make up for. Caller errors and deadlines never descend.
+    pub fn may_descend_ladder(&self) -> bool {
+        match self {
+            RequestError::Exhausted { failure, .. } => !matches!(
+                failure.class,
+                OutcomeClass::Invalid | OutcomeClass::Cancelled
+            ),
+            RequestError::NoHealthyTarget { .. }
+            | RequestError::RetryBudgetExhausted { .. }
+            | RequestError::Saturated { .. }
+            | RequestError::DeadlineTooShort { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// Upstream attempts made before this error, when known.
+    pub fn attempts(&self) -> u32 {
+        match self {
+            RequestError::Exhausted { attempts, .. }
+            | RequestError::MidStream { attempts, .. }
+            | RequestError::RetryBudgetExhausted { attempts, .. }
+            | RequestError::DeadlineExceeded { attempts } => *attempts,
+            _ => 0,
+        }
     }
 
     /// The outcome class behind an upstream failure.

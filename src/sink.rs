@@ -56,6 +56,10 @@ pub struct Finished {
     pub upstream_request_id: Option<String>,
     /// Replayed from an idempotency record, not generated now.
     pub replayed: bool,
+    /// For a cached answer: how old it is.
+    pub cache_age: Option<std::time::Duration>,
+    /// What the serving attempt cost, from the target's price table.
+    pub cost_usd: f64,
 }
 
 /// What flows to the caller, in order: `Started`, chunks, then `Finished`

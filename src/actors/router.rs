@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::provider::Unavailable;
 use super::registry::Registry;
-use crate::config::{Capability, Config, MidStreamPolicy, RetryBudgetConfig};
+use crate::config::{Capability, Config, MidStreamPolicy, RetryBudgetConfig, Rung};
 use crate::policy::budget::RetryBudget;
 use crate::policy::share::ShareWindow;
 use crate::telemetry::metrics::{Metrics, RouteLabels};
@@ -41,6 +41,8 @@ pub struct Candidate {
     pub position: usize,
     /// The model declares streaming.
     pub streams: bool,
+    /// One of the route's cheaper `downshift` targets.
+    pub downshift: bool,
 }
 
 /// The ordered candidates for one request and the route's policies.
@@ -53,6 +55,16 @@ pub struct Plan {
     pub max_attempts: u32,
     pub mid_stream: MidStreamPolicy,
     pub side_effects: bool,
+    pub ladder: Vec<Rung>,
+    pub cache_ttl: Duration,
+    pub serve_fresh_within: Option<Duration>,
+    pub max_tokens_limit: Option<u32>,
+}
+
+impl Plan {
+    pub fn has_rung(&self, rung: Rung) -> bool {
+        self.ladder.contains(&rung)
+    }
 }
 
 /// Why no plan could be made.
@@ -100,6 +112,10 @@ pub struct RouteStatus {
 
 struct RouteEntry {
     targets: Vec<TargetInfo>,
+    ladder: Vec<Rung>,
+    cache_ttl: Duration,
+    serve_fresh_within: Option<Duration>,
+    max_tokens_limit: Option<u32>,
     default_max_tokens: Option<u32>,
     deadline: Option<Duration>,
     max_attempts: u32,
@@ -117,6 +133,7 @@ struct TargetInfo {
     context_tokens: u32,
     priority: u32,
     weight: u32,
+    downshift: bool,
 }
 
 impl TargetInfo {
@@ -169,12 +186,21 @@ fn build_routes(
         .routes
         .iter()
         .map(|r| {
+            let downshift = if r.has_rung(Rung::Downshift) {
+                r.downshift.as_slice()
+            } else {
+                &[]
+            };
             let targets = r
                 .targets
                 .iter()
+                .map(|t| (t, false))
+                .chain(downshift.iter().map(|t| (t, true)))
                 .enumerate()
-                .filter_map(|(i, t)| Some((i, t, config.resolve_target(&t.target).ok()?)))
-                .map(|(i, t, at)| {
+                .filter_map(|(i, (t, down))| {
+                    Some((i, t, down, config.resolve_target(&t.target).ok()?))
+                })
+                .map(|(i, t, down, at)| {
                     let p = &config.providers[at.provider];
                     let m = &p.models[at.model];
                     TargetInfo {
@@ -184,11 +210,16 @@ fn build_routes(
                         context_tokens: m.context_tokens,
                         priority: t.priority.unwrap_or(i as u32),
                         weight: t.weight.max(1),
+                        downshift: down,
                     }
                 })
                 .collect();
             let entry = RouteEntry {
                 targets,
+                ladder: r.ladder.clone(),
+                cache_ttl: r.cache_ttl,
+                serve_fresh_within: r.serve_fresh_within,
+                max_tokens_limit: r.max_tokens_limit,
                 default_max_tokens: r.default_max_tokens,
                 deadline: r.deadline,
                 max_attempts: r.max_attempts,
@@ -237,7 +268,7 @@ impl RouterState {
         }
         entry.budget.deposit(now);
         let mut soonest: Option<Duration> = None;
-        let mut ranked: Vec<((u32, u32, f64), Candidate)> = Vec::new();
+        let mut ranked: Vec<((bool, u32, u32, f64), Candidate)> = Vec::new();
         for (position, t) in capable {
             let snapshot = self
                 .registry
@@ -258,13 +289,14 @@ impl RouterState {
             let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
             let key = -u.ln() / f64::from(t.weight);
             ranked.push((
-                (band(score), t.priority, key),
+                (t.downshift, band(score), t.priority, key),
                 Candidate {
                     provider: t.provider.clone(),
                     model: t.model.clone(),
                     primary: position == 0,
                     position,
                     streams: t.capabilities.contains(&Capability::Stream),
+                    downshift: t.downshift,
                 },
             ));
         }
@@ -274,8 +306,12 @@ impl RouterState {
                 retry_in: soonest,
             });
         }
-        ranked
-            .sort_by(|(a, _), (b, _)| a.0.cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.total_cmp(&b.2)));
+        ranked.sort_by(|(a, _), (b, _)| {
+            a.0.cmp(&b.0)
+                .then(a.1.cmp(&b.1))
+                .then(a.2.cmp(&b.2))
+                .then(a.3.total_cmp(&b.3))
+        });
         self.metrics
             .retry_budget_remaining
             .get_or_create(&RouteLabels {
@@ -290,6 +326,10 @@ impl RouterState {
             max_attempts: entry.max_attempts,
             mid_stream: entry.mid_stream,
             side_effects: entry.side_effects,
+            ladder: entry.ladder.clone(),
+            cache_ttl: entry.cache_ttl,
+            serve_fresh_within: entry.serve_fresh_within,
+            max_tokens_limit: entry.max_tokens_limit,
         })
     }
 }

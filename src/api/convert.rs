@@ -234,8 +234,9 @@ fn finished(f: &Finished) -> proto::Finished {
         attempts: f.attempts,
         request_id: f.request_id.clone(),
         upstream_request_id: f.upstream_request_id.clone().unwrap_or_default(),
-        cache_age_ms: 0,
+        cache_age_ms: f.cache_age.map_or(0, |a| a.as_millis() as u64),
         replayed: f.replayed,
+        cost_usd: f.cost_usd,
     }
 }
 
@@ -329,6 +330,7 @@ impl Assembler {
                     upstream_request_id: fin.upstream_request_id,
                     cache_age_ms: fin.cache_age_ms,
                     replayed: fin.replayed,
+                    cost_usd: fin.cost_usd,
                 })
             }
         }
@@ -449,6 +451,8 @@ mod tests {
                 request_id: "r".into(),
                 upstream_request_id: None,
                 replayed: false,
+                cache_age: None,
+                cost_usd: 0.0,
             }))
             .unwrap();
         assert_eq!(done.text, "");

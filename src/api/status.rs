@@ -93,6 +93,13 @@ pub fn to_status(err: &RequestError) -> Status {
             meta.insert("p95_ttft_ms".into(), p95_ttft.as_millis().to_string());
             (Code::DeadlineExceeded, "DEADLINE_BELOW_P95_TTFT")
         }
+        RequestError::CostCap {
+            tenant, cap_usd, ..
+        } => {
+            meta.insert("tenant".into(), tenant.clone());
+            meta.insert("cap_usd".into(), format!("{cap_usd}"));
+            (Code::ResourceExhausted, "COST_CAP")
+        }
         RequestError::IdempotencyKeyInUse => (Code::Aborted, "IDEMPOTENCY_KEY_IN_USE"),
         RequestError::IdempotencyKeyReused => (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED"),
         RequestError::TenantLimit { limit, .. } => {

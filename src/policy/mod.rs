@@ -9,4 +9,4 @@ pub mod health;
 pub mod outcome;
 pub mod share;
 pub mod token_bucket;
-mod window;
+pub(crate) mod window;
