@@ -90,9 +90,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn caps_apply_per_tenant_over_the_window() {
-        let mut config = CostConfig::default();
-        config.window = Duration::from_secs(60);
-        config.default_cap_usd = Some(1.0);
+        let mut config = CostConfig {
+            window: Duration::from_secs(60),
+            default_cap_usd: Some(1.0),
+            ..Default::default()
+        };
         config.tenant_caps_usd.insert("big".into(), 10.0);
         let g = CostGuard::new(config);
         let t0 = Instant::now();
