@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 
 use crate::actors::provider::ProviderRuntime;
+use crate::actors::recovery::RecoveryArgs;
 use crate::actors::registry::Registry;
 use crate::actors::supervisor::ReloadReport;
 use crate::actors::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
@@ -31,6 +32,8 @@ use crate::cost::CostGuard;
 use crate::dispatch::Dispatcher;
 use crate::idempotency::IdempotencyStore;
 use crate::proto;
+use crate::queue::jobs::Jobs;
+use crate::queue::{JobStore, Limits};
 use crate::telemetry::metrics::Metrics;
 
 /// Starting the service failed.
@@ -47,6 +50,8 @@ pub enum StartError {
     Actors(String),
     #[error("server.tls: {0}")]
     Tls(String),
+    #[error("queue.path: {0}")]
+    Queue(String),
 }
 
 /// Reads the PEM files named by `[server.tls]`.
@@ -199,6 +204,31 @@ fn runtimes(config: &Config) -> Result<HashMap<String, Arc<ProviderRuntime>>, Co
         .collect()
 }
 
+/// Opens the job queue; runs cut short by a previous process go back to it.
+async fn open_queue(q: &crate::config::QueueConfig) -> Result<Arc<Jobs>, StartError> {
+    let limits = Limits {
+        max_jobs: q.max_jobs,
+        max_per_tenant: q.max_jobs_per_tenant,
+        ttl: q.job_ttl,
+    };
+    let path = q.path.clone();
+    let store = tokio::task::spawn_blocking(move || JobStore::open(&path, limits))
+        .await
+        .map_err(|e| StartError::Queue(e.to_string()))?
+        .map_err(|e| StartError::Queue(format!("{}: {e}", q.path.display())))?;
+    let jobs = Jobs::new(store, q.drain.rate, std::time::Duration::from_secs(600));
+    let requeued = jobs
+        .requeue_all_running()
+        .await
+        .map_err(|e| StartError::Queue(e.to_string()))?;
+    let (depth, _) = jobs
+        .depth()
+        .await
+        .map_err(|e| StartError::Queue(e.to_string()))?;
+    tracing::info!(path = %q.path.display(), waiting = depth, requeued, "job queue open");
+    Ok(jobs)
+}
+
 /// Starts actors and listeners; returns once both listeners are bound.
 /// `config_path` is the file to reload from (SIGHUP, changes, the Admin API).
 pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Running, StartError> {
@@ -211,6 +241,33 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     let config = Arc::new(config);
     let registry = Arc::new(Registry::default());
     let metrics = Arc::new(Metrics::new());
+    let jobs = match &config.queue {
+        Some(q) => Some(open_queue(q).await?),
+        None => None,
+    };
+    let mut dispatcher = Dispatcher::new(
+        registry.clone(),
+        metrics.clone(),
+        IdempotencyStore::new(config.idempotency.ttl, config.idempotency.max_entries),
+        ResponseCache::new(config.cache.max_bytes),
+        Arc::new(CostGuard::new(config.cost.clone())),
+        config.backoff.clone(),
+        config.server.default_deadline,
+    );
+    dispatcher.jobs = jobs.clone();
+    let dispatcher = Arc::new(dispatcher);
+    let recovery = match (&jobs, &config.queue) {
+        (Some(jobs), Some(q)) => Some(RecoveryArgs {
+            runner: crate::api::jobs::runner(
+                jobs.clone(),
+                dispatcher.clone(),
+                Arc::new(config.limits.clone()),
+            ),
+            drain: q.drain.clone(),
+            max_running: (q.drain.burst as usize).max(1),
+        }),
+        _ => None,
+    };
     let (supervisor, supervisor_handle) = Actor::spawn(
         None,
         Supervisor,
@@ -219,6 +276,7 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
             registry: registry.clone(),
             runtimes: runtimes(&config)?,
             metrics: metrics.clone(),
+            recovery,
         },
     )
     .await
@@ -226,16 +284,6 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     let supervisor_done = tokio::spawn(async move {
         let _ = supervisor_handle.await;
     });
-
-    let dispatcher = Arc::new(Dispatcher::new(
-        registry.clone(),
-        metrics.clone(),
-        IdempotencyStore::new(config.idempotency.ttl, config.idempotency.max_entries),
-        ResponseCache::new(config.cache.max_bytes),
-        Arc::new(CostGuard::new(config.cost.clone())),
-        config.backoff.clone(),
-        config.server.default_deadline,
-    ));
     let auth = Authenticator::from_config(&config.auth)?;
     if auth.is_open() {
         tracing::warn!("auth.mode = \"open\": callers are not authenticated and their `tenant` field is trusted (local use only)");

@@ -62,8 +62,9 @@ pub struct Config {
     pub cache: CacheConfig,
     #[serde(default)]
     pub cost: CostConfig,
+    /// The durable job queue (`SubmitJob`, the `queue` rung); off when absent.
     #[serde(default)]
-    pub queue: QueueConfig,
+    pub queue: Option<QueueConfig>,
 }
 
 /// `[cache]`: the in-process response cache.
@@ -764,6 +765,12 @@ impl Config {
                     "downshift targets are set but the ladder has no `downshift` rung",
                 ));
             }
+            if r.has_rung(Rung::Queue) && self.queue.is_none() {
+                return Err(ConfigError::new(
+                    format!("routes[{i}].ladder"),
+                    "the `queue` rung needs a [queue] section",
+                ));
+            }
             if r.ladder.first() != Some(&Rung::Fallback) {
                 return Err(ConfigError::new(
                     format!("routes[{i}].ladder"),
@@ -908,7 +915,7 @@ impl Config {
             admin: AdminConfig::default(),
             cache: CacheConfig::default(),
             cost: CostConfig::default(),
-            queue: QueueConfig::default(),
+            queue: None,
             providers,
             routes: vec![RouteConfig {
                 name: "chat".into(),

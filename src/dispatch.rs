@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::actors::provider::{OutcomeReport, Permit, ProviderMsg, Refusal, TrafficClass};
+use crate::actors::recovery::RecoveryMsg;
 use crate::actors::registry::{ProviderEntry, Registry};
 use crate::actors::router::{Candidate, Plan, PlanError, RouterMsg};
 use crate::actors::CALL_TIMEOUT;
@@ -26,8 +27,9 @@ use crate::error::RequestError;
 use crate::idempotency::{Claim, IdempotencyStore};
 use crate::policy::backoff::Backoff;
 use crate::policy::outcome::{Failure, OutcomeClass};
+use crate::queue::jobs::{Jobs, OwnedJob};
 use crate::request::RequestSpec;
-use crate::sink::{Event, EventSink, Finished, Started, Tier};
+use crate::sink::{Event, EventSink, Finished, QueuedJob, Started, Tier};
 use crate::telemetry::metrics::{GenAiLabels, Metrics, ServedLabels, ShedLabels, TokenLabels};
 use crate::upstream::{ChatRequest, Usage};
 
@@ -40,6 +42,8 @@ pub struct Dispatcher {
     pub cost: Arc<CostGuard>,
     pub backoff: Backoff,
     pub default_deadline: Duration,
+    /// The durable job queue, when configured.
+    pub jobs: Option<Arc<Jobs>>,
     /// Cancelled when the drain timeout passes: remaining requests end with
     /// UNAVAILABLE (SERVER_DRAINING) and their upstream calls are dropped.
     pub abort: CancellationToken,
@@ -77,6 +81,7 @@ impl Dispatcher {
             idempotency,
             cache,
             cost,
+            jobs: None,
             backoff,
             default_deadline,
             abort: CancellationToken::new(),
@@ -172,10 +177,56 @@ impl Dispatcher {
                         return Ok(());
                     }
                 }
+                if plan.has_rung(Rung::Queue) && !spec.from_queue {
+                    let job = self.enqueue(spec).await?;
+                    tracing::warn!(request_id = %spec.request_id, route = %plan.route, error = %e, "no live answer; queued");
+                    self.metrics
+                        .served
+                        .get_or_create(&ServedLabels {
+                            route: plan.route.clone(),
+                            tier: Tier::Queued.as_str(),
+                            provider: "queue".into(),
+                        })
+                        .inc();
+                    let _ = sink.queued(job).await;
+                    return Ok(());
+                }
                 Err(e)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Accepts a validated request as a durable job and wakes the recovery actor.
+    pub async fn enqueue(&self, spec: &RequestSpec) -> Result<QueuedJob, RequestError> {
+        let jobs = self
+            .jobs
+            .as_ref()
+            .ok_or_else(|| RequestError::QueueUnavailable("no [queue] is configured".into()))?;
+        let request = spec
+            .source
+            .as_ref()
+            .ok_or_else(|| RequestError::QueueUnavailable("the request cannot be stored".into()))?;
+        let record = jobs
+            .submit(OwnedJob {
+                tenant: spec.tenant.clone(),
+                route: spec.route.clone(),
+                idempotency_key: spec.idempotency_key.clone(),
+                fingerprint: spec.fingerprint().to_vec(),
+                request: request.to_vec(),
+            })
+            .await
+            .map_err(crate::api::jobs::queue_error)?;
+        if let Some(recovery) = self.registry.recovery() {
+            let _ = recovery.cast(RecoveryMsg::JobsWaiting);
+        }
+        let (position, eta) = jobs.eta(&record).await;
+        tracing::info!(request_id = %spec.request_id, job = %record.id, position, "accepted as a job");
+        Ok(QueuedJob {
+            record,
+            position,
+            eta,
+        })
     }
 
     fn served_from_cache(&self, route: &str) {
@@ -189,7 +240,7 @@ impl Dispatcher {
             .inc();
     }
 
-    async fn plan(&self, spec: &RequestSpec) -> Result<Plan, RequestError> {
+    pub async fn plan(&self, spec: &RequestSpec) -> Result<Plan, RequestError> {
         let router = self
             .registry
             .router()

@@ -71,6 +71,14 @@ pub enum RequestError {
         cap_usd: f64,
         retry_in: Duration,
     },
+    /// The job queue refused the job (its bounds).
+    #[error("{0}")]
+    QueueFull(String),
+    /// The job queue is not configured or its storage failed.
+    #[error("job queue unavailable: {0}")]
+    QueueUnavailable(String),
+    #[error("no job `{0}`")]
+    JobNotFound(String),
     /// A request with the same idempotency key is being served now.
     #[error("a request with this idempotency key is in flight")]
     IdempotencyKeyInUse,
@@ -114,6 +122,7 @@ impl RequestError {
             RequestError::DeadlineTooShort { .. } => "deadline",
             RequestError::TenantLimit { .. } => "tenant_limit",
             RequestError::CostCap { .. } => "cost_cap",
+            RequestError::QueueFull(_) => "queue_full",
             RequestError::Draining => "draining",
             _ => return None,
         })

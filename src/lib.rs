@@ -12,6 +12,7 @@ pub mod error;
 pub mod idempotency;
 pub mod mock;
 pub mod policy;
+pub mod queue;
 pub mod request;
 pub mod sink;
 pub mod telemetry;

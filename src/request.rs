@@ -23,6 +23,10 @@ pub struct RequestSpec {
     pub tenant: String,
     /// The caller's idempotency key, if any (unscoped).
     pub idempotency_key: Option<String>,
+    /// The encoded `CompletionRequest`, kept so the `queue` rung can store it.
+    pub source: Option<std::sync::Arc<Vec<u8>>>,
+    /// This request is a queued job's run: it never goes to the queue again.
+    pub from_queue: bool,
 }
 
 impl RequestSpec {
@@ -93,6 +97,8 @@ mod tests {
             deadline: None,
             tenant: "t".into(),
             idempotency_key: Some("k".into()),
+            source: None,
+            from_queue: false,
         }
     }
 

@@ -68,8 +68,21 @@ pub struct Finished {
 pub enum Event {
     Started(Started),
     Chunk(Chunk),
-    Reset { reason: String, failed_attempt: u32 },
+    Reset {
+        reason: String,
+        failed_attempt: u32,
+    },
     Finished(Finished),
+    /// The `queue` rung accepted the request as a job (the last event).
+    Queued(QueuedJob),
+}
+
+/// A job accepted for a request, with its place in the queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueuedJob {
+    pub record: crate::queue::JobRecord,
+    pub position: u64,
+    pub eta: std::time::Duration,
 }
 
 /// One item of the channel: an event, or the terminal error.
@@ -176,6 +189,12 @@ impl EventSink {
     /// Sends a stored event as is.
     pub async fn replay(&mut self, event: Event) -> Result<(), ClientGone> {
         self.send(event).await
+    }
+
+    /// Answers with a job instead of tokens (the `queue` rung).
+    pub async fn queued(&mut self, job: QueuedJob) -> Result<(), ClientGone> {
+        self.pending_start = None;
+        self.send(Event::Queued(job)).await
     }
 
     /// Ends the request with an error.

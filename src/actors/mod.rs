@@ -4,6 +4,7 @@
 //! response bytes and never do HTTP inside `handle`.
 
 pub mod provider;
+pub mod recovery;
 pub mod registry;
 pub mod router;
 pub mod supervisor;

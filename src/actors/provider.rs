@@ -14,6 +14,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use super::recovery::RecoveryMsg;
+use super::registry::Registry;
 use crate::config::{ModelConfig, ProviderConfig, ProviderKind};
 use crate::policy::breaker::{
     Breaker, BreakerRefusal, BreakerState, Cause, Forced, Phase, Ticket, Transition,
@@ -348,6 +350,8 @@ pub struct ProviderActor;
 pub struct ProviderArgs {
     pub runtime: Arc<ProviderRuntime>,
     pub metrics: Arc<Metrics>,
+    /// To tell the recovery actor when a breaker closes.
+    pub registry: Arc<Registry>,
 }
 
 /// Mutable state of one incarnation.
@@ -355,6 +359,7 @@ pub struct ProviderState {
     /// Shared I/O runtime, semaphores and snapshot (outlive this incarnation).
     runtime: Arc<ProviderRuntime>,
     metrics: Arc<Metrics>,
+    registry: Arc<Registry>,
     /// Control state per model name.
     models: HashMap<String, ModelState>,
 }
@@ -598,6 +603,7 @@ impl Actor for ProviderActor {
         let state = ProviderState {
             runtime,
             metrics: args.metrics,
+            registry: args.registry,
             models,
         };
         if restarted && state.runtime.config.synthetic_probes {
@@ -631,6 +637,14 @@ impl Actor for ProviderActor {
                 if let Some(t) = state.report(report, now) {
                     state.on_transition(&model, &t);
                     schedule_probe(state, &myself, &model, &t);
+                    if t.to == Phase::Closed {
+                        if let Some(recovery) = state.registry.recovery() {
+                            let _ = recovery.cast(RecoveryMsg::BreakerClosed {
+                                provider: state.runtime.id.clone(),
+                                model,
+                            });
+                        }
+                    }
                 }
             }
             ProviderMsg::SetBreaker {

@@ -8,6 +8,7 @@ use std::sync::{Arc, RwLock};
 use ractor::ActorRef;
 
 use super::provider::{ProviderMsg, ProviderRuntime};
+use super::recovery::RecoveryMsg;
 use super::router::RouterMsg;
 
 /// A provider as request tasks see it: its actor and its I/O runtime.
@@ -22,6 +23,7 @@ pub struct ProviderEntry {
 pub struct Registry {
     providers: RwLock<HashMap<String, ProviderEntry>>,
     router: RwLock<Option<ActorRef<RouterMsg>>>,
+    recovery: RwLock<Option<ActorRef<RecoveryMsg>>>,
 }
 
 impl Registry {
@@ -48,6 +50,16 @@ impl Registry {
 
     pub(crate) fn remove_provider(&self, id: &str) -> Option<ProviderEntry> {
         self.providers.write().ok()?.remove(id)
+    }
+
+    pub fn recovery(&self) -> Option<ActorRef<RecoveryMsg>> {
+        self.recovery.read().ok()?.clone()
+    }
+
+    pub(crate) fn set_recovery(&self, recovery: ActorRef<RecoveryMsg>) {
+        if let Ok(mut r) = self.recovery.write() {
+            *r = Some(recovery);
+        }
     }
 
     pub(crate) fn set_router(&self, router: ActorRef<RouterMsg>) {

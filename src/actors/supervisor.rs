@@ -12,6 +12,7 @@ use ractor::{Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, Supervisio
 use tokio::time::{Duration, Instant};
 
 use super::provider::{ProviderActor, ProviderArgs, ProviderRuntime};
+use super::recovery::{RecoveryActor, RecoveryArgs};
 use super::registry::{ProviderEntry, Registry};
 use super::router::{RouterActor, RouterArgs};
 use crate::config::Config;
@@ -28,6 +29,8 @@ pub struct SupervisorArgs {
     /// Runtimes by provider id, built before start so key errors surface early.
     pub runtimes: HashMap<String, Arc<ProviderRuntime>>,
     pub metrics: Arc<Metrics>,
+    /// The queue drain, when a job queue is configured.
+    pub recovery: Option<RecoveryArgs>,
 }
 
 /// Which child a linked actor is, and how to start it again.
@@ -35,6 +38,7 @@ pub struct SupervisorArgs {
 enum ChildSpec {
     Provider(String),
     Router,
+    Recovery,
 }
 
 pub enum SupervisorMsg {
@@ -92,6 +96,7 @@ pub struct SupervisorState {
     /// Provider runtimes by id; they outlive actor incarnations.
     runtimes: HashMap<String, Arc<ProviderRuntime>>,
     metrics: Arc<Metrics>,
+    recovery: Option<RecoveryArgs>,
     /// Live children by actor id.
     children: HashMap<ActorId, ChildSpec>,
     /// Recent restarts per child, for the restart cap.
@@ -135,6 +140,7 @@ impl SupervisorState {
                 let args = ProviderArgs {
                     runtime: runtime.clone(),
                     metrics: self.metrics.clone(),
+                    registry: self.registry.clone(),
                 };
                 let (actor, _) = Actor::spawn_linked(None, ProviderActor, args, supervisor).await?;
                 self.registry.set_provider(
@@ -144,6 +150,12 @@ impl SupervisorState {
                         runtime,
                     },
                 );
+                actor.get_id()
+            }
+            ChildSpec::Recovery => {
+                let args = self.recovery.clone().ok_or("no recovery settings")?;
+                let (actor, _) = Actor::spawn_linked(None, RecoveryActor, args, supervisor).await?;
+                self.registry.set_recovery(actor.clone());
                 actor.get_id()
             }
             ChildSpec::Router => {
@@ -249,6 +261,7 @@ impl Actor for Supervisor {
             registry: args.registry,
             runtimes: args.runtimes,
             metrics: args.metrics,
+            recovery: args.recovery,
             children: HashMap::new(),
             restarts: HashMap::new(),
             retiring: Default::default(),
@@ -263,6 +276,11 @@ impl Actor for Supervisor {
         state
             .start_child(ChildSpec::Router, myself.get_cell())
             .await?;
+        if state.recovery.is_some() {
+            state
+                .start_child(ChildSpec::Recovery, myself.get_cell())
+                .await?;
+        }
         Ok(state)
     }
 
@@ -296,6 +314,9 @@ impl Actor for Supervisor {
         }
         if let Some(router) = state.registry.router() {
             router.stop(None);
+        }
+        if let Some(recovery) = state.registry.recovery() {
+            recovery.stop(None);
         }
         Ok(())
     }
@@ -373,6 +394,7 @@ targets = ["a/m"]
                 registry: registry.clone(),
                 runtimes,
                 metrics: Arc::new(Metrics::new()),
+                recovery: None,
             },
         )
         .await

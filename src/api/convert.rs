@@ -9,6 +9,7 @@ use crate::actors::router::Needs;
 use crate::config::LimitsConfig;
 use crate::error::RequestError;
 use crate::proto;
+use crate::queue::{JobRecord, JobState};
 use crate::request::RequestSpec;
 use crate::sink::{Event, Finished, Started, Tier};
 use crate::upstream::{ChatMessage, ChatRequest, Chunk, FinishReason, ToolCall, ToolSpec};
@@ -26,6 +27,8 @@ pub fn request_spec(
     deadline: Option<Instant>,
     limits: &LimitsConfig,
 ) -> Result<RequestSpec, RequestError> {
+    // Kept for the `queue` rung, which stores the request as it was sent.
+    let source = std::sync::Arc::new(prost::Message::encode_to_vec(&req));
     if req.route.is_empty() {
         return Err(invalid("route: must not be empty"));
     }
@@ -149,6 +152,8 @@ pub fn request_spec(
         req.tenant
     };
     Ok(RequestSpec {
+        source: Some(source),
+        from_queue: false,
         request_id,
         tenant,
         idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
@@ -271,6 +276,7 @@ pub fn event(e: Event) -> proto::CompletionEvent {
             failed_attempt,
         }),
         Event::Finished(f) => E::Finished(finished(&f)),
+        Event::Queued(q) => E::Job(job(&q.record, q.position, q.eta)),
     };
     proto::CompletionEvent { event: Some(inner) }
 }
@@ -331,9 +337,44 @@ impl Assembler {
                     cache_age_ms: fin.cache_age_ms,
                     replayed: fin.replayed,
                     cost_usd: fin.cost_usd,
+                    job: None,
                 })
             }
+            Event::Queued(q) => Some(proto::CompletionResponse {
+                tier: proto::Tier::Queued as i32,
+                job: Some(Box::new(job(&q.record, q.position, q.eta))),
+                ..Default::default()
+            }),
         }
+    }
+}
+
+/// A stored job as the API shows it.
+pub fn job(r: &JobRecord, position: u64, eta: std::time::Duration) -> proto::Job {
+    let state = match r.state {
+        JobState::Queued => proto::JobState::Queued,
+        JobState::Running => proto::JobState::Running,
+        JobState::Succeeded => proto::JobState::Succeeded,
+        JobState::Failed => proto::JobState::Failed,
+        JobState::Expired => proto::JobState::Expired,
+    };
+    let queued = r.state == JobState::Queued;
+    proto::Job {
+        id: r.id.clone(),
+        state: state as i32,
+        attempts: r.attempts,
+        result: r
+            .result
+            .as_deref()
+            .and_then(|b| <proto::CompletionResponse as prost::Message>::decode(b).ok())
+            .map(Box::new),
+        error: r.error.clone().unwrap_or_default(),
+        error_reason: r.error_reason.clone().unwrap_or_default(),
+        estimated_start_ms: if queued { eta.as_millis() as u64 } else { 0 },
+        route: r.route.clone(),
+        created_unix_ms: r.created_ms,
+        updated_unix_ms: r.updated_ms,
+        position: if queued { position } else { 0 },
     }
 }
 

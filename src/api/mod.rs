@@ -6,5 +6,6 @@ pub mod admin;
 pub mod admin_http;
 pub mod auth;
 pub mod convert;
+pub mod jobs;
 pub mod router_service;
 pub mod status;

@@ -17,11 +17,13 @@ use tracing::Instrument;
 
 use super::auth::Tenant;
 use super::convert;
+use super::jobs;
 use super::status::to_status;
 use crate::config::LimitsConfig;
 use crate::dispatch::Dispatcher;
 use crate::error::RequestError;
 use crate::proto;
+use crate::request::RequestSpec;
 use crate::sink::{EventSink, Item};
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<proto::CompletionEvent, Status>> + Send>>;
@@ -38,6 +40,14 @@ pub struct RouterService {
 }
 
 impl RouterService {
+    fn jobs(&self) -> Result<Arc<crate::queue::jobs::Jobs>, Status> {
+        self.dispatcher.jobs.clone().ok_or_else(|| {
+            to_status(&RequestError::QueueUnavailable(
+                "no [queue] is configured".into(),
+            ))
+        })
+    }
+
     pub fn new(dispatcher: Arc<Dispatcher>, buffer: usize, limits: LimitsConfig) -> Self {
         let prefix: u32 = rand::random();
         RouterService {
@@ -58,6 +68,27 @@ impl RouterService {
     }
 
     /// Validates and starts the request task; returns its channel.
+    /// Validates a request into a spec, with the caller's tenant.
+    fn spec(
+        &self,
+        request: Request<proto::CompletionRequest>,
+        deadline: Option<Instant>,
+    ) -> Result<RequestSpec, Status> {
+        let tenant = request.extensions().get::<Tenant>().map(|t| t.0.clone());
+        let mut spec = convert::request_spec(
+            request.into_inner(),
+            self.request_id(),
+            deadline,
+            &self.limits,
+        )
+        .map_err(|e| to_status(&e))?;
+        if let Some(tenant) = tenant {
+            // An authenticated caller's tenant is its token's, not what it claims.
+            spec.tenant = tenant;
+        }
+        Ok(spec)
+    }
+
     fn start(
         &self,
         request: Request<proto::CompletionRequest>,
@@ -69,20 +100,9 @@ impl RouterService {
             .and_then(|v| v.to_str().ok())
             .and_then(convert::parse_grpc_timeout)
             .map(|t| Instant::now() + t.saturating_sub(deadline_margin(t)));
-        let tenant = request.extensions().get::<Tenant>().map(|t| t.0.clone());
         let metadata = request.metadata().clone();
-        let request_id = self.request_id();
-        let mut spec = convert::request_spec(
-            request.into_inner(),
-            request_id.clone(),
-            deadline,
-            &self.limits,
-        )
-        .map_err(|e| to_status(&e))?;
-        if let Some(tenant) = tenant {
-            // An authenticated caller's tenant is its token's, not what it claims.
-            spec.tenant = tenant;
-        }
+        let spec = self.spec(request, deadline)?;
+        let request_id = spec.request_id.clone();
         let span = tracing::info_span!(
             "request",
             otel.name = %format!("chat {}", spec.route),
@@ -150,6 +170,50 @@ fn with_request_id<T>(mut response: Response<T>, id: &str) -> Response<T> {
 #[tonic::async_trait]
 impl proto::router_server::Router for RouterService {
     type StreamCompletionStream = EventStream;
+    type WatchJobStream = jobs::JobStream;
+
+    async fn submit_job(
+        &self,
+        request: Request<proto::CompletionRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        let jobs = self.jobs()?;
+        let spec = self.spec(request, None)?;
+        self.dispatcher
+            .plan(&spec)
+            .await
+            .map_err(|e| to_status(&e))?;
+        let queued = self
+            .dispatcher
+            .enqueue(&spec)
+            .await
+            .map_err(|e| to_status(&e))?;
+        drop(jobs);
+        Ok(Response::new(convert::job(
+            &queued.record,
+            queued.position,
+            queued.eta,
+        )))
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<proto::GetJobRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        let jobs = self.jobs()?;
+        Ok(Response::new(
+            jobs::get(&jobs, &request.into_inner().id).await?,
+        ))
+    }
+
+    async fn watch_job(
+        &self,
+        request: Request<proto::GetJobRequest>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        let jobs = self.jobs()?;
+        Ok(Response::new(
+            jobs::watch(jobs, request.into_inner().id).await?,
+        ))
+    }
 
     async fn stream_completion(
         &self,

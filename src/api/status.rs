@@ -16,6 +16,21 @@ pub const DOMAIN: &str = "switchyard.dev";
 
 /// Maps a request error to the status the caller receives.
 pub fn to_status(err: &RequestError) -> Status {
+    let (code, reason, meta) = classify(err);
+    let mut details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
+    if let Some(delay) = err.retry_after() {
+        details.set_retry_info(Some(delay));
+    }
+    Status::with_error_details(code, err.to_string(), details)
+}
+
+/// The `ErrorInfo.reason` an error is reported with.
+pub fn reason(err: &RequestError) -> &'static str {
+    classify(err).1
+}
+
+/// The gRPC code, `ErrorInfo.reason` and metadata of an error.
+fn classify(err: &RequestError) -> (Code, &'static str, HashMap<String, String>) {
     let mut meta: HashMap<String, String> = HashMap::new();
     let (code, reason) = match err {
         RequestError::InvalidRequest(_) => (Code::InvalidArgument, "INVALID_REQUEST"),
@@ -100,6 +115,12 @@ pub fn to_status(err: &RequestError) -> Status {
             meta.insert("cap_usd".into(), format!("{cap_usd}"));
             (Code::ResourceExhausted, "COST_CAP")
         }
+        RequestError::QueueFull(_) => (Code::ResourceExhausted, "QUEUE_FULL"),
+        RequestError::QueueUnavailable(_) => (Code::FailedPrecondition, "QUEUE_UNAVAILABLE"),
+        RequestError::JobNotFound(id) => {
+            meta.insert("job".into(), id.clone());
+            (Code::NotFound, "JOB_NOT_FOUND")
+        }
         RequestError::IdempotencyKeyInUse => (Code::Aborted, "IDEMPOTENCY_KEY_IN_USE"),
         RequestError::IdempotencyKeyReused => (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED"),
         RequestError::TenantLimit { limit, .. } => {
@@ -107,11 +128,7 @@ pub fn to_status(err: &RequestError) -> Status {
             (Code::ResourceExhausted, "TENANT_LIMIT")
         }
     };
-    let mut details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
-    if let Some(delay) = err.retry_after() {
-        details.set_retry_info(Some(delay));
-    }
-    Status::with_error_details(code, err.to_string(), details)
+    (code, reason, meta)
 }
 
 /// Status for "no target could serve", by the last failure's class.

@@ -320,6 +320,8 @@ pub struct Collected {
     pub tool_calls: Vec<proto::ToolCallDelta>,
     pub resets: Vec<proto::Reset>,
     pub finished: Option<proto::Finished>,
+    /// The `queue` rung's answer.
+    pub job: Option<proto::Job>,
     pub status: Option<tonic::Status>,
 }
 
@@ -351,6 +353,7 @@ pub async fn stream(
                     out.resets.push(r);
                 }
                 Some(Event::Finished(f)) => out.finished = Some(f),
+                Some(Event::Job(j)) => out.job = Some(j),
                 None => {}
             },
             Ok(None) => return out,

@@ -1,0 +1,199 @@
+//! The job side of the Router service — `SubmitJob`, `GetJob`, `WatchJob` —
+//! and the job runner the recovery actor drives: claim the oldest job, route
+//! it like any request (buffered), store its answer once, or put it back when
+//! no target can take it yet.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::Stream;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use super::convert;
+use super::status::to_status;
+use crate::actors::recovery::{JobRunner, RunOutcome};
+use crate::config::LimitsConfig;
+use crate::dispatch::Dispatcher;
+use crate::error::RequestError;
+use crate::proto;
+use crate::queue::jobs::Jobs;
+use crate::queue::{JobRecord, QueueError};
+use crate::sink::EventSink;
+
+pub type JobStream = Pin<Box<dyn Stream<Item = Result<proto::Job, Status>> + Send>>;
+
+/// Maps a queue error to a request error.
+pub fn queue_error(e: QueueError) -> RequestError {
+    match e {
+        QueueError::Full(_) | QueueError::TenantFull { .. } => {
+            RequestError::QueueFull(e.to_string())
+        }
+        QueueError::KeyReused => RequestError::IdempotencyKeyReused,
+        QueueError::Storage(e) => RequestError::QueueUnavailable(e.to_string()),
+    }
+}
+
+/// The API view of a job, with its place in the queue.
+pub async fn view(jobs: &Jobs, record: &JobRecord) -> proto::Job {
+    let (position, eta) = jobs.eta(record).await;
+    convert::job(record, position, eta)
+}
+
+pub async fn get(jobs: &Jobs, id: &str) -> Result<proto::Job, Status> {
+    match jobs.get(id).await {
+        Ok(Some(record)) => Ok(view(jobs, &record).await),
+        Ok(None) => Err(to_status(&RequestError::JobNotFound(id.to_string()))),
+        Err(e) => Err(to_status(&queue_error(e))),
+    }
+}
+
+/// Streams the job at each change until it is final.
+pub async fn watch(jobs: Arc<Jobs>, id: String) -> Result<JobStream, Status> {
+    let mut changes = jobs.subscribe();
+    let first = get(&jobs, &id).await?;
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        let mut last = first;
+        let done = |j: &proto::Job| {
+            j.state == proto::JobState::Succeeded as i32
+                || j.state == proto::JobState::Failed as i32
+                || j.state == proto::JobState::Expired as i32
+        };
+        if tx.send(Ok(last.clone())).await.is_err() || done(&last) {
+            return;
+        }
+        loop {
+            tokio::select! {
+                changed = changes.recv() => match changed {
+                    Ok(changed) if changed != id => continue,
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+                // Refresh the estimate now and then, and cover lost notices.
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = tx.closed() => return,
+            }
+            let Ok(job) = get(&jobs, &id).await else {
+                return;
+            };
+            if job != last {
+                last = job.clone();
+                if tx.send(Ok(job)).await.is_err() || done(&last) {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+}
+
+/// Builds the runner the recovery actor drives.
+pub fn runner(
+    jobs: Arc<Jobs>,
+    dispatcher: Arc<Dispatcher>,
+    limits: Arc<LimitsConfig>,
+) -> JobRunner {
+    Arc::new(move || {
+        let (jobs, dispatcher, limits) = (jobs.clone(), dispatcher.clone(), limits.clone());
+        Box::pin(async move { run_one(&jobs, dispatcher, &limits).await })
+    })
+}
+
+async fn run_one(jobs: &Jobs, dispatcher: Arc<Dispatcher>, limits: &LimitsConfig) -> RunOutcome {
+    let job = match jobs.claim().await {
+        Ok(Some(job)) => job,
+        Ok(None) => return RunOutcome::Idle,
+        Err(e) => {
+            tracing::error!(error = %e, "job queue: claim failed");
+            return RunOutcome::NoCapacity;
+        }
+    };
+    let Some(claim) = job.claim.clone() else {
+        return RunOutcome::Finished;
+    };
+    let request = match <proto::CompletionRequest as prost::Message>::decode(job.request.as_slice())
+    {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = jobs
+                .fail(
+                    &job.id,
+                    &claim,
+                    format!("stored request unreadable: {e}"),
+                    "JOB_CORRUPT",
+                )
+                .await;
+            return RunOutcome::Finished;
+        }
+    };
+    let mut spec = match convert::request_spec(
+        request,
+        format!("{}-{}", job.id, job.attempts),
+        None,
+        limits,
+    ) {
+        Ok(spec) => spec,
+        Err(e) => {
+            let _ = jobs
+                .fail(&job.id, &claim, e.to_string(), "INVALID_REQUEST")
+                .await;
+            return RunOutcome::Finished;
+        }
+    };
+    spec.tenant = job.tenant.clone();
+    spec.from_queue = true;
+    // The job's own idempotency key was checked at submission.
+    spec.idempotency_key = None;
+    let (tx, mut rx) = mpsc::channel(64);
+    tokio::spawn(dispatcher.run(spec, EventSink::new(tx, true)));
+    let mut assembler = convert::Assembler::default();
+    let mut answer: Result<proto::CompletionResponse, RequestError> = Err(
+        RequestError::Unavailable("the run ended without an answer".into()),
+    );
+    while let Some(item) = rx.recv().await {
+        match item {
+            Ok(event) => {
+                if let Some(response) = assembler.push(event) {
+                    answer = Ok(response);
+                    break;
+                }
+            }
+            Err(e) => {
+                answer = Err(e);
+                break;
+            }
+        }
+    }
+    match answer {
+        Ok(response) => {
+            let bytes = prost::Message::encode_to_vec(&response);
+            match jobs.succeed(&job.id, &claim, bytes).await {
+                Ok(true) => tracing::info!(job = %job.id, attempts = job.attempts, "job succeeded"),
+                Ok(false) => {
+                    tracing::warn!(job = %job.id, "job finished elsewhere; this answer is dropped")
+                }
+                Err(e) => {
+                    tracing::error!(job = %job.id, error = %e, "job queue: storing the answer failed")
+                }
+            }
+            RunOutcome::Finished
+        }
+        Err(e) if e.may_descend_ladder() || matches!(e, RequestError::Draining) => {
+            let _ = jobs.release(&job.id, &claim).await;
+            RunOutcome::NoCapacity
+        }
+        Err(e) => {
+            let _ = jobs
+                .fail(
+                    &job.id,
+                    &claim,
+                    e.to_string(),
+                    crate::api::status::reason(&e),
+                )
+                .await;
+            RunOutcome::Finished
+        }
+    }
+}
