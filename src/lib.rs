@@ -6,6 +6,7 @@ pub mod app;
 pub mod attempt;
 pub mod config;
 pub mod dispatch;
+pub mod drill;
 pub mod error;
 pub mod idempotency;
 pub mod mock;
