@@ -414,3 +414,42 @@ async fn check_target(
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use clap::{Args, FromArgMatches};
+
+    fn parse(argv: &[&str]) -> Result<DrillArgs, clap::Error> {
+        let cmd = DrillArgs::augment_args(clap::Command::new("drill"));
+        cmd.clone().debug_assert();
+        let m = cmd.try_get_matches_from(argv)?;
+        DrillArgs::from_arg_matches(&m)
+    }
+
+    #[test]
+    fn drill_arguments_parse() {
+        let a = parse(&[
+            "drill",
+            "--scenario",
+            "primary-down",
+            "--target",
+            "127.0.0.1:50051",
+            "--mock",
+            "primary=http://127.0.0.1:8001",
+            "--mock",
+            "secondary=http://127.0.0.1:8002",
+            "--admin-token-env",
+            "ADMIN",
+            "-q",
+        ])
+        .unwrap();
+        assert_eq!(a.mocks.len(), 2);
+        assert_eq!(a.mocks[1].0, "secondary");
+        assert!(a.quiet);
+        assert!(parse(&["drill", "--list"]).unwrap().list);
+        assert!(parse(&["drill"]).is_err());
+        assert!(parse(&["drill", "--scenario", "x", "--mock", "nourl"]).is_err());
+    }
+}
