@@ -8,6 +8,7 @@ pub mod cache;
 pub mod config;
 pub mod cost;
 pub mod dispatch;
+pub mod drill;
 pub mod error;
 pub mod idempotency;
 pub mod mock;
