@@ -32,6 +32,8 @@ enum Command {
     },
     /// Run a fault-injecting OpenAI/Anthropic-compatible upstream for tests and drills.
     MockUpstream(MockArgs),
+    /// Run a failover drill (a built-in scenario or a TOML file) and print what happened.
+    Drill(switchyard::drill::DrillArgs),
 }
 
 #[derive(clap::Args)]
@@ -74,6 +76,15 @@ fn main() -> ExitCode {
             }
         }
         Command::Serve(args) => runtime.block_on(serve(args)),
+        // No log subscriber: the in-process router's logs would interleave with the report.
+        Command::Drill(args) => match runtime.block_on(switchyard::drill::run(args)) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(e.exit_code())
+            }
+        },
     }
 }
 

@@ -298,6 +298,11 @@ async fn stream(
                     deltas = 0;
                 }
                 Some(Event::Finished(f)) => finished(&mut r, &f),
+                // A queued answer is not a live one: the drill counts it as served by "queue".
+                Some(Event::Job(_)) => {
+                    r.tier = Some("queued".into());
+                    r.served_by = Some(("queue".into(), String::new()));
+                }
                 None => {}
             },
             Ok(None) => break,
