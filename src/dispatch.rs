@@ -262,9 +262,6 @@ impl Dispatcher {
                 PlanError::NoCapableTarget { route, missing } => {
                     RequestError::NoCapableTarget { route, missing }
                 }
-                PlanError::NoHealthyTarget { route, retry_in } => {
-                    RequestError::NoHealthyTarget { route, retry_in }
-                }
             }),
             _ => Err(RequestError::Unavailable(
                 "router actor did not answer".into(),
@@ -400,7 +397,9 @@ impl Dispatcher {
             attempts += 1;
             chat.model = candidate.model.clone();
             chat.stream = candidate.streams;
-            let tier = if candidate.position == 0 {
+            let tier = if candidate.downshift {
+                Tier::Downshift
+            } else if candidate.position == 0 {
                 Tier::Primary
             } else {
                 Tier::Fallback
@@ -583,7 +582,7 @@ impl Dispatcher {
             },
             None => RequestError::NoHealthyTarget {
                 route: plan.route.clone(),
-                retry_in: refused_retry_in,
+                retry_in: refused_retry_in.or(plan.unavailable_for),
             },
         })
     }

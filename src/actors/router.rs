@@ -59,6 +59,9 @@ pub struct Plan {
     pub cache_ttl: Duration,
     pub serve_fresh_within: Option<Duration>,
     pub max_tokens_limit: Option<u32>,
+    /// When the plan is empty because every capable target is tripped or
+    /// cooling down: the soonest one may take traffic again.
+    pub unavailable_for: Option<Duration>,
 }
 
 impl Plan {
@@ -74,12 +77,6 @@ pub enum PlanError {
     UnknownRoute(String),
     #[error("no target of route `{route}` has {}", missing.join(", "))]
     NoCapableTarget { route: String, missing: Vec<String> },
-    /// Every capable target is tripped, cooling down or forced open.
-    #[error("no healthy target for route `{route}`")]
-    NoHealthyTarget {
-        route: String,
-        retry_in: Option<Duration>,
-    },
 }
 
 pub enum RouterMsg {
@@ -300,12 +297,9 @@ impl RouterState {
                 },
             ));
         }
-        if ranked.is_empty() {
-            return Err(PlanError::NoHealthyTarget {
-                route: route.to_string(),
-                retry_in: soonest,
-            });
-        }
+        // With no healthy target the plan is empty: the request goes straight
+        // down the ladder (cache, queue, refuse) with `unavailable_for` as its retry time.
+        let ranked_empty = ranked.is_empty();
         ranked.sort_by(|(a, _), (b, _)| {
             a.0.cmp(&b.0)
                 .then(a.1.cmp(&b.1))
@@ -330,6 +324,7 @@ impl RouterState {
             cache_ttl: entry.cache_ttl,
             serve_fresh_within: entry.serve_fresh_within,
             max_tokens_limit: entry.max_tokens_limit,
+            unavailable_for: if ranked_empty { soonest } else { None },
         })
     }
 }

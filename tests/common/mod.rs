@@ -137,7 +137,16 @@ impl Mock {
 
     /// Polls the log until `pred` holds for it (the mock records asynchronously).
     pub async fn wait_for(&self, what: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-        for _ in 0..500 {
+        self.wait_for_secs(what, 5, pred).await
+    }
+
+    pub async fn wait_for_secs(
+        &self,
+        what: &str,
+        secs: u64,
+        pred: impl Fn(&[Value]) -> bool,
+    ) -> Vec<Value> {
+        for _ in 0..secs * 100 {
             let log = self.requests().await;
             if pred(&log) {
                 return log;
