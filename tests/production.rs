@@ -259,3 +259,59 @@ async fn sigterm_drains_streams_then_ends_the_rest_with_a_clear_error() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn tenants_are_limited_in_concurrency_and_rate() {
+    let mock = Mock::start("openai", &["--tokens", "20", "--token-delay-ms", "20"]).await;
+    let config = format!(
+        "[limits]\ntenant_max_concurrent = 1\ntenant_rate_per_sec = 0.5\ntenant_burst = 3\n{}",
+        one_provider(&mock)
+    );
+    let sy = Switchyard::start(&config).await;
+    let mut client = sy.client().await;
+    let as_tenant = |t: &str| {
+        let mut r = request("chat");
+        r.tenant = t.into();
+        r
+    };
+    // One stream in flight for team-a; a second one at once is refused.
+    let mut first = client
+        .stream_completion(as_tenant("team-a"))
+        .await
+        .unwrap()
+        .into_inner();
+    let s = stream(&mut client, as_tenant("team-a"))
+        .await
+        .status
+        .unwrap();
+    assert_eq!(s.code(), Code::ResourceExhausted);
+    assert_eq!(reason(&s), "TENANT_LIMIT");
+    assert_eq!(error_meta(&s, "limit").as_deref(), Some("concurrency"));
+    assert!(
+        stream(&mut client, as_tenant("team-b"))
+            .await
+            .finished
+            .is_some(),
+        "another tenant is not affected"
+    );
+    while first.message().await.unwrap().is_some() {}
+    // Burst 3: the first stream and the refused one... the refused one took no token.
+    assert!(stream(&mut client, as_tenant("team-a"))
+        .await
+        .finished
+        .is_some());
+    assert!(stream(&mut client, as_tenant("team-a"))
+        .await
+        .finished
+        .is_some());
+    let s = stream(&mut client, as_tenant("team-a"))
+        .await
+        .status
+        .unwrap();
+    assert_eq!(error_meta(&s, "limit").as_deref(), Some("rate"));
+    use tonic_types::StatusExt;
+    assert!(
+        s.get_error_details().retry_info().is_some(),
+        "with a retry time"
+    );
+}

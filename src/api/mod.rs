@@ -9,3 +9,4 @@ pub mod convert;
 pub mod jobs;
 pub mod router_service;
 pub mod status;
+pub mod tenants;

@@ -19,6 +19,7 @@ use super::auth::Tenant;
 use super::convert;
 use super::jobs;
 use super::status::to_status;
+use super::tenants::TenantLimiter;
 use crate::config::LimitsConfig;
 use crate::dispatch::Dispatcher;
 use crate::error::RequestError;
@@ -34,6 +35,7 @@ pub struct RouterService {
     dispatcher: Arc<Dispatcher>,
     buffer: usize,
     limits: Arc<LimitsConfig>,
+    tenants: Arc<TenantLimiter>,
     /// Prefix unique to this process, so ids from replicas don't collide.
     id_prefix: Arc<str>,
     next_id: Arc<AtomicU64>,
@@ -53,6 +55,7 @@ impl RouterService {
         RouterService {
             dispatcher,
             buffer,
+            tenants: TenantLimiter::new(&limits),
             limits: Arc::new(limits),
             id_prefix: format!("{prefix:08x}").into(),
             next_id: Arc::new(AtomicU64::new(1)),
@@ -114,11 +117,21 @@ impl RouterService {
         );
         crate::telemetry::tracing::continue_trace(&span, &metadata);
         let (tx, rx) = mpsc::channel(self.buffer);
+        let slot = self
+            .tenants
+            .admit(&spec.tenant, Instant::now())
+            .map_err(|e| to_status(&e))?;
+        let run = self
+            .dispatcher
+            .clone()
+            .run(spec, EventSink::new(tx, buffered));
         tokio::spawn(
-            self.dispatcher
-                .clone()
-                .run(spec, EventSink::new(tx, buffered))
-                .instrument(span),
+            async move {
+                run.await;
+                // The tenant's slot is held for the whole request.
+                drop(slot);
+            }
+            .instrument(span),
         );
         Ok(Started {
             request_id,
