@@ -204,6 +204,58 @@ fn runtimes(config: &Config) -> Result<HashMap<String, Arc<ProviderRuntime>>, Co
         .collect()
 }
 
+/// Whether some route has a target that can take traffic now.
+fn any_route_can_serve(config: &Config, registry: &Registry) -> bool {
+    let now = tokio::time::Instant::now();
+    config.routes.iter().any(|r| {
+        r.targets.iter().chain(r.downshift.iter()).any(|t| {
+            let Some((provider, model)) = t.target.split_once('/') else {
+                return false;
+            };
+            registry
+                .provider(provider)
+                .is_some_and(|p| p.runtime.snapshot().unavailable_for(model, now).is_none())
+        })
+    })
+}
+
+/// Keeps readiness (gRPC health of the Router service and `/readyz`) in step
+/// with whether any route can serve; draining overrides it.
+async fn readiness(
+    reloader: Arc<Reloader>,
+    registry: Arc<Registry>,
+    health: tonic_health::server::HealthReporter,
+    routable: Arc<AtomicBool>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+        }
+        let Some(config) = reloader.current.lock().ok().map(|c| c.clone()) else {
+            continue;
+        };
+        let can = any_route_can_serve(&config, &registry);
+        if can != routable.swap(can, Ordering::Relaxed) {
+            if stop.is_cancelled() {
+                return;
+            }
+            if can {
+                tracing::info!("a route can serve again: ready");
+                health
+                    .set_serving::<proto::router_server::RouterServer<RouterService>>()
+                    .await;
+            } else {
+                tracing::warn!("no route has a target that can take traffic: not ready");
+                health
+                    .set_not_serving::<proto::router_server::RouterServer<RouterService>>()
+                    .await;
+            }
+        }
+    }
+}
+
 /// Opens the job queue; runs cut short by a previous process go back to it.
 async fn open_queue(q: &crate::config::QueueConfig) -> Result<Arc<Jobs>, StartError> {
     let limits = Limits {
@@ -371,9 +423,11 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     );
 
     let ready = Arc::new(AtomicBool::new(true));
+    let routable = Arc::new(AtomicBool::new(true));
     let admin_router = admin_http::router(AdminState {
         registry: registry.clone(),
         ready: ready.clone(),
+        routable: routable.clone(),
         metrics: metrics.clone(),
     });
     let admin_stop = stop.clone();
@@ -390,6 +444,13 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     if config.server.watch_config {
         tokio::spawn(reloader.clone().watch(stop.clone()));
     }
+    tokio::spawn(readiness(
+        reloader.clone(),
+        registry.clone(),
+        health.clone(),
+        routable.clone(),
+        stop.clone(),
+    ));
     Ok(Running {
         grpc_addr,
         admin_addr,

@@ -315,3 +315,44 @@ async fn tenants_are_limited_in_concurrency_and_rate() {
         "with a retry time"
     );
 }
+
+#[tokio::test]
+async fn readiness_goes_not_serving_when_no_route_can_serve() {
+    let mock = Mock::start("openai", &[]).await;
+    let config = one_provider(&mock).replace(
+        "  [[providers.models]]",
+        "breaker = { consecutive_failures = 1, open_for = \"60s\", max_open_for = \"60s\" }\n  [[providers.models]]",
+    );
+    let sy = Switchyard::start(&config).await;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(sy.channel().await);
+    let check =
+        |h: &mut tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>| {
+            let mut h = h.clone();
+            async move {
+                h.check(tonic_health::pb::HealthCheckRequest {
+                    service: "switchyard.v1.Router".into(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .status
+            }
+        };
+    use tonic_health::pb::health_check_response::ServingStatus;
+    assert_eq!(check(&mut health).await, ServingStatus::Serving as i32);
+    mock.set_fault(serde_json::json!({"type": "status", "status": 500}))
+        .await;
+    let mut client = sy.client().await;
+    assert!(stream(&mut client, request("chat")).await.status.is_some());
+    for _ in 0..100 {
+        if check(&mut health).await == ServingStatus::NotServing as i32 {
+            let (code, _) = sy.admin_get("/readyz").await;
+            assert_eq!(code, 503);
+            let (code, _) = sy.admin_get("/healthz").await;
+            assert_eq!(code, 200, "still alive");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("readiness never went NOT_SERVING");
+}

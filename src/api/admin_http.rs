@@ -18,6 +18,8 @@ pub struct AdminState {
     pub registry: Arc<Registry>,
     /// False while starting or draining.
     pub ready: Arc<AtomicBool>,
+    /// False while no route has a target that can take traffic.
+    pub routable: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -31,7 +33,10 @@ pub fn router(state: AdminState) -> axum::Router {
 }
 
 async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
-    if s.ready.load(Ordering::Relaxed) && s.registry.router().is_some() {
+    if s.ready.load(Ordering::Relaxed)
+        && s.routable.load(Ordering::Relaxed)
+        && s.registry.router().is_some()
+    {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
