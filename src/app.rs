@@ -428,6 +428,7 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         registry: registry.clone(),
         ready: ready.clone(),
         routable: routable.clone(),
+        jobs: jobs.clone(),
         metrics: metrics.clone(),
     });
     let admin_stop = stop.clone();

@@ -20,6 +20,8 @@ pub struct AdminState {
     pub ready: Arc<AtomicBool>,
     /// False while no route has a target that can take traffic.
     pub routable: Arc<AtomicBool>,
+    /// The job queue, when configured (depth and oldest age at scrape time).
+    pub jobs: Option<Arc<crate::queue::jobs::Jobs>>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -60,6 +62,14 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
                     traffic,
                 })
                 .set(n as i64);
+        }
+    }
+    if let Some(jobs) = &s.jobs {
+        if let Ok((depth, oldest)) = jobs.depth().await {
+            s.metrics.queue_depth.set(depth as i64);
+            s.metrics
+                .queue_oldest_age
+                .set(oldest.map_or(0.0, |a| a.as_secs_f64()));
         }
     }
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], s.metrics.render())
