@@ -153,21 +153,18 @@ impl Dispatcher {
         }
         let caches = plan.has_rung(Rung::Cache) || plan.serve_fresh_within.is_some();
         if caches || guard.is_some() {
-            sink.start_recording();
+            let cache = caches.then(|| (self.cache.clone(), plan.cache_ttl));
+            sink.record(Box::new(move |events| {
+                if let Some((cache, ttl)) = cache {
+                    cache.put(fingerprint, events.clone(), ttl, Instant::now());
+                }
+                if let Some(guard) = guard {
+                    guard.complete(events, Instant::now());
+                }
+            }));
         }
         match self.drive(spec, &plan, sink).await {
-            Ok(()) => {
-                if let Some(events) = sink.take_recording() {
-                    if caches {
-                        self.cache
-                            .put(fingerprint, events.clone(), plan.cache_ttl, Instant::now());
-                    }
-                    if let Some(guard) = guard {
-                        guard.complete(events, Instant::now());
-                    }
-                }
-                Ok(())
-            }
+            Ok(()) => Ok(()),
             Err(e) if e.may_descend_ladder() && !sink.committed() => {
                 if plan.has_rung(Rung::Cache) {
                     if let Some(hit) = self.cache.get(&fingerprint, None, Instant::now()) {

@@ -107,9 +107,15 @@ pub struct EventSink {
     /// The caller buffers the whole answer (unary): partial output can be
     /// discarded with a `Reset`, so nothing is ever committed.
     buffered: bool,
-    /// Events of the current answer, kept for an idempotency record.
+    /// Events of the current answer, kept for the idempotency record and cache.
     recording: Option<Vec<Event>>,
+    /// Called with the recorded answer just before `Finished` is sent, so a
+    /// duplicate arriving right after the caller's answer already finds it.
+    on_finish: Option<FinishHook>,
 }
+
+/// Stores a finished answer (idempotency record, response cache).
+pub type FinishHook = Box<dyn FnOnce(Vec<Event>) + Send + Sync>;
 
 impl EventSink {
     pub fn new(tx: mpsc::Sender<Item>, buffered: bool) -> Self {
@@ -121,6 +127,7 @@ impl EventSink {
             attempt_chars: 0,
             buffered,
             recording: None,
+            on_finish: None,
         }
     }
 
@@ -135,6 +142,7 @@ impl EventSink {
             attempt_chars: 0,
             buffered: true,
             recording: None,
+            on_finish: None,
         }
     }
 
@@ -175,15 +183,11 @@ impl EventSink {
         self.send(Event::Finished(finished)).await
     }
 
-    /// Keeps a copy of the answer's events (a `Reset` starts over).
-    pub fn start_recording(&mut self) {
+    /// Keeps a copy of the answer's events (a `Reset` starts over) and hands
+    /// it to `on_finish` right before the answer's `Finished` goes out.
+    pub fn record(&mut self, on_finish: FinishHook) {
         self.recording = Some(Vec::new());
-    }
-
-    /// The recorded answer, if recording and it finished.
-    pub fn take_recording(&mut self) -> Option<Vec<Event>> {
-        let events = self.recording.take()?;
-        matches!(events.last(), Some(Event::Finished(_))).then_some(events)
+        self.on_finish = Some(on_finish);
     }
 
     /// Sends a stored event as is.
@@ -241,6 +245,11 @@ impl EventSink {
                 recording.clear();
             } else {
                 recording.push(event.clone());
+            }
+            if matches!(event, Event::Finished(_)) {
+                if let (Some(hook), Some(events)) = (self.on_finish.take(), self.recording.take()) {
+                    hook(events);
+                }
             }
         }
         if let Some(tx) = &self.tx {

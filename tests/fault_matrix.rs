@@ -1615,3 +1615,25 @@ async fn side_effects_route_still_fails_over_a_refused_connection() {
     assert_eq!(f.attempts, 2);
     assert_eq!(r.s().requests().await.len(), 1);
 }
+
+#[tokio::test]
+async fn row_46_a_unary_duplicate_right_after_the_answer_replays() {
+    let a = Mock::start("openai", &[]).await;
+    let config = format!(
+        "{}{}",
+        provider("p", "openai", &a.base_url(), "m"),
+        route("chat", &["p/m"])
+    );
+    let sy = Switchyard::start(&config).await;
+    let mut client = sy.client().await;
+    for i in 0..5 {
+        let mut req = request("chat");
+        req.idempotency_key = format!("key-{i}");
+        let first = client.complete(req.clone()).await.unwrap().into_inner();
+        // No pause: the record is stored before the answer leaves.
+        let again = client.complete(req).await.unwrap().into_inner();
+        assert!(again.replayed, "replayed at once");
+        assert_eq!(again.text, first.text);
+    }
+    assert_eq!(a.requests().await.len(), 5);
+}

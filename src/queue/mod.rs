@@ -127,6 +127,15 @@ fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<JobRecord> {
     })
 }
 
+/// One job by id.
+fn by_id(conn: &Connection, id: &str) -> rusqlite::Result<JobRecord> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
+        params![id],
+        row_to_record,
+    )
+}
+
 /// A new job to accept.
 pub struct NewJob<'a> {
     pub tenant: &'a str,
@@ -195,11 +204,7 @@ impl JobStore {
                 if fp != job.fingerprint {
                     return Err(QueueError::KeyReused);
                 }
-                let record = tx.query_row(
-                    &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
-                    params![id],
-                    row_to_record,
-                )?;
+                let record = by_id(&tx, &id)?;
                 return Ok(record);
             }
         }
@@ -238,24 +243,13 @@ impl JobStore {
                 (now + self.limits.ttl.as_millis() as u64) as i64
             ],
         )?;
-        let record = tx.query_row(
-            &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
-            params![id],
-            row_to_record,
-        )?;
+        let record = by_id(&tx, &id)?;
         tx.commit()?;
         Ok(record)
     }
 
     pub fn get(&self, id: &str) -> Result<Option<JobRecord>, QueueError> {
-        Ok(self
-            .conn()
-            .query_row(
-                &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
-                params![id],
-                row_to_record,
-            )
-            .optional()?)
+        Ok(by_id(&self.conn(), id).optional()?)
     }
 
     /// Claims the oldest waiting job for a run of at most `lease`; expires
@@ -285,11 +279,7 @@ impl JobStore {
             "UPDATE jobs SET state = 'RUNNING', attempts = attempts + 1, claim = ?2, lease_until_ms = ?3, updated_ms = ?4 WHERE id = ?1",
             params![id, claim, now + lease.as_millis() as i64, now],
         )?;
-        let record = tx.query_row(
-            &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
-            params![id],
-            row_to_record,
-        )?;
+        let record = by_id(&tx, &id)?;
         tx.commit()?;
         Ok(Some(record))
     }
