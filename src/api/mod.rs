@@ -1,5 +1,6 @@
 //! The caller-facing surfaces: the gRPC `Router` service, the one mapping from
-//! request errors to gRPC statuses, and the admin HTTP listener. Nothing here
+//! request errors to gRPC statuses, the OpenAI-compatible HTTP front door and
+//! the admin HTTP listener. Nothing here
 //! knows upstream wire details.
 
 pub mod admin;
@@ -7,5 +8,6 @@ pub mod admin_http;
 pub mod auth;
 pub mod convert;
 pub mod jobs;
+pub mod openai_http;
 pub mod router_service;
 pub mod status;
