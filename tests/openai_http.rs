@@ -24,18 +24,28 @@ fn http_addr(sy: &Switchyard) -> String {
 struct Front {
     a: Mock,
     b: Mock,
-    /// Kept alive (killed on drop).
-    _sy: Switchyard,
+    sy: Switchyard,
     url: String,
     http: reqwest::Client,
 }
 
 /// Route `chat`: an OpenAI-shaped primary, an Anthropic-shaped secondary.
+/// `head` goes under `[server]`, after `http_listen`.
 async fn front(head: &str, env: &[(&str, &str)]) -> Front {
-    let a = Mock::start("openai", &[]).await;
-    let b = Mock::start("anthropic", &[]).await;
+    front_with(head, "", &[], env).await
+}
+
+/// [`front`] with lines for the route and arguments for both mocks.
+async fn front_with(
+    head: &str,
+    route_extra: &str,
+    mock_args: &[&str],
+    env: &[(&str, &str)],
+) -> Front {
+    let a = Mock::start("openai", mock_args).await;
+    let b = Mock::start("anthropic", mock_args).await;
     let config = format!(
-        "[server]\nhttp_listen = \"127.0.0.1:0\"\n{head}\n{}{}{}",
+        "[server]\nhttp_listen = \"127.0.0.1:0\"\n{head}\n{}{}{}{route_extra}\n",
         provider("primary", "openai", &a.base_url(), "gpt-4o-mini"),
         provider("secondary", "anthropic", &b.base_url(), "claude-sonnet-4-5"),
         route(
@@ -48,7 +58,7 @@ async fn front(head: &str, env: &[(&str, &str)]) -> Front {
     Front {
         a,
         b,
-        _sy: sy,
+        sy,
         url,
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
@@ -288,7 +298,7 @@ async fn unknown_model_is_404_openai_error_and_no_upstream_call() {
 
 #[tokio::test]
 async fn bad_input_is_400_naming_the_field() {
-    let f = front("[limits]\nmax_request_bytes = 4096\n", &[]).await;
+    let f = front("\n[limits]\nmax_request_bytes = 4096\n", &[]).await;
     let mut req = hello(false);
     req["temperature"] = json!(3.5);
     let r = f.post(req).await;
@@ -389,7 +399,7 @@ async fn a_cut_stream_ends_with_an_error_frame_not_done() {
 #[tokio::test]
 async fn bearer_auth_is_the_grpc_auth() {
     let f = front(
-        "[auth]\nmode = \"tokens\"\ntokens_env = \"SY_TEST_TOKENS\"\n",
+        "\n[auth]\nmode = \"tokens\"\ntokens_env = \"SY_TEST_TOKENS\"\n",
         &[("SY_TEST_TOKENS", "team-a:aaaaaaaaaaaaaaaaaaaaaaaa")],
     )
     .await;
@@ -431,4 +441,88 @@ async fn bearer_auth_is_the_grpc_auth() {
         v["data"][0]["targets"],
         json!(["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"])
     );
+}
+
+#[tokio::test]
+async fn a_reset_route_still_ends_the_http_stream_with_an_error() {
+    // OpenAI clients cannot discard output: `mid_stream = "reset"` ends the
+    // stream with an error frame, like `fail`, instead of restarting it.
+    let f = front_with("", "mid_stream = \"reset\"", &[], &[]).await;
+    f.a.set_fault(json!({"type": "abort", "after_tokens": 3}))
+        .await;
+    let body = f.post(hello(true)).await.text().await.unwrap();
+    let fr = frames(&body);
+    assert!(!fr.iter().any(|x| x == "[DONE]"), "{body}");
+    let text: String = fr[..fr.len() - 1]
+        .iter()
+        .map(|x| serde_json::from_str::<Value>(x).unwrap())
+        .filter_map(|x| {
+            x["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(text, "tok0 tok1 tok2 ", "only the first attempt's output");
+    let last: Value = serde_json::from_str(fr.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "UPSTREAM_STREAM_TRUNCATED", "{body}");
+    assert!(last["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("discarded"));
+
+    // A unary caller never saw the partial output: it gets the secondary's answer.
+    let r = f.post(hello(false)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        header(&r, "x-switchyard-served-by"),
+        "secondary/claude-sonnet-4-5"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_drains_http_streams_then_ends_the_rest_with_an_error_frame() {
+    let mut f = front_with(
+        "drain_timeout = \"1500ms\"",
+        "",
+        &["--tokens", "400", "--token-delay-ms", "25"],
+        &[],
+    )
+    .await;
+    let mut calls = Vec::new();
+    for max_tokens in [20, 400] {
+        let mut req = hello(true);
+        req["max_tokens"] = json!(max_tokens);
+        let r = f.post(req).await;
+        assert_eq!(r.status(), 200);
+        calls.push(tokio::spawn(async move { r.text().await.unwrap() }));
+    }
+    f.a.wait_for("two streams in flight", |l| l.len() == 2)
+        .await;
+    let pid = f.sy.child.id().unwrap();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let mut bodies = Vec::new();
+    for c in calls {
+        bodies.push(
+            tokio::time::timeout(Duration::from_secs(15), c)
+                .await
+                .expect("nothing hangs")
+                .unwrap(),
+        );
+    }
+    assert!(
+        frames(&bodies[0]).last().is_some_and(|x| x == "[DONE]"),
+        "the short stream finished inside the drain window: {}",
+        bodies[0]
+    );
+    let last: Value = serde_json::from_str(frames(&bodies[1]).last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "SERVER_DRAINING", "{}", bodies[1]);
+    let status = tokio::time::timeout(Duration::from_secs(10), f.sy.child.wait())
+        .await
+        .expect("exits after draining")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
 }
