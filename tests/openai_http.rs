@@ -526,3 +526,55 @@ async fn sigterm_drains_http_streams_then_ends_the_rest_with_an_error_frame() {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test]
+async fn idempotency_key_header_replays_instead_of_calling_again() {
+    let f = front("", &[]).await;
+    let send = || {
+        f.http
+            .post(format!("{}/v1/chat/completions", f.url))
+            .header("idempotency-key", "order-7")
+            .json(&hello(false))
+            .send()
+    };
+    let first: Value = send().await.unwrap().json().await.unwrap();
+    // The record completes just after the first answer went out; until then
+    // the key is in use (409, which the OpenAI SDKs retry).
+    let mut second = Value::Null;
+    for _ in 0..100 {
+        let r = send().await.unwrap();
+        let status = r.status();
+        second = r.json().await.unwrap();
+        if status != 409 {
+            assert_eq!(status, 200, "{second}");
+            break;
+        }
+        assert_eq!(second["error"]["code"], "IDEMPOTENCY_KEY_IN_USE");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        first["choices"][0]["message"]["content"], second["choices"][0]["message"]["content"],
+        "{second}"
+    );
+    assert_eq!(
+        f.a.requests().await.len(),
+        1,
+        "the second call was a replay"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_cancels_the_upstream_call() {
+    let f = front_with("", "", &["--tokens", "400", "--token-delay-ms", "25"], &[]).await;
+    let mut req = hello(true);
+    req["max_tokens"] = json!(400);
+    let mut r = f.post(req).await;
+    assert!(r.chunk().await.unwrap().is_some());
+    drop(r);
+    let log =
+        f.a.wait_for("the upstream call hung up", |l| {
+            l.len() == 1 && l[0]["client_hung_up"] == true
+        })
+        .await;
+    assert!(log[0]["tokens_sent"].as_u64().unwrap() < 400);
+}
