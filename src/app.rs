@@ -1,6 +1,7 @@
 //! Assembly: builds provider runtimes, starts the supervisor (and with it the
 //! provider and router actors), and serves the gRPC, admin and (optional)
-//! OpenAI-compatible HTTP listeners until told to stop. Shutdown runs in phases (see [`Running::shutdown`]).
+//! OpenAI-compatible HTTP listeners until told to stop. Shutdown runs in
+//! phases (see [`Running::shutdown`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -1,7 +1,6 @@
 //! The caller-facing surfaces: the gRPC `Router` service, the one mapping from
 //! request errors to gRPC statuses, the OpenAI-compatible HTTP front door and
-//! the admin HTTP listener. Nothing here
-//! knows upstream wire details.
+//! the admin HTTP listener. Nothing here knows upstream wire details.
 
 pub mod admin;
 pub mod admin_http;
