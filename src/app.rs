@@ -1,6 +1,7 @@
 //! Assembly: builds provider runtimes, starts the supervisor (and with it the
-//! provider and router actors), and serves the gRPC and admin listeners until
-//! told to stop. Shutdown runs in phases (see [`Running::shutdown`]).
+//! provider and router actors), and serves the gRPC, admin and (optional)
+//! OpenAI-compatible HTTP listeners until told to stop. Shutdown runs in
+//! phases (see [`Running::shutdown`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,6 +25,7 @@ use crate::actors::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::api::admin::{AdminAccess, AdminService};
 use crate::api::admin_http::{self, AdminState};
 use crate::api::auth::Authenticator;
+use crate::api::openai_http::{self, HttpState};
 use crate::api::router_service::RouterService;
 use crate::cache::ResponseCache;
 use crate::config::AuthMode;
@@ -143,6 +145,11 @@ impl Reloader {
         Ok(report)
     }
 
+    /// The config in force.
+    pub fn config(&self) -> Option<Arc<Config>> {
+        self.current.lock().ok().map(|c| c.clone())
+    }
+
     /// Polls the file and reloads when its content changes (ConfigMap updates
     /// swap symlinks, so content, not mtime, is compared).
     async fn watch(self: Arc<Self>, stop: CancellationToken) {
@@ -175,6 +182,8 @@ impl Reloader {
 pub struct Running {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The OpenAI-compatible HTTP listener, when `server.http_listen` is set.
+    pub http_addr: Option<SocketAddr>,
     pub registry: Arc<Registry>,
     pub reloader: Arc<Reloader>,
     dispatcher: Arc<Dispatcher>,
@@ -186,6 +195,7 @@ pub struct Running {
     health: tonic_health::server::HealthReporter,
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,
     admin: JoinHandle<std::io::Result<()>>,
+    http: Option<JoinHandle<std::io::Result<()>>>,
 }
 
 fn runtimes(config: &Config) -> Result<HashMap<String, Arc<ProviderRuntime>>, ConfigError> {
@@ -345,6 +355,7 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         config.server.stream_buffer,
         config.limits.clone(),
     );
+    let http_auth = auth.clone();
     let router = tonic::service::interceptor::InterceptedService::new(
         proto::router_server::RouterServer::new(router)
             .max_decoding_message_size(config.limits.max_request_bytes),
@@ -379,6 +390,17 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
             addr: config.server.admin_listen,
             source,
         })?;
+
+    let http_listener = match config.server.http_listen {
+        Some(addr) => {
+            let listener = bind(addr).await?;
+            let local = listener
+                .local_addr()
+                .map_err(|source| StartError::Bind { addr, source })?;
+            Some((listener, local))
+        }
+        None => None,
+    };
 
     let stop = CancellationToken::new();
     let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
@@ -442,6 +464,27 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
             .await
     });
 
+    let http_addr = http_listener.as_ref().map(|(_, a)| *a);
+    let http = http_listener.map(|(listener, _)| {
+        let router = openai_http::router(Arc::new(HttpState::new(
+            dispatcher.clone(),
+            http_auth,
+            config.limits.clone(),
+            config.server.stream_buffer,
+            reloader.clone(),
+        )));
+        let http_stop = stop.clone();
+        tokio::spawn(async move {
+            use axum::serve::ListenerExt;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move { http_stop.cancelled().await })
+                .await
+        })
+    });
+
     if config.server.watch_config {
         tokio::spawn(reloader.clone().watch(stop.clone()));
     }
@@ -455,6 +498,7 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     Ok(Running {
         grpc_addr,
         admin_addr,
+        http_addr,
         registry,
         reloader,
         dispatcher,
@@ -466,6 +510,7 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         health,
         grpc,
         admin,
+        http,
     })
 }
 
@@ -477,8 +522,8 @@ impl Running {
 
     /// Stops the server, in phases:
     /// 1. readiness and gRPC health go NOT_SERVING;
-    /// 2. the gRPC listener stops accepting (connections get GOAWAY); in-flight
-    ///    calls run on for up to `drain_timeout`;
+    /// 2. the gRPC and HTTP listeners stop accepting (gRPC connections get
+    ///    GOAWAY); in-flight calls run on for up to `drain_timeout`;
     /// 3. calls still running then end with UNAVAILABLE (SERVER_DRAINING);
     /// 4. the admin listener and the actors stop; queued work stays queued.
     pub async fn shutdown(mut self) {
@@ -490,6 +535,7 @@ impl Running {
             .set_service_status("", tonic_health::ServingStatus::NotServing)
             .await;
         self.stop.cancel();
+        let drain_started = tokio::time::Instant::now();
         let active = self.dispatcher.active.load(Ordering::Relaxed);
         tracing::info!(active, drain_timeout = ?self.drain_timeout, "draining");
         if tokio::time::timeout(self.drain_timeout, &mut self.grpc)
@@ -507,6 +553,18 @@ impl Running {
                 .is_err()
             {
                 self.grpc.abort();
+            }
+        }
+        if let Some(mut http) = self.http.take() {
+            let left = self.drain_timeout.saturating_sub(drain_started.elapsed());
+            if tokio::time::timeout(left, &mut http).await.is_err() {
+                self.dispatcher.abort.cancel();
+                if tokio::time::timeout(std::time::Duration::from_secs(5), &mut http)
+                    .await
+                    .is_err()
+                {
+                    http.abort();
+                }
             }
         }
         let _ = self.admin.await;

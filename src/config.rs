@@ -238,6 +238,8 @@ pub struct ServerConfig {
     pub grpc_listen: SocketAddr,
     /// Admin HTTP listener: `/metrics`, `/healthz`, `/readyz`.
     pub admin_listen: SocketAddr,
+    /// OpenAI-compatible HTTP listener (`/v1/chat/completions`, `/v1/models`); off when absent.
+    pub http_listen: Option<SocketAddr>,
     pub log_format: LogFormat,
     /// Re-read the config file when it changes (a ConfigMap update).
     pub watch_config: bool,
@@ -270,6 +272,7 @@ impl Default for ServerConfig {
         ServerConfig {
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            http_listen: None,
             log_format: LogFormat::Pretty,
             default_deadline: Duration::from_secs(120),
             stream_buffer: 64,

@@ -187,8 +187,12 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let mut hangups = Hangups::install();
+    let http = running
+        .http_addr
+        .map(|a| format!(" http={a}"))
+        .unwrap_or_default();
     println!(
-        "switchyard serving grpc={} admin={}",
+        "switchyard serving grpc={} admin={}{http}",
         running.grpc_addr, running.admin_addr
     );
     let _ = std::io::stdout().flush();

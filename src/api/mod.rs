@@ -1,12 +1,13 @@
 //! The caller-facing surfaces: the gRPC `Router` service, the one mapping from
-//! request errors to gRPC statuses, and the admin HTTP listener. Nothing here
-//! knows upstream wire details.
+//! request errors to gRPC statuses, the OpenAI-compatible HTTP front door and
+//! the admin HTTP listener. Nothing here knows upstream wire details.
 
 pub mod admin;
 pub mod admin_http;
 pub mod auth;
 pub mod convert;
 pub mod jobs;
+pub mod openai_http;
 pub mod router_service;
 pub mod status;
 pub mod tenants;
