@@ -27,6 +27,7 @@ use crate::api::admin_http::{self, AdminState};
 use crate::api::auth::Authenticator;
 use crate::api::openai_http::{self, HttpState};
 use crate::api::router_service::RouterService;
+use crate::api::tls::{self, TlsState};
 use crate::cache::ResponseCache;
 use crate::config::AuthMode;
 use crate::config::{Config, ConfigError};
@@ -56,26 +57,6 @@ pub enum StartError {
     Queue(String),
 }
 
-/// Reads the PEM files named by `[server.tls]`.
-fn tls_config(
-    tls: &crate::config::TlsConfig,
-) -> Result<tonic::transport::ServerTlsConfig, StartError> {
-    let read = |field: &str, path: &std::path::Path| {
-        std::fs::read(path)
-            .map_err(|e| StartError::Tls(format!("{field}: cannot read {}: {e}", path.display())))
-    };
-    let identity =
-        tonic::transport::Identity::from_pem(read("cert", &tls.cert)?, read("key", &tls.key)?);
-    let mut cfg = tonic::transport::ServerTlsConfig::new().identity(identity);
-    if let Some(ca) = &tls.client_ca {
-        cfg = cfg.client_ca_root(tonic::transport::Certificate::from_pem(read(
-            "client_ca",
-            ca,
-        )?));
-    }
-    Ok(cfg)
-}
-
 /// Re-reads the config file and applies it if valid (SIGHUP, file change,
 /// `Admin.ReloadConfig`). Providers and routes, their policies, budgets and
 /// timeouts are reloaded; listeners, TLS, auth and limits need a restart.
@@ -86,6 +67,8 @@ pub struct Reloader {
     last_seen: Mutex<[u8; 32]>,
     /// The config in force.
     current: Mutex<Arc<Config>>,
+    /// TLS of the gRPC listener, when on: certificates are re-read on reload.
+    tls: Option<Arc<TlsState>>,
 }
 
 impl Reloader {
@@ -117,6 +100,11 @@ impl Reloader {
             return Err(format!("{path}: environment variable {env} is not set"));
         }
         let fresh = runtimes(&config).map_err(|e| e.to_string())?;
+        // Certificates are re-read (rotation) and checked before anything is applied.
+        let tls = match (&self.tls, &config.server.tls) {
+            (Some(_), Some(t)) => Some(tls::load(t)?),
+            _ => None,
+        };
         let config = Arc::new(config);
         let answer = self
             .supervisor
@@ -133,8 +121,16 @@ impl Reloader {
             Ok(ractor::rpc::CallResult::Success(report)) => report,
             _ => return Err("the supervisor did not apply the config".into()),
         };
+        if let (Some(state), Some(tls)) = (&self.tls, tls) {
+            state.swap(tls);
+        }
         if let Ok(mut current) = self.current.lock() {
-            if current.server != config.server
+            let mut old_server = current.server.clone();
+            if self.tls.is_some() && config.server.tls.is_some() {
+                // Certificate paths are reloaded live; turning TLS on or off is not.
+                old_server.tls = config.server.tls.clone();
+            }
+            if old_server != config.server
                 || current.auth != config.auth
                 || current.limits != config.limits
             {
@@ -403,13 +399,17 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     };
 
     let stop = CancellationToken::new();
-    let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let grpc_stop = stop.clone();
+    let tls = match &config.server.tls {
+        Some(t) => Some(TlsState::new(tls::load(t).map_err(StartError::Tls)?)),
+        None => None,
+    };
     let reloader = Arc::new(Reloader {
         path: config_path,
         supervisor: supervisor.clone(),
         last_seen: Mutex::new(initial_digest),
         current: Mutex::new(config.clone()),
+        tls: tls.clone(),
     });
     let admin_access = match &config.admin.token_env {
         Some(env) => {
@@ -429,20 +429,23 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         )),
         move |req| admin_access.check(req),
     );
-    let mut server = tonic::transport::Server::builder();
-    if let Some(tls) = &config.server.tls {
-        server = server
-            .tls_config(tls_config(tls)?)
-            .map_err(|e| StartError::Tls(e.to_string()))?;
-    }
-    let grpc = tokio::spawn(
-        server
-            .add_service(health_service)
-            .add_service(reflection)
-            .add_service(router)
-            .add_service(admin_service)
-            .serve_with_incoming_shutdown(incoming, async move { grpc_stop.cancelled().await }),
-    );
+    let routes = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(router)
+        .add_service(admin_service);
+    let shutdown = async move { grpc_stop.cancelled().await };
+    let grpc = match tls {
+        // TLS is terminated here (not by tonic) so certificates can be reloaded.
+        Some(tls) => tokio::spawn(routes.serve_with_incoming_shutdown(
+            tls::incoming(grpc_listener, tls, stop.clone()),
+            shutdown,
+        )),
+        None => tokio::spawn(routes.serve_with_incoming_shutdown(
+            TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+            shutdown,
+        )),
+    };
 
     let ready = Arc::new(AtomicBool::new(true));
     let routable = Arc::new(AtomicBool::new(true));

@@ -356,3 +356,120 @@ async fn readiness_goes_not_serving_when_no_route_can_serve() {
     }
     panic!("readiness never went NOT_SERVING");
 }
+
+/// A CA and a certificate it signed for `name` (PEMs: ca, cert, key).
+fn ca_and_cert(
+    name: &str,
+) -> (
+    String,
+    String,
+    String,
+    rcgen::Issuer<'static, rcgen::KeyPair>,
+) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec![name.to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem(), issuer)
+}
+
+async fn tls_call(port: &str, ca: &str, identity: Option<(&str, &str)>) -> Result<(), String> {
+    let mut tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+        .domain_name("localhost");
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(tonic::transport::Identity::from_pem(cert, key));
+    }
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let mut client = proto::router_client::RouterClient::new(channel);
+    client
+        .complete(request("chat"))
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("{e:?}"))
+}
+
+#[tokio::test]
+async fn tls_certificates_reload_and_client_certificates_are_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca1, cert1, key1, _) = ca_and_cert("localhost");
+    let (client_ca, client_cert, client_key, _) = ca_and_cert("caller");
+    let (cert_path, key_path, client_ca_path) = (
+        dir.path().join("cert.pem"),
+        dir.path().join("key.pem"),
+        dir.path().join("clients.pem"),
+    );
+    std::fs::write(&cert_path, &cert1).unwrap();
+    std::fs::write(&key_path, &key1).unwrap();
+    std::fs::write(&client_ca_path, &client_ca).unwrap();
+    let mock = Mock::start("openai", &[]).await;
+    let config = format!(
+        "[server]\nwatch_config = false\n[server.tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n{}",
+        cert_path.display(),
+        key_path.display(),
+        client_ca_path.display(),
+        one_provider(&mock)
+    );
+    let sy = Switchyard::start(&config).await;
+    let port = sy.grpc.rsplit(':').next().unwrap().to_string();
+
+    tls_call(&port, &ca1, Some((&client_cert, &client_key)))
+        .await
+        .unwrap();
+    assert!(
+        tls_call(&port, &ca1, None).await.is_err(),
+        "a caller without a client certificate is refused"
+    );
+    let (_, stranger_cert, stranger_key, _) = ca_and_cert("stranger");
+    assert!(
+        tls_call(&port, &ca1, Some((&stranger_cert, &stranger_key)))
+            .await
+            .is_err(),
+        "a client certificate from another CA is refused"
+    );
+
+    // Rotate the server certificate to one from a new CA and reload.
+    let (ca2, cert2, key2, _) = ca_and_cert("localhost");
+    std::fs::write(&cert_path, &cert2).unwrap();
+    std::fs::write(&key_path, &key2).unwrap();
+    let pid = sy.child.id().unwrap().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let mut rotated = false;
+    for _ in 0..100 {
+        if tls_call(&port, &ca2, Some((&client_cert, &client_key)))
+            .await
+            .is_ok()
+        {
+            rotated = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        rotated,
+        "new connections use the reloaded certificate: {}",
+        sy.logs()
+    );
+    assert!(
+        tls_call(&port, &ca1, Some((&client_cert, &client_key)))
+            .await
+            .is_err(),
+        "the old one is gone"
+    );
+}

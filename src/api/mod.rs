@@ -11,3 +11,4 @@ pub mod openai_http;
 pub mod router_service;
 pub mod status;
 pub mod tenants;
+pub mod tls;
