@@ -173,7 +173,7 @@ impl JobStore {
             );
             CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency ON jobs(tenant, idempotency_key)
                 WHERE idempotency_key IS NOT NULL;
-            CREATE INDEX IF NOT EXISTS jobs_waiting ON jobs(state, created_ms);",
+            CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);",
         )?;
         Ok(JobStore {
             conn: Mutex::new(conn),
@@ -265,7 +265,7 @@ impl JobStore {
         )?;
         let id: Option<String> = tx
             .query_row(
-                "SELECT id FROM jobs WHERE state = 'QUEUED' ORDER BY created_ms, id LIMIT 1",
+                "SELECT id FROM jobs WHERE state = 'QUEUED' ORDER BY rowid LIMIT 1",
                 [],
                 |r| r.get(0),
             )
@@ -351,8 +351,8 @@ impl JobStore {
     /// Jobs waiting ahead of this one.
     pub fn position(&self, record: &JobRecord) -> Result<u64, QueueError> {
         let n: i64 = self.conn().query_row(
-            "SELECT COUNT(*) FROM jobs WHERE state = 'QUEUED' AND (created_ms < ?1 OR (created_ms = ?1 AND id < ?2))",
-            params![record.created_ms as i64, record.id],
+            "SELECT COUNT(*) FROM jobs WHERE state = 'QUEUED' AND rowid < (SELECT rowid FROM jobs WHERE id = ?1)",
+            params![record.id],
             |r| r.get(0),
         )?;
         Ok(n as u64)
