@@ -11,6 +11,7 @@ use tokio::time::{timeout_at, Instant};
 use crate::actors::provider::ProviderRuntime;
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::sink::EventSink;
+use crate::upstream::FinishReason;
 use crate::upstream::{
     anthropic, classify, openai, sse::SseParser, ChatRequest, Completion, ProviderKind,
     StreamDecoder,
@@ -38,17 +39,10 @@ impl AttemptEnd {
     /// The class reported to the provider actor.
     pub fn class(&self) -> OutcomeClass {
         match self {
-            AttemptEnd::Completed(c)
-                if c.finish_reason == crate::upstream::FinishReason::Refusal =>
-            {
-                OutcomeClass::Refusal
-            }
-            AttemptEnd::Completed(c)
-                if c.finish_reason == crate::upstream::FinishReason::ContentFilter =>
-            {
-                OutcomeClass::Refusal
-            }
-            AttemptEnd::Completed(_) => OutcomeClass::Ok,
+            AttemptEnd::Completed(c) => match c.finish_reason {
+                FinishReason::Refusal | FinishReason::ContentFilter => OutcomeClass::Refusal,
+                _ => OutcomeClass::Ok,
+            },
             AttemptEnd::Failed(f) => f.class,
             AttemptEnd::ClientGone | AttemptEnd::DeadlineExceeded => OutcomeClass::Cancelled,
         }
