@@ -114,14 +114,7 @@ impl Dispatcher {
     /// The whole request: cost cap, idempotency, fresh cache hits, the live
     /// targets, then the rest of the degradation ladder.
     async fn serve(&self, spec: &RequestSpec, sink: &mut EventSink) -> Result<(), RequestError> {
-        if let Err(over) = self.cost.check(&spec.tenant, Instant::now()) {
-            return Err(RequestError::CostCap {
-                tenant: spec.tenant.clone(),
-                spent_usd: over.spent_usd,
-                cap_usd: over.cap_usd,
-                retry_in: over.retry_in,
-            });
-        }
+        self.check_cost(&spec.tenant, Instant::now())?;
         let fingerprint = spec.fingerprint();
         let guard = match spec.scoped_key() {
             None => None,
@@ -226,6 +219,17 @@ impl Dispatcher {
         })
     }
 
+    fn check_cost(&self, tenant: &str, now: Instant) -> Result<(), RequestError> {
+        self.cost
+            .check(tenant, now)
+            .map_err(|over| RequestError::CostCap {
+                tenant: tenant.to_string(),
+                spent_usd: over.spent_usd,
+                cap_usd: over.cap_usd,
+                retry_in: over.retry_in,
+            })
+    }
+
     fn served_from_cache(&self, route: &str) {
         self.metrics
             .served
@@ -317,14 +321,8 @@ impl Dispatcher {
             }
             let remaining = deadline - now;
             if attempts > 0 {
-                if let Err(over) = self.cost.check(&spec.tenant, now) {
-                    return Err(RequestError::CostCap {
-                        tenant: spec.tenant.clone(),
-                        spent_usd: over.spent_usd,
-                        cap_usd: over.cap_usd,
-                        retry_in: over.retry_in,
-                    });
-                }
+                // An expensive fallback chain stops at the cap too.
+                self.check_cost(&spec.tenant, now)?;
             }
             let Some((idx, wait)) = self.next_candidate(&tried, last_target, remaining) else {
                 break;
