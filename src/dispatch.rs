@@ -251,6 +251,7 @@ impl Dispatcher {
                 |reply| RouterMsg::Plan {
                     route: spec.route.clone(),
                     needs: spec.needs.clone(),
+                    pin: spec.pin.clone(),
                     reply,
                 },
                 Some(CALL_TIMEOUT),

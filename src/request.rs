@@ -27,6 +27,8 @@ pub struct RequestSpec {
     pub source: Option<std::sync::Arc<Vec<u8>>>,
     /// This request is a queued job's run: it never goes to the queue again.
     pub from_queue: bool,
+    /// Only this `provider/model` target of the route may serve.
+    pub pin: Option<String>,
 }
 
 impl RequestSpec {
@@ -54,6 +56,7 @@ impl RequestSpec {
         // serde_json maps are sorted by key, so this text is canonical.
         let canonical = serde_json::json!({
             "route": self.route,
+            "pin": self.pin,
             "messages": messages,
             "tools": tools,
             "max_tokens": c.max_tokens,
@@ -99,6 +102,7 @@ mod tests {
             idempotency_key: Some("k".into()),
             source: None,
             from_queue: false,
+            pin: None,
         }
     }
 

@@ -251,7 +251,10 @@ async fn the_queue_rung_answers_with_a_job_that_completes_when_capacity_returns(
         }
     };
     // Waiting, or mid-run (the recovery actor keeps trying while the upstream fails).
-    assert!([JobState::Queued as i32, JobState::Running as i32].contains(&states[0]), "{states:?}");
+    assert!(
+        [JobState::Queued as i32, JobState::Running as i32].contains(&states[0]),
+        "{states:?}"
+    );
     let result = last.result.unwrap();
     assert!(!result.text.is_empty());
     assert_eq!(result.finish_reason, proto::FinishReason::Stop as i32);

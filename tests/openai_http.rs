@@ -578,3 +578,29 @@ async fn a_client_that_hangs_up_cancels_the_upstream_call() {
         .await;
     assert!(log[0]["tokens_sent"].as_u64().unwrap() < 400);
 }
+
+#[tokio::test]
+async fn a_provider_model_name_pins_one_target_of_a_route() {
+    let f = front("", &[]).await;
+    let r = f
+        .post(json!({"model": "secondary/claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["x-switchyard-served-by"],
+        "secondary/claude-sonnet-4-5"
+    );
+    assert!(f.a.requests().await.is_empty(), "the pinned target only");
+    // Pinned to a failing target: no failover to the rest of the route.
+    f.b.set_fault(json!({"type": "status", "status": 500}))
+        .await;
+    let r = f
+        .post(json!({"model": "secondary/claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert_eq!(r.status(), 503);
+    assert!(f.a.requests().await.is_empty());
+    let r = f
+        .post(json!({"model": "nobody/nothing", "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert_eq!(r.status(), 404);
+}

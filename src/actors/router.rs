@@ -83,6 +83,8 @@ pub enum RouterMsg {
     Plan {
         route: String,
         needs: Needs,
+        /// Only this `provider/model` target may serve.
+        pin: Option<String>,
         reply: RpcReplyPort<Result<Plan, PlanError>>,
     },
     /// May this request make one more attempt (a retry or a failover)?
@@ -237,7 +239,13 @@ fn band(score: f64) -> u32 {
 }
 
 impl RouterState {
-    fn plan(&mut self, route: &str, needs: &Needs, now: Instant) -> Result<Plan, PlanError> {
+    fn plan(
+        &mut self,
+        route: &str,
+        needs: &Needs,
+        pin: Option<&str>,
+        now: Instant,
+    ) -> Result<Plan, PlanError> {
         let entry = self
             .routes
             .get_mut(route)
@@ -247,6 +255,7 @@ impl RouterState {
             .iter()
             .enumerate()
             .filter(|(_, t)| t.unmet(needs).is_empty())
+            .filter(|(_, t)| pin.is_none_or(|p| p.split_once('/') == Some((&t.provider, &t.model))))
             .collect();
         if capable.is_empty() {
             // Name what no target offers.
@@ -359,9 +368,10 @@ impl Actor for RouterActor {
             RouterMsg::Plan {
                 route,
                 needs,
+                pin,
                 reply,
             } => {
-                let _ = reply.send(state.plan(&route, &needs, now));
+                let _ = reply.send(state.plan(&route, &needs, pin.as_deref(), now));
             }
             RouterMsg::WithdrawRetry { route, reply } => {
                 let granted = match state.routes.get_mut(&route) {
@@ -485,7 +495,7 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
     #[test]
     fn plan_keeps_route_order_and_marks_primary() {
         let p = state()
-            .plan("chat", &Needs::default(), Instant::now())
+            .plan("chat", &Needs::default(), None, Instant::now())
             .unwrap();
         assert_eq!(names(&p), ["a/small", "a/big", "b/claude"]);
         assert_eq!(p.candidates.iter().filter(|c| c.primary).count(), 1);
@@ -499,7 +509,7 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
             tools: true,
             ..Needs::default()
         };
-        let p = state().plan("chat", &needs, Instant::now()).unwrap();
+        let p = state().plan("chat", &needs, None, Instant::now()).unwrap();
         assert_eq!(names(&p), ["a/big", "b/claude"]);
         assert!(
             !p.candidates[0].primary,
@@ -514,7 +524,7 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
             min_context_tokens: 150_000,
             ..Needs::default()
         };
-        let p = state().plan("chat", &needs, Instant::now()).unwrap();
+        let p = state().plan("chat", &needs, None, Instant::now()).unwrap();
         assert_eq!(names(&p), ["b/claude"]);
     }
 
@@ -526,7 +536,7 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
             vision: true,
             ..Needs::default()
         };
-        match s.plan("chat", &needs, Instant::now()).unwrap_err() {
+        match s.plan("chat", &needs, None, Instant::now()).unwrap_err() {
             PlanError::NoCapableTarget { missing, .. } => {
                 assert!(missing.contains(&"json".to_string()));
                 assert!(missing.contains(&"vision".to_string()));
@@ -534,7 +544,7 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            s.plan("nope", &Needs::default(), Instant::now())
+            s.plan("nope", &Needs::default(), None, Instant::now())
                 .unwrap_err(),
             PlanError::UnknownRoute("nope".into())
         );
@@ -545,7 +555,9 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
         let mut s = state();
         let mut first_big = 0;
         for _ in 0..4000 {
-            let p = s.plan("spread", &Needs::default(), Instant::now()).unwrap();
+            let p = s
+                .plan("spread", &Needs::default(), None, Instant::now())
+                .unwrap();
             if p.candidates[0].model == "big" {
                 first_big += 1;
             }

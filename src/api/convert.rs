@@ -154,6 +154,7 @@ pub fn request_spec(
     Ok(RequestSpec {
         source: Some(source),
         from_queue: false,
+        pin: None,
         request_id,
         tenant,
         idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),

@@ -515,6 +515,23 @@ async fn chat_completions(State(s): State<Arc<HttpState>>, request: Request) -> 
     }
 }
 
+/// `model` may name one target as `provider/model`: the request runs on the
+/// first route that lists it, pinned to that target (the route's policies,
+/// budget and ladder still apply).
+fn pin_target(s: &HttpState, spec: &mut crate::request::RequestSpec) -> Result<(), HttpError> {
+    if !spec.route.contains('/') {
+        return Ok(());
+    }
+    let config = s.reloader.config();
+    let route = config
+        .iter()
+        .flat_map(|c| c.routes.iter())
+        .find(|r| r.targets.iter().any(|t| t.target == spec.route))
+        .ok_or_else(|| HttpError::from_request(&RequestError::UnknownRoute(spec.route.clone())))?;
+    spec.pin = Some(std::mem::replace(&mut spec.route, route.name.clone()));
+    Ok(())
+}
+
 async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Response, HttpError> {
     let (parts, body) = request.into_parts();
     let tenant = s.authenticate(&parts.headers)?;
@@ -533,6 +550,7 @@ async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Respo
     if let Some(tenant) = tenant {
         spec.tenant = tenant;
     }
+    pin_target(s, &mut spec)?;
     let route = spec.route.clone();
     let span = tracing::info_span!(
         "request",
