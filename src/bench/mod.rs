@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// Directory for bench.json, bench.md, the generated configs and logs.
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
+    /// Also record a `perf` profile of Switchyard during the overhead runs at
+    /// 2,000 requests per second (needs `perf`; files perf-*.data under --out).
+    #[arg(long)]
+    pub perf: bool,
 }
 
 /// Why a benchmark could not run (a failed correctness check is `Ok(false)`).
@@ -164,6 +168,8 @@ pub struct Ctx {
     pub exe: PathBuf,
     pub quick: bool,
     pub out: PathBuf,
+    /// Record perf profiles where a scenario offers them.
+    pub perf: bool,
     started: Instant,
 }
 
@@ -228,6 +234,7 @@ pub async fn run(args: BenchArgs) -> Result<bool, BenchError> {
         exe,
         quick: args.quick,
         out: args.out.clone(),
+        perf: args.perf,
         started: Instant::now(),
     };
     let machine = Machine::detect();

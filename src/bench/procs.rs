@@ -145,6 +145,11 @@ impl MockProc {
         })
     }
 
+    /// CPU and memory of the mock process now.
+    pub fn usage(&self) -> Usage {
+        self.child.id().and_then(proc_usage).unwrap_or_default()
+    }
+
     /// `http://ADDR/v1`.
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
@@ -333,6 +338,40 @@ impl RouterProc {
         let _ = self.child.start_kill();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
     }
+
+    /// Records a `perf` profile (call graphs) of this process for `d` into
+    /// `file`; returns when done. Errors are reported, never fatal.
+    pub async fn perf_record(&self, file: &std::path::Path, d: Duration) -> Result<(), String> {
+        let status = Command::new("perf")
+            .args([
+                "record",
+                "-F",
+                "499",
+                "-g",
+                "-p",
+                &self.pid.to_string(),
+                "-o",
+            ])
+            .arg(file)
+            .args(["--", "sleep", &format!("{:.1}", d.as_secs_f64())])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .status()
+            .await
+            .map_err(|e| format!("perf: {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("perf record exited with {status}"))
+        }
+    }
+}
+
+/// CPU seconds this process (the load generator) has used.
+pub fn self_usage() -> Usage {
+    proc_usage(std::process::id()).unwrap_or_default()
 }
 
 /// Reads `/proc/PID/stat` (utime, stime) and `/proc/PID/status` (VmRSS, VmHWM).

@@ -11,7 +11,7 @@ use serde_json::json;
 use super::{check_complete, check_errors, errors_json, result};
 use crate::bench::clients::{grpc_call, http_client, openai_call, Call, Grpc};
 use crate::bench::load::{closed_loop, open_loop, Run};
-use crate::bench::procs::{config_text, MockProc, MockSpec, Provider, RouterProc};
+use crate::bench::procs::{config_text, self_usage, MockProc, MockSpec, Provider, RouterProc};
 use crate::bench::report::{delta, ms, Table};
 use crate::bench::{BenchError, Ctx, ScenarioResult, Target};
 
@@ -126,6 +126,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "errors",
         "Switchyard CPU s / 1k req",
         "Switchyard peak RSS MB",
+        "cores busy via: load gen / mock / Switchyard",
     ]);
     let mut ttft = Table::new(&[
         "load",
@@ -141,8 +142,29 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
             env.mock.clear().await?;
             let peak_reset = env.router.reset_peak();
             let u0 = env.router.usage();
-            let via = drive(ctx, &env, true, stream, *load, *d).await;
+            let (g0, m0) = (self_usage(), env.mock.usage());
+            let profile = ctx.perf && *load == Load::Rate(TARGET_RATE);
+            let perf_file = ctx.path(&format!("perf-overhead-{mode}.data"));
+            let (via, perf) = tokio::join!(drive(ctx, &env, true, stream, *load, *d), async {
+                if profile {
+                    Some(env.router.perf_record(&perf_file, *d).await)
+                } else {
+                    None
+                }
+            });
             let u1 = env.router.usage();
+            let (g1, m1) = (self_usage(), env.mock.usage());
+            let secs = via.elapsed_s.max(0.001);
+            let busy = [
+                (g1.cpu_s - g0.cpu_s) / secs,
+                (m1.cpu_s - m0.cpu_s) / secs,
+                (u1.cpu_s - u0.cpu_s) / secs,
+            ];
+            match &perf {
+                Some(Ok(())) => ctx.progress(format!("   perf profile: {}", perf_file.display())),
+                Some(Err(e)) => ctx.progress(format!("   perf profile failed: {e}")),
+                None => {}
+            }
             let cpu_per_1k = if via.ok() > 0 {
                 (u1.cpu_s - u0.cpu_s) / (via.ok() as f64 / 1000.0)
             } else {
@@ -186,6 +208,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
                 format!("{} / {}", direct.failed(), via.failed()),
                 format!("{cpu_per_1k:.3}"),
                 format!("{peak_mb:.1}"),
+                format!("{:.2} / {:.2} / {:.2}", busy[0], busy[1], busy[2]),
             ]);
             if stream {
                 ttft.row(vec![
@@ -226,6 +249,11 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
                 "switchyard_cpu_s": u1.cpu_s - u0.cpu_s,
                 "switchyard_peak_rss_mb": peak_mb,
                 "peak_rss_since": if peak_reset { "run" } else { "process start" },
+                "cores_busy_via": {"load_generator": busy[0], "mock": busy[1], "switchyard": busy[2]},
+                "perf_profile": perf.map(|r| match r {
+                    Ok(()) => perf_file.display().to_string(),
+                    Err(e) => e,
+                }),
             }));
             ctx.progress(format!(
                 "   {mode} {load_s}: added p50 {} p99 {} ms, {:.0} rps via, CPU {cpu_per_1k:.3} s/1k",
