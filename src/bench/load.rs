@@ -93,6 +93,11 @@ impl Run {
         self.ok() as f64 / self.elapsed_s.max(self.window_s)
     }
 
+    /// Every request scheduled has an outcome or was counted as skipped.
+    pub fn accounted(&self) -> bool {
+        self.unfinished == 0 && self.outcomes.len() as u64 + self.skipped == self.scheduled
+    }
+
     /// Every request scheduled has an outcome (none skipped or lost).
     pub fn complete(&self) -> bool {
         self.skipped == 0 && self.unfinished == 0 && self.outcomes.len() as u64 == self.scheduled
@@ -172,6 +177,23 @@ where
     F: Fn(u64, Instant) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Outcome> + Send + 'static,
 {
+    open_loop_grace(ctx, label, rate, duration, max_in_flight, GRACE, f).await
+}
+
+/// [`open_loop`] awaiting outcomes for `grace` after the last send.
+pub async fn open_loop_grace<F, Fut>(
+    ctx: &Ctx,
+    label: impl Into<String>,
+    rate: f64,
+    duration: Duration,
+    max_in_flight: u64,
+    grace: Duration,
+    f: F,
+) -> Run
+where
+    F: Fn(u64, Instant) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
     let rate = rate.max(0.1);
     let total = (rate * duration.as_secs_f64()).round().max(1.0) as u64;
     let progress = Arc::new(Progress::default());
@@ -205,7 +227,7 @@ where
     }
     let window_s = start.elapsed().as_secs_f64();
     drop(tx);
-    let outcomes = collect(&mut rx, sent).await;
+    let outcomes = collect(&mut rx, sent, grace).await;
     tick.abort();
     Run {
         unfinished: sent.saturating_sub(outcomes.len() as u64),
@@ -217,9 +239,13 @@ where
     }
 }
 
-async fn collect(rx: &mut mpsc::UnboundedReceiver<Outcome>, expected: u64) -> Vec<Outcome> {
+async fn collect(
+    rx: &mut mpsc::UnboundedReceiver<Outcome>,
+    expected: u64,
+    grace: Duration,
+) -> Vec<Outcome> {
     let mut outcomes = Vec::with_capacity(expected as usize);
-    let deadline = Instant::now() + GRACE;
+    let deadline = Instant::now() + grace;
     while (outcomes.len() as u64) < expected {
         tokio::select! {
             o = rx.recv() => match o {

@@ -114,6 +114,8 @@ pub struct Machine {
     pub git_revision: String,
     pub profile: &'static str,
     pub pinning: &'static str,
+    /// `/proc/loadavg` 1-minute load when the run started (other work on the machine).
+    pub load_at_start: String,
 }
 
 impl Machine {
@@ -150,14 +152,24 @@ impl Machine {
                 "release"
             },
             pinning: "none: load generator, mocks and Switchyard share every core",
+            load_at_start: std::fs::read_to_string("/proc/loadavg")
+                .ok()
+                .and_then(|s| s.split_whitespace().next().map(String::from))
+                .unwrap_or_else(|| "unknown".into()),
         }
     }
 
     /// One line for the report.
     pub fn line(&self) -> String {
         format!(
-            "{} cores, {}, Linux {}, git {}, {} build, CPU pinning {}",
-            self.cores, self.cpu_model, self.kernel, self.git_revision, self.profile, self.pinning
+            "{} cores, {}, Linux {}, git {}, {} build, CPU pinning {}; load average {} at start",
+            self.cores,
+            self.cpu_model,
+            self.kernel,
+            self.git_revision,
+            self.profile,
+            self.pinning,
+            self.load_at_start
         )
     }
 }

@@ -223,6 +223,8 @@ pub struct Provider {
     pub failover_max_concurrency: u32,
     /// Extra `key = value` lines (breaker, probes, ...).
     pub extra: String,
+    /// `first_token_timeout` and `idle_timeout`.
+    pub timeout: &'static str,
 }
 
 impl Provider {
@@ -234,6 +236,7 @@ impl Provider {
             max_concurrency: 64,
             failover_max_concurrency: 16,
             extra: String::new(),
+            timeout: "5s",
         }
     }
 
@@ -262,9 +265,15 @@ pub fn config_text(top: &str, providers: &[Provider], routes: &[(&str, &[&str])]
         s.push_str(&format!(
             "\n[[providers]]\nid = \"{}\"\nkind = \"{}\"\nbase_url = \"{}\"\n\
              max_concurrency = {}\nfailover_max_concurrency = {}\n\
-             connect_timeout = \"1s\"\nfirst_token_timeout = \"5s\"\nidle_timeout = \"5s\"\n{}\n\
+             connect_timeout = \"1s\"\nfirst_token_timeout = \"{t}\"\nidle_timeout = \"{t}\"\n{}\n\
              [[providers.models]]\nname = \"m\"\n",
-            p.id, p.kind, p.url, p.max_concurrency, p.failover_max_concurrency, p.extra
+            p.id,
+            p.kind,
+            p.url,
+            p.max_concurrency,
+            p.failover_max_concurrency,
+            p.extra,
+            t = p.timeout
         ));
     }
     for (name, targets) in routes {
@@ -420,6 +429,7 @@ mod tests {
             max_concurrency: 10,
             failover_max_concurrency: 5,
             extra: "synthetic_probes = true\nbreaker = { consecutive_failures = 3 }".into(),
+            timeout: "30s",
         };
         let text = config_text(
             "retry_budget = { ratio = 0.2 }",

@@ -143,7 +143,7 @@ async fn one_run(
     Ok(Outcomes {
         normal,
         trip,
-        complete: main.complete() && side.complete(),
+        complete: main.accounted() && side.accounted(),
         main: main.outcomes,
         side: side.outcomes,
     })
