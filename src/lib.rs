@@ -4,6 +4,7 @@ pub mod actors;
 pub mod api;
 pub mod app;
 pub mod attempt;
+pub mod bench;
 pub mod cache;
 pub mod config;
 pub mod cost;

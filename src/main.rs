@@ -34,6 +34,8 @@ enum Command {
     MockUpstream(MockArgs),
     /// Run a failover drill (a built-in scenario or a TOML file) and print what happened.
     Drill(switchyard::drill::DrillArgs),
+    /// Run a benchmark scenario (or all) and write bench.json and bench.md.
+    Bench(switchyard::bench::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -78,6 +80,14 @@ fn main() -> ExitCode {
         Command::Serve(args) => runtime.block_on(serve(args)),
         // No log subscriber: the in-process router's logs would interleave with the report.
         Command::Drill(args) => match runtime.block_on(switchyard::drill::run(args)) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(e.exit_code())
+            }
+        },
+        Command::Bench(args) => match runtime.block_on(switchyard::bench::run(args)) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),
             Err(e) => {

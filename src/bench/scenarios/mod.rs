@@ -1,0 +1,86 @@
+//! The five scenarios of the issue, one module each. Every scenario starts
+//! its own mocks and Switchyard processes, returns its data, its Markdown,
+//! its correctness checks and the issue's targets, and stops what it started.
+
+mod amplification;
+mod blackout;
+mod burst;
+mod overhead;
+mod streams;
+
+use super::clients::Outcome;
+use super::load::Run;
+use super::{BenchError, Check, Ctx, ScenarioResult};
+
+/// Runs scenario `name`.
+pub async fn run(name: &str, ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
+    match name {
+        "overhead" => overhead::run(ctx).await,
+        "blackout" => blackout::run(ctx).await,
+        "burst" => burst::run(ctx).await,
+        "amplification" => amplification::run(ctx).await,
+        "streams" => streams::run(ctx).await,
+        other => Err(BenchError::Usage(format!("unknown scenario `{other}`"))),
+    }
+}
+
+/// A result skeleton.
+fn result(name: &str) -> ScenarioResult {
+    ScenarioResult {
+        name: name.to_string(),
+        seconds: 0.0,
+        data: serde_json::Value::Null,
+        markdown: String::new(),
+        checks: Vec::new(),
+        targets: Vec::new(),
+    }
+}
+
+/// Every scheduled request has an outcome or was counted as not sent (the
+/// load generator's in-flight cap: a rate not sustained is a result, not an error).
+fn check_complete(label: &str, run: &Run) -> Check {
+    Check::new(
+        format!("{label}: every request accounted for"),
+        run.accounted(),
+        format!(
+            "scheduled {} outcomes {} skipped (in-flight cap) {} unfinished {}",
+            run.scheduled,
+            run.outcomes.len(),
+            run.skipped,
+            run.unfinished
+        ),
+    )
+}
+
+/// Only errors whose kind is in `allowed` (an empty list: no errors at all).
+fn check_errors(label: &str, outcomes: &[Outcome], allowed: &[&str]) -> Check {
+    let bad: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| !o.ok)
+        .filter(|o| !o.error_kind().is_some_and(|k| allowed.contains(&k)))
+        .collect();
+    let sample = bad
+        .iter()
+        .take(3)
+        .filter_map(|o| o.error.clone())
+        .collect::<Vec<_>>()
+        .join("; ");
+    Check::new(
+        if allowed.is_empty() {
+            format!("{label}: no errors")
+        } else {
+            format!("{label}: no errors besides {}", allowed.join(", "))
+        },
+        bad.is_empty(),
+        format!("{} unexpected of {} ({sample})", bad.len(), outcomes.len()),
+    )
+}
+
+/// Error strings with counts, as JSON.
+fn errors_json(outcomes: &[Outcome]) -> serde_json::Value {
+    let mut m = std::collections::BTreeMap::<String, usize>::new();
+    for e in outcomes.iter().filter_map(|o| o.error.clone()) {
+        *m.entry(e).or_insert(0) += 1;
+    }
+    serde_json::json!(m)
+}

@@ -1,0 +1,61 @@
+//! `switchyard bench --scenario all --quick` through the real binary: every
+//! scenario runs, `bench.json` and `bench.md` are written, and the run's
+//! correctness holds (counts match, no unexpected errors). Never asserts on time.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
+const SCENARIOS: &[&str] = &["overhead", "blackout", "burst", "amplification", "streams"];
+
+#[test]
+fn bench_quick_runs_every_scenario_correctly() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "--scenario", "all", "--quick", "--out"])
+        .arg(dir.path())
+        .output()
+        .expect("run switchyard bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let text = std::fs::read_to_string(dir.path().join("bench.json"))
+        .unwrap_or_else(|e| panic!("no bench.json ({e}); stdout:\n{stdout}\nstderr:\n{stderr}"));
+    let json: Value = serde_json::from_str(&text).unwrap();
+    let md = std::fs::read_to_string(dir.path().join("bench.md")).unwrap();
+    assert!(md.contains("Machine: "), "{md}");
+
+    let scenarios = json["scenarios"].as_array().unwrap();
+    let names: Vec<&str> = scenarios
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, SCENARIOS);
+    for s in scenarios {
+        let checks = s["checks"].as_array().unwrap();
+        assert!(!checks.is_empty(), "{} has no checks", s["name"]);
+        for c in checks {
+            assert_eq!(c["pass"], true, "{}: {}", s["name"], c);
+        }
+        assert!(md.contains(&format!("## {}", s["name"].as_str().unwrap())));
+    }
+    // A few counts read straight from the data, independent of the checks.
+    let data = |name: &str| &scenarios[SCENARIOS.iter().position(|s| *s == name).unwrap()]["data"];
+    for row in data("overhead")["rows"].as_array().unwrap() {
+        for side in ["direct", "switchyard"] {
+            assert_eq!(row[side]["failed"], 0, "{row}");
+            assert_eq!(row[side]["unfinished"], 0, "{row}");
+            assert!(row[side]["ok"].as_u64().unwrap() > 0, "{row}");
+        }
+    }
+    for level in data("streams")["levels"].as_array().unwrap() {
+        assert_eq!(level["streams_ok"], level["streams"], "{level}");
+    }
+    for row in data("amplification")["rows"].as_array().unwrap() {
+        assert!(row["caller_requests"].as_u64().unwrap() > 0, "{row}");
+    }
+    assert_eq!(json["correctness_passed"], true);
+    assert!(out.status.success(), "stderr:\n{stderr}");
+    assert!(json["machine"]["cores"].as_u64().unwrap() >= 1);
+}
