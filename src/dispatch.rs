@@ -353,7 +353,7 @@ impl Dispatcher {
             } else {
                 TrafficClass::Failover
             };
-            let (entry, mut permit) = match self.admit(candidate, traffic).await {
+            let (entry, mut permit) = match self.admit(candidate, traffic, deadline).await {
                 Admission::Granted(entry, permit) => (entry, permit),
                 Admission::Refused(refusal) => {
                     tracing::debug!(provider = %candidate.provider, model = %candidate.model, %refusal, "target refused admission");
@@ -463,7 +463,8 @@ impl Dispatcher {
                 self.cost.charge(&spec.tenant, cost, Instant::now());
             }
             self.record_attempt(candidate, &entry, &result);
-            tracing::info!(
+            // Per attempt at DEBUG (it is on the hot path); failures at INFO below.
+            tracing::debug!(
                 request_id = %spec.request_id,
                 route = %plan.route,
                 provider = %candidate.provider,
@@ -474,6 +475,17 @@ impl Dispatcher {
                 elapsed_ms = result.elapsed.as_millis() as u64,
                 "attempt ended"
             );
+            if let AttemptEnd::Failed(f) = &result.end {
+                tracing::info!(
+                    request_id = %spec.request_id,
+                    provider = %candidate.provider,
+                    model = %candidate.model,
+                    attempt = attempts,
+                    outcome = %class,
+                    http_status = f.http_status,
+                    "attempt failed"
+                );
+            }
 
             match result.end {
                 AttemptEnd::Completed(completion) => {
@@ -765,12 +777,23 @@ const RESTART_GRACE: Duration = Duration::from_millis(500);
 impl Dispatcher {
     /// Asks the candidate's provider actor for a permit. If the actor is
     /// being restarted, waits briefly for its next incarnation.
-    async fn admit(&self, candidate: &Candidate, traffic: TrafficClass) -> Admission {
+    /// A busy actor is waited for up to the request's deadline (its mailbox
+    /// is a queue, not a failure); a dead one up to [`RESTART_GRACE`].
+    async fn admit(
+        &self,
+        candidate: &Candidate,
+        traffic: TrafficClass,
+        deadline: Instant,
+    ) -> Admission {
         let give_up = Instant::now() + RESTART_GRACE;
         loop {
             let Some(entry) = self.registry.provider(&candidate.provider) else {
                 return Admission::Unreachable;
             };
+            let wait = deadline.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                return Admission::Unreachable;
+            }
             let answer = entry
                 .actor
                 .call(
@@ -779,12 +802,13 @@ impl Dispatcher {
                         class: traffic,
                         reply,
                     },
-                    Some(CALL_TIMEOUT),
+                    Some(wait),
                 )
                 .await;
             match answer {
                 Ok(CallResult::Success(Ok(permit))) => return Admission::Granted(entry, permit),
                 Ok(CallResult::Success(Err(refusal))) => return Admission::Refused(refusal),
+                Ok(CallResult::Timeout) => return Admission::Unreachable,
                 _ if Instant::now() < give_up => {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }

@@ -11,4 +11,4 @@ pub mod supervisor;
 
 /// How long a request task waits for an actor's reply before treating the
 /// actor as unavailable (it is being restarted).
-pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
