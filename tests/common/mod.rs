@@ -211,11 +211,14 @@ impl Switchyard {
     }
 
     async fn spawn(mut cmd: Command, config_file: Option<tempfile::NamedTempFile>) -> Switchyard {
-        let mut child = cmd
-            .env(
+        // A test's own RUST_LOG wins over the default.
+        if !cmd.as_std().get_envs().any(|(k, _)| k == "RUST_LOG") {
+            cmd.env(
                 "RUST_LOG",
                 std::env::var("SWITCHYARD_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            )
+            );
+        }
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
