@@ -473,3 +473,40 @@ async fn tls_certificates_reload_and_client_certificates_are_verified() {
         "the old one is gone"
     );
 }
+
+#[tokio::test]
+async fn a_route_caps_max_tokens_below_the_global_limit() {
+    let mock = Mock::start("openai", &[]).await;
+    let config = format!("{}max_tokens_limit = 100\n", one_provider(&mock));
+    let sy = Switchyard::start(&config).await;
+    let mut client = sy.client().await;
+    let s = stream(
+        &mut client,
+        proto::CompletionRequest {
+            max_tokens: 200,
+            ..request("chat")
+        },
+    )
+    .await
+    .status
+    .unwrap();
+    assert_eq!(s.code(), Code::InvalidArgument);
+    assert!(
+        s.message().contains("max_tokens") && s.message().contains("100"),
+        "{}",
+        s.message()
+    );
+    assert!(mock.requests().await.is_empty());
+    let ok = stream(
+        &mut client,
+        proto::CompletionRequest {
+            max_tokens: 100,
+            ..request("chat")
+        },
+    )
+    .await;
+    assert!(
+        ok.finished.is_some(),
+        "still serving, and at the limit is fine"
+    );
+}
