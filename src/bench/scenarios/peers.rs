@@ -913,10 +913,20 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         let immutable = std::fs::read_to_string(&gw.log)
             .map(|t| t.matches("TypeError: immutable").count())
             .unwrap_or(0);
-        let status = if kind == Kind::Portkey && immutable > 0 {
-            format!("ran; streaming failed as measured (`TypeError: immutable` logged {immutable} times, upstream bug, not patched)")
-        } else {
-            "ran".into()
+        let fix = versions
+            .get("portkey_streaming_fix")
+            .cloned()
+            .unwrap_or_default();
+        let status = match kind {
+            Kind::Portkey if fix.starts_with("patched") => format!(
+                "ran; scratch copy {fix} for the upstream streaming bug `TypeError: immutable` \
+                 (Portkey-AI/gateway#1389); `TypeError: immutable` logged {immutable} times"
+            ),
+            Kind::Portkey if immutable > 0 => format!(
+                "ran unpatched; streaming failed as measured (`TypeError: immutable` logged \
+                 {immutable} times, upstream bug Portkey-AI/gateway#1389)"
+            ),
+            _ => "ran".into(),
         };
         peers_tbl.row(vec![
             kind.name().into(),
@@ -963,7 +973,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "peers_dir": dir.display().to_string(), "install": install, "versions": versions,
         "gateways": data, "rates": plan.rates, "duration_s": plan.d.as_secs_f64(),
         "blackout_phase_s": plan.phase.as_secs_f64(), "blackout_rate": plan.bo_rate,
-        "portkey_streaming": "not patched: failures are reported as measured",
+        "portkey_streaming_fix": versions.get("portkey_streaming_fix"),
     });
     Ok(res)
 }
