@@ -19,11 +19,16 @@ use tokio::time::Instant;
 
 /// The scenarios, in the order `all` runs them.
 pub const SCENARIOS: &[&str] = &["overhead", "blackout", "burst", "amplification", "streams"];
+/// Scenarios run only when named (not part of `all`).
+pub const EXTRA_SCENARIOS: &[&str] = &["peers"];
 
 /// Arguments of `switchyard bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// overhead | blackout | burst | amplification | streams | all
+    /// overhead | blackout | burst | amplification | streams | all | peers.
+    /// `peers` (LiteLLM proxy and Portkey gateway side by side with Switchyard)
+    /// is NOT part of `all`: it installs them with scripts/install-peers.sh into
+    /// $SWITCHYARD_PEERS_DIR (default ~/.cache/switchyard-peers) when missing.
     #[arg(long, default_value = "all")]
     pub scenario: String,
     /// Run each scenario in a few seconds (CI: proves the harness works; the
@@ -228,12 +233,14 @@ pub async fn run(args: BenchArgs) -> Result<bool, BenchError> {
     } else {
         let n = SCENARIOS
             .iter()
+            .chain(EXTRA_SCENARIOS)
             .find(|s| **s == args.scenario)
             .ok_or_else(|| {
                 BenchError::Usage(format!(
-                    "unknown scenario `{}` (one of: {}, all)",
+                    "unknown scenario `{}` (one of: {}, all, {})",
                     args.scenario,
-                    SCENARIOS.join(", ")
+                    SCENARIOS.join(", "),
+                    EXTRA_SCENARIOS.join(", ")
                 ))
             })?;
         vec![*n]

@@ -21,13 +21,13 @@ use crate::bench::{BenchError, Ctx, ScenarioResult, Target};
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// Attempts of client A's retry loop.
 const A_ATTEMPTS: u32 = 5;
-const PHASES: [&str; 3] = ["before", "blackout", "after"];
+pub(super) const PHASES: [&str; 3] = ["before", "blackout", "after"];
 
-struct PhaseStats {
-    n: usize,
-    availability: f64,
-    ttft: Dist,
-    attempts_per_request: f64,
+pub(super) struct PhaseStats {
+    pub(super) n: usize,
+    pub(super) availability: f64,
+    pub(super) ttft: Dist,
+    pub(super) attempts_per_request: f64,
 }
 
 fn phase_stats(outcomes: &[&Outcome]) -> PhaseStats {
@@ -45,7 +45,7 @@ fn phase_stats(outcomes: &[&Outcome]) -> PhaseStats {
     }
 }
 
-fn by_phase(run: &Run, phase_s: f64) -> Vec<PhaseStats> {
+pub(super) fn by_phase(run: &Run, phase_s: f64) -> Vec<PhaseStats> {
     (0..3)
         .map(|p| {
             let lo = phase_s * p as f64;
@@ -61,7 +61,11 @@ fn by_phase(run: &Run, phase_s: f64) -> Vec<PhaseStats> {
 }
 
 /// Rotates the primary's fault through 500, 503 and 429 during the blackout.
-async fn blackout(primary: &MockProc, start: Instant, phase: Duration) -> Result<u32, BenchError> {
+pub(super) async fn blackout(
+    primary: &MockProc,
+    start: Instant,
+    phase: Duration,
+) -> Result<u32, BenchError> {
     tokio::time::sleep_until(start + phase).await;
     let end = start + phase * 2;
     let mut flips = 0;

@@ -1,4 +1,5 @@
-//! The five scenarios of the issue, one module each. Every scenario starts
+//! The five scenarios of the issue, one module each, plus `peers` (not in
+//! `all`). Every scenario starts
 //! its own mocks and Switchyard processes, returns its data, its Markdown,
 //! its correctness checks and the issue's targets, and stops what it started.
 
@@ -6,6 +7,7 @@ mod amplification;
 mod blackout;
 mod burst;
 mod overhead;
+mod peers;
 mod streams;
 
 use super::clients::Outcome;
@@ -20,6 +22,7 @@ pub async fn run(name: &str, ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "burst" => burst::run(ctx).await,
         "amplification" => amplification::run(ctx).await,
         "streams" => streams::run(ctx).await,
+        "peers" => peers::run(ctx).await,
         other => Err(BenchError::Usage(format!("unknown scenario `{other}`"))),
     }
 }
