@@ -132,17 +132,10 @@ async fn oversized_and_malformed_input_gets_clear_errors_and_the_server_keeps_se
 
 #[tokio::test]
 async fn tls_callers_need_the_ca() {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    let cert = params.signed_by(&key, &issuer).unwrap();
+    let (ca, cert, key, _) = ca_and_cert("localhost");
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("cert.pem"), cert.pem()).unwrap();
-    std::fs::write(dir.path().join("key.pem"), key.serialize_pem()).unwrap();
+    std::fs::write(dir.path().join("cert.pem"), cert).unwrap();
+    std::fs::write(dir.path().join("key.pem"), key).unwrap();
 
     let mock = Mock::start("openai", &[]).await;
     let config = format!(
@@ -155,7 +148,7 @@ async fn tls_callers_need_the_ca() {
     let port = sy.grpc.rsplit(':').next().unwrap().to_string();
 
     let tls = tonic::transport::ClientTlsConfig::new()
-        .ca_certificate(tonic::transport::Certificate::from_pem(ca.pem()))
+        .ca_certificate(tonic::transport::Certificate::from_pem(&ca))
         .domain_name("localhost");
     let channel = tonic::transport::Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
         .unwrap()
