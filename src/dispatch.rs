@@ -139,7 +139,7 @@ impl Dispatcher {
         }
         if let Some(fresh) = plan.serve_fresh_within {
             if let Some(hit) = self.cache.get(&fingerprint, Some(fresh), Instant::now()) {
-                self.served_from_cache(&plan.route);
+                self.count_served(&plan.route, Tier::Cache, "cache");
                 replay_cached(sink, &hit, spec, 0).await;
                 return Ok(());
             }
@@ -162,7 +162,7 @@ impl Dispatcher {
                 if plan.has_rung(Rung::Cache) {
                     if let Some(hit) = self.cache.get(&fingerprint, None, Instant::now()) {
                         tracing::warn!(request_id = %spec.request_id, route = %plan.route, age_ms = hit.age.as_millis() as u64, error = %e, "no live answer; serving the cached one");
-                        self.served_from_cache(&plan.route);
+                        self.count_served(&plan.route, Tier::Cache, "cache");
                         replay_cached(sink, &hit, spec, e.attempts()).await;
                         return Ok(());
                     }
@@ -170,14 +170,7 @@ impl Dispatcher {
                 if plan.has_rung(Rung::Queue) && !spec.from_queue {
                     let job = self.enqueue(spec).await?;
                     tracing::warn!(request_id = %spec.request_id, route = %plan.route, error = %e, "no live answer; queued");
-                    self.metrics
-                        .served
-                        .get_or_create(&ServedLabels {
-                            route: plan.route.clone(),
-                            tier: Tier::Queued.as_str(),
-                            provider: "queue".into(),
-                        })
-                        .inc();
+                    self.count_served(&plan.route, Tier::Queued, "queue");
                     let _ = sink.queued(job).await;
                     return Ok(());
                 }
@@ -230,13 +223,14 @@ impl Dispatcher {
             })
     }
 
-    fn served_from_cache(&self, route: &str) {
+    /// Counts an answered request by route, tier and who answered.
+    fn count_served(&self, route: &str, tier: Tier, provider: &str) {
         self.metrics
             .served
             .get_or_create(&ServedLabels {
                 route: route.to_string(),
-                tier: Tier::Cache.as_str(),
-                provider: "cache".into(),
+                tier: tier.as_str(),
+                provider: provider.to_string(),
             })
             .inc();
     }
@@ -675,14 +669,7 @@ impl Dispatcher {
     }
 
     fn served(&self, route: &str, c: &Candidate, tier: Tier) {
-        self.metrics
-            .served
-            .get_or_create(&ServedLabels {
-                route: route.to_string(),
-                tier: tier.as_str(),
-                provider: c.provider.clone(),
-            })
-            .inc();
+        self.count_served(route, tier, &c.provider);
         if let Some(router) = self.registry.router() {
             let _ = router.cast(RouterMsg::Served {
                 route: route.to_string(),

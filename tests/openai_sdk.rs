@@ -12,36 +12,13 @@ use std::time::Duration;
 
 use common::*;
 
-/// True when `import openai` works; otherwise fails under CI or prints a
-/// SKIPPED notice and returns false.
-fn sdk_ready() -> bool {
-    let probe = std::process::Command::new("python3")
-        .args(["-c", "import openai"])
-        .output();
-    let why = match probe {
-        Ok(o) if o.status.success() => return true,
-        Ok(o) => String::from_utf8_lossy(&o.stderr)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .to_string(),
-        Err(e) => format!("cannot run python3: {e}"),
-    };
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "CI is set but the openai package is missing ({why}); \
-             CI must run `pip install -r examples/openai_sdk/requirements.txt`"
-        );
-    }
-    eprintln!(
-        "\n*** SKIPPED openai_sdk: pip install -r examples/openai_sdk/requirements.txt ({why}) ***\n"
-    );
-    false
-}
-
 #[tokio::test]
 async fn the_official_openai_sdk_drives_the_front_door() {
-    if !sdk_ready() {
+    if !python_ready(
+        "openai",
+        "import openai",
+        "examples/openai_sdk/requirements.txt",
+    ) {
         return;
     }
     let a = Mock::start("openai", &[]).await;

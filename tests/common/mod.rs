@@ -399,3 +399,25 @@ pub fn error_meta(status: &tonic::Status, key: &str) -> Option<String> {
 pub fn attempts(log: &[Value]) -> usize {
     log.len()
 }
+
+/// True when `python3 -c import_line` works; otherwise fails under CI (which
+/// must install `requirements`) or prints a loud SKIPPED notice and returns false.
+pub fn python_ready(test: &str, import_line: &str, requirements: &str) -> bool {
+    let probe = std::process::Command::new("python3")
+        .args(["-c", import_line])
+        .output();
+    let why = match probe {
+        Ok(o) if o.status.success() => return true,
+        Ok(o) => String::from_utf8_lossy(&o.stderr)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_string(),
+        Err(e) => format!("cannot run python3: {e}"),
+    };
+    if std::env::var_os("CI").is_some() {
+        panic!("CI is set but {test} lacks Python packages ({why}); CI must run `pip install -r {requirements}`");
+    }
+    eprintln!("\n*** SKIPPED {test}: pip install -r {requirements} ({why}) ***\n");
+    false
+}
