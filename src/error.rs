@@ -85,6 +85,10 @@ pub enum RequestError {
     /// The idempotency key was used before with a different request.
     #[error("this idempotency key was used with a different request")]
     IdempotencyKeyReused,
+    /// The shared state (Redis) could not be reached, and this request's
+    /// guarantee (a stored job, one generation per key) depends on it.
+    #[error("shared state unavailable: {0}")]
+    StateUnavailable(String),
     /// Switchyard itself could not act (an actor did not answer).
     #[error("router unavailable: {0}")]
     Unavailable(String),
@@ -107,7 +111,9 @@ impl RequestError {
                     .and_then(|(f, _)| f.retry_after)
                     .unwrap_or(Duration::from_secs(1)),
             ),
-            RequestError::Draining => Some(Duration::from_secs(1)),
+            RequestError::Draining | RequestError::StateUnavailable(_) => {
+                Some(Duration::from_secs(1))
+            }
             _ => None,
         }
     }

@@ -17,6 +17,7 @@ pub mod policy;
 pub mod queue;
 pub mod request;
 pub mod sink;
+pub mod state;
 pub mod telemetry;
 pub mod upstream;
 

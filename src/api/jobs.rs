@@ -32,6 +32,7 @@ pub fn queue_error(e: QueueError) -> RequestError {
         }
         QueueError::KeyReused => RequestError::IdempotencyKeyReused,
         QueueError::Storage(e) => RequestError::QueueUnavailable(e.to_string()),
+        QueueError::Unavailable(e) => RequestError::StateUnavailable(e),
     }
 }
 

@@ -87,6 +87,7 @@ fn classify(err: &RequestError) -> (Code, &'static str, HashMap<String, String>)
         }
         RequestError::Unavailable(_) => (Code::Unavailable, "ROUTER_UNAVAILABLE"),
         RequestError::Draining => (Code::Unavailable, "SERVER_DRAINING"),
+        RequestError::StateUnavailable(_) => (Code::Unavailable, "STATE_UNAVAILABLE"),
         RequestError::NoHealthyTarget { route, .. } => {
             meta.insert("route".into(), route.clone());
             (Code::Unavailable, "NO_HEALTHY_TARGET")

@@ -84,6 +84,9 @@ pub enum QueueError {
     KeyReused,
     #[error("queue storage: {0}")]
     Storage(#[from] rusqlite::Error),
+    /// The shared (Redis) queue could not be reached: nothing was stored.
+    #[error("queue state unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// Bounds of the queue.

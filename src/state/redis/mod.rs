@@ -1,0 +1,1 @@
+//! The fleet backend on Redis (placeholder until it lands).
