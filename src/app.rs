@@ -25,6 +25,7 @@ use crate::actors::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::api::admin::{AdminAccess, AdminService};
 use crate::api::admin_http::{self, AdminState};
 use crate::api::auth::Authenticator;
+use crate::api::intake::Intake;
 use crate::api::openai_http::{self, HttpState};
 use crate::api::router_service::RouterService;
 use crate::api::tls::{self, TlsState};
@@ -314,13 +315,14 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     );
     dispatcher.jobs = jobs.clone();
     let dispatcher = Arc::new(dispatcher);
+    let intake = Intake::new(
+        dispatcher.clone(),
+        config.limits.clone(),
+        config.server.stream_buffer,
+    );
     let recovery = match (&jobs, &config.queue) {
         (Some(jobs), Some(q)) => Some(RecoveryArgs {
-            runner: crate::api::jobs::runner(
-                jobs.clone(),
-                dispatcher.clone(),
-                Arc::new(config.limits.clone()),
-            ),
+            runner: crate::api::jobs::runner(jobs.clone(), intake.clone()),
             drain: q.drain.clone(),
             max_running: (q.drain.burst as usize).max(1),
         }),
@@ -346,11 +348,7 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     if auth.is_open() {
         tracing::warn!("auth.mode = \"open\": callers are not authenticated and their `tenant` field is trusted (local use only)");
     }
-    let router = RouterService::new(
-        dispatcher.clone(),
-        config.server.stream_buffer,
-        config.limits.clone(),
-    );
+    let router = RouterService::new(intake.clone());
     let http_auth = auth.clone();
     let router = tonic::service::interceptor::InterceptedService::new(
         proto::router_server::RouterServer::new(router)
@@ -430,6 +428,9 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         move |req| admin_access.check(req),
     );
     let routes = tonic::transport::Server::builder()
+        .layer(crate::api::grpc_limits::TooLargeLayer {
+            limit: config.limits.max_request_bytes,
+        })
         .add_service(health_service)
         .add_service(reflection)
         .add_service(router)
@@ -470,10 +471,8 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     let http_addr = http_listener.as_ref().map(|(_, a)| *a);
     let http = http_listener.map(|(listener, _)| {
         let router = openai_http::router(Arc::new(HttpState::new(
-            dispatcher.clone(),
+            intake.clone(),
             http_auth,
-            config.limits.clone(),
-            config.server.stream_buffer,
             reloader.clone(),
         )));
         let http_stop = stop.clone();

@@ -21,17 +21,19 @@ use crate::actors::router::{Candidate, Plan, PlanError, RouterMsg};
 use crate::actors::CALL_TIMEOUT;
 use crate::attempt::{self, AttemptEnd, AttemptInput};
 use crate::cache::ResponseCache;
-use crate::config::{MidStreamPolicy, Rung};
+use crate::config::Rung;
 use crate::cost::CostGuard;
 use crate::error::RequestError;
 use crate::idempotency::{Claim, IdempotencyStore};
 use crate::policy::backoff::Backoff;
-use crate::policy::outcome::{Failure, OutcomeClass};
+use crate::policy::next::{next, Next, Outcome, Tried, View};
+use crate::policy::outcome::OutcomeClass;
 use crate::queue::jobs::{Jobs, OwnedJob};
 use crate::request::RequestSpec;
 use crate::sink::{Event, EventSink, Finished, QueuedJob, Started, Tier};
 use crate::telemetry::metrics::{GenAiLabels, Metrics, ServedLabels, ShedLabels, TokenLabels};
 use crate::upstream::{ChatRequest, Usage};
+use rand::SeedableRng;
 
 /// Shared by all request tasks.
 pub struct Dispatcher {
@@ -54,15 +56,38 @@ pub struct Dispatcher {
 /// Samples of a target's TTFT needed before deadline-aware admission trusts its p95.
 const MIN_TTFT_SAMPLES: u64 = 5;
 
-/// Where a candidate stands within one request.
-#[derive(Debug, Clone)]
-enum Tried {
-    /// Not tried yet.
-    No,
-    /// Refused locally (ceiling, breaker, cooldown): skip it for this request.
-    Refused,
-    /// Attempted; it failed like this. `n` attempts so far.
-    Failed { failure: Failure, n: u32 },
+/// One request's walk, as each attempt sees it.
+struct Call<'a> {
+    spec: &'a RequestSpec,
+    plan: &'a Plan,
+    candidate: &'a Candidate,
+    deadline: Instant,
+}
+
+/// What a completed attempt adds to `Finished`.
+struct Served {
+    attempts: u32,
+    upstream_request_id: Option<String>,
+}
+
+/// Returns an unused permit's ticket to its provider actor (not sent: it
+/// counts for nothing).
+fn report(
+    entry: &ProviderEntry,
+    candidate: &Candidate,
+    ticket: Option<crate::policy::breaker::Ticket>,
+    traffic: TrafficClass,
+) {
+    let _ = entry.actor.cast(ProviderMsg::Report(OutcomeReport {
+        model: candidate.model.clone(),
+        ticket,
+        class: OutcomeClass::Cancelled,
+        retry_after: None,
+        traffic,
+        elapsed: Duration::ZERO,
+        ttft: None,
+        failed_output_tokens: 0,
+    }));
 }
 
 impl Dispatcher {
@@ -284,6 +309,8 @@ impl Dispatcher {
         )
     }
 
+    /// The live part of the ladder: asks the decision table what to do after
+    /// each event and does it. It holds no policy of its own.
     async fn drive(
         &self,
         spec: &RequestSpec,
@@ -297,333 +324,268 @@ impl Dispatcher {
         if chat.max_tokens.is_none() {
             chat.max_tokens = plan.default_max_tokens;
         }
-
-        let mut tried = vec![Tried::No; plan.candidates.len()];
-        let mut attempts = 0u32;
-        let mut last: Option<(Failure, String)> = None;
-        let mut last_target: Option<usize> = None;
-        let mut refused_retry_in: Option<Duration> = None;
-        let mut saturated = false;
-        let mut below_p95: Option<Duration> = None;
-
-        while attempts < plan.max_attempts {
+        let policy = plan.policy();
+        let providers: Vec<String> = plan.candidates.iter().map(|c| c.provider.clone()).collect();
+        let mut rng = rand::rngs::StdRng::from_rng(&mut rand::rng());
+        let mut tried = Tried::new(plan.candidates.len());
+        let mut outcome = Outcome::Begin;
+        loop {
             if sink.is_closed() {
                 return Ok(());
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(RequestError::DeadlineExceeded { attempts });
-            }
-            let remaining = deadline - now;
-            if attempts > 0 {
-                // An expensive fallback chain stops at the cap too.
-                self.check_cost(&spec.tenant, now)?;
-            }
-            let Some((idx, wait)) = self.next_candidate(&tried, last_target, remaining) else {
-                break;
+            let p95: Vec<Option<Duration>> =
+                plan.candidates.iter().map(|c| self.p95_ttft(c)).collect();
+            let view = View {
+                policy: &policy,
+                remaining: deadline.saturating_duration_since(Instant::now()),
+                p95_ttft: &p95,
+                providers: &providers,
+                backoff: &self.backoff,
             };
-            let candidate = &plan.candidates[idx];
-            let Some(entry) = self.registry.provider(&candidate.provider) else {
-                tried[idx] = Tried::Refused;
-                continue;
-            };
-            // Deadline-aware admission: an attempt that cannot produce a first
-            // token in time is not started.
-            if let Some(p95) = p95_ttft(&entry, &candidate.model) {
-                if p95 > remaining.saturating_sub(wait.unwrap_or_default()) {
-                    below_p95 = Some(below_p95.map_or(p95, |b: Duration| b.min(p95)));
-                    tried[idx] = Tried::Refused;
+            let (to, wait) = match next(&mut tried, outcome, &view, &mut rng) {
+                Next::Done => return Ok(()),
+                Next::Stop(e) => return Err(e),
+                Next::Reset { reason } => {
+                    if sink.reset(reason, tried.attempts()).await.is_err() {
+                        return Ok(());
+                    }
+                    outcome = Outcome::ResetSent;
                     continue;
                 }
-            }
+                Next::FailOver { to } => (to, None),
+                Next::Retry { to, after } => (to, Some(after)),
+            };
             if let Some(wait) = wait {
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = sink.closed() => return Ok(()),
                 }
             }
-            let traffic = if candidate.primary {
-                TrafficClass::Own
-            } else {
-                TrafficClass::Failover
+            let call = Call {
+                spec,
+                plan,
+                candidate: &plan.candidates[to],
+                deadline,
             };
-            let (entry, mut permit) = match self.admit(candidate, traffic, deadline).await {
-                Admission::Granted(entry, permit) => (entry, permit),
-                Admission::Refused(refusal) => {
-                    tracing::debug!(provider = %candidate.provider, model = %candidate.model, %refusal, "target refused admission");
-                    saturated |= matches!(refusal, Refusal::Saturated(_));
-                    if let Some(d) = refusal.retry_in() {
-                        refused_retry_in = Some(refused_retry_in.map_or(d, |r| r.min(d)));
-                    }
-                    tried[idx] = Tried::Refused;
-                    continue;
-                }
-                Admission::Unreachable => {
-                    tracing::warn!(provider = %candidate.provider, "provider actor unreachable; skipping it");
-                    tried[idx] = Tried::Refused;
-                    continue;
-                }
-            };
-            // Only an attempt that will really be sent spends the budget: a
-            // local refusal above cost nothing.
-            if attempts > 0 && !self.withdraw(&plan.route).await {
-                let _ = entry.actor.cast(ProviderMsg::Report(OutcomeReport {
-                    model: candidate.model.clone(),
-                    ticket: permit.take_ticket(),
-                    class: OutcomeClass::Cancelled,
-                    retry_after: None,
-                    traffic,
-                    elapsed: Duration::ZERO,
-                    ttft: None,
-                    failed_output_tokens: 0,
-                }));
-                return Err(RequestError::RetryBudgetExhausted {
-                    route: plan.route.clone(),
-                    last: last.map(|(f, p)| (Box::new(f), p)),
-                    attempts,
+            outcome = self.attempt(&call, &mut chat, &mut tried, sink).await?;
+        }
+    }
+
+    /// One step of the walk: admission by the target's provider actor, the
+    /// route's budget for any attempt after the first, then the attempt.
+    async fn attempt(
+        &self,
+        call: &Call<'_>,
+        chat: &mut ChatRequest,
+        tried: &mut Tried,
+        sink: &mut EventSink,
+    ) -> Result<Outcome, RequestError> {
+        let candidate = call.candidate;
+        if tried.needs_budget() {
+            // An expensive fallback chain stops at the cap too.
+            self.check_cost(&call.spec.tenant, Instant::now())?;
+        }
+        let traffic = if candidate.primary {
+            TrafficClass::Own
+        } else {
+            TrafficClass::Failover
+        };
+        let (entry, mut permit) = match self.admit(candidate, traffic, call.deadline).await {
+            Admission::Granted(entry, permit) => (entry, permit),
+            Admission::Refused(refusal) => {
+                tracing::debug!(provider = %candidate.provider, model = %candidate.model, %refusal, "target refused admission");
+                return Ok(Outcome::Refused {
+                    saturated: matches!(refusal, Refusal::Saturated(_)),
+                    retry_in: refusal.retry_in(),
                 });
             }
-
-            attempts += 1;
-            chat.model = candidate.model.clone();
-            chat.stream = candidate.streams;
-            let tier = if candidate.downshift {
-                Tier::Downshift
-            } else if candidate.position == 0 {
-                Tier::Primary
-            } else {
-                Tier::Fallback
-            };
-            sink.begin_attempt(Started {
-                provider: candidate.provider.clone(),
-                model: candidate.model.clone(),
-                attempt: attempts,
-                tier,
-                request_id: spec.request_id.clone(),
-            });
-            let span = tracing::info_span!(
-                "attempt",
-                otel.name = %format!("chat {}", candidate.model),
-                otel.kind = "client",
-                provider = %candidate.provider,
-                gen_ai.provider.name = entry.runtime.kind.as_str(),
-                gen_ai.request.model = %candidate.model,
-                attempt = attempts,
-                traffic = traffic.as_str(),
-                outcome = tracing::field::Empty,
-                ttft_ms = tracing::field::Empty,
-                output_chars = tracing::field::Empty,
-            );
-            let result = attempt::run(
-                AttemptInput {
-                    runtime: &entry.runtime,
-                    chat: &chat,
-                    deadline,
-                    attempt: attempts,
-                },
-                sink,
-            )
-            .instrument(span.clone())
-            .await;
-            span.record("outcome", result.end.class().as_str());
-            if let Some(ttft) = result.ttft {
-                span.record("ttft_ms", ttft.as_millis() as u64);
+            Admission::Unreachable => {
+                tracing::warn!(provider = %candidate.provider, "provider actor unreachable; skipping it");
+                return Ok(Outcome::Refused {
+                    saturated: false,
+                    retry_in: None,
+                });
             }
-            span.record("output_chars", sink.attempt_chars() as u64);
-            let class = result.end.class();
-            let failure = match &result.end {
-                AttemptEnd::Failed(f) => Some(f),
-                _ => None,
-            };
-            let failed_output_tokens = if failure.is_some() {
-                sink.attempt_chars().div_ceil(4) as u32
-            } else {
-                0
-            };
-            let _ = entry.actor.cast(ProviderMsg::Report(OutcomeReport {
-                model: candidate.model.clone(),
-                ticket: permit.take_ticket(),
-                class,
-                retry_after: failure.and_then(|f| f.retry_after),
-                traffic,
-                elapsed: result.elapsed,
-                ttft: result.ttft,
-                failed_output_tokens,
-            }));
-            drop(permit);
-            if failed_output_tokens > 0 {
-                // Output before a failure is billed all the same.
-                let cost = price(&entry, &candidate.model).cost(0, failed_output_tokens);
-                self.cost.charge(&spec.tenant, cost, Instant::now());
-            }
-            self.record_attempt(candidate, &entry, &result);
-            // Per attempt at DEBUG (it is on the hot path); failures at INFO below.
-            tracing::debug!(
-                request_id = %spec.request_id,
-                route = %plan.route,
-                provider = %candidate.provider,
-                model = %candidate.model,
-                attempt = attempts,
-                outcome = %class,
-                ttft_ms = result.ttft.map(|d| d.as_millis() as u64),
-                elapsed_ms = result.elapsed.as_millis() as u64,
-                "attempt ended"
-            );
-            if let AttemptEnd::Failed(f) = &result.end {
-                tracing::info!(
-                    request_id = %spec.request_id,
-                    provider = %candidate.provider,
-                    model = %candidate.model,
-                    attempt = attempts,
-                    outcome = %class,
-                    http_status = f.http_status,
-                    "attempt failed"
-                );
-            }
-
-            match result.end {
-                AttemptEnd::Completed(completion) => {
-                    let (usage, usage_estimated) = match completion.usage {
-                        Some(u) => (u, false),
-                        None => (estimate_usage(&chat, sink.attempt_chars()), true),
-                    };
-                    self.record_usage(candidate, &entry, usage);
-                    let cost_usd = price(&entry, &candidate.model)
-                        .cost(usage.input_tokens, usage.output_tokens);
-                    self.cost.charge(&spec.tenant, cost_usd, Instant::now());
-                    self.served(&plan.route, candidate, tier);
-                    let _ = sink
-                        .finish(Finished {
-                            finish_reason: completion.finish_reason,
-                            usage,
-                            usage_estimated,
-                            provider: candidate.provider.clone(),
-                            model: candidate.model.clone(),
-                            tier,
-                            attempts,
-                            request_id: spec.request_id.clone(),
-                            upstream_request_id: result.upstream_request_id,
-                            replayed: false,
-                            cache_age: None,
-                            cost_usd,
-                        })
-                        .await;
-                    return Ok(());
-                }
-                AttemptEnd::ClientGone => return Ok(()),
-                AttemptEnd::DeadlineExceeded => {
-                    return Err(RequestError::DeadlineExceeded { attempts })
-                }
-                AttemptEnd::Failed(failure) => {
-                    let provider = candidate.provider.clone();
-                    if sink.committed() {
-                        let may_reset = plan.mid_stream == MidStreamPolicy::Reset
-                            && failure.class.fail_over()
-                            && !plan.side_effects;
-                        if !may_reset {
-                            return Err(RequestError::MidStream {
-                                tokens_emitted: sink.attempt_chunks(),
-                                failure,
-                                provider,
-                                attempts,
-                            });
-                        }
-                        if sink
-                            .reset(format!("{} from {provider}", failure.class), attempts)
-                            .await
-                            .is_err()
-                        {
-                            return Ok(());
-                        }
-                    } else {
-                        let sent = failure.class != OutcomeClass::Connect;
-                        let stop = (!failure.class.fail_over()
-                            && failure.should_retry != Some(true))
-                            || (plan.side_effects && sent);
-                        if stop {
-                            return Err(RequestError::Exhausted {
-                                failure,
-                                provider,
-                                attempts,
-                            });
-                        }
-                        if sink.attempt_had_output() {
-                            // Buffered caller: discard the partial answer.
-                            let _ = sink
-                                .reset(format!("{} from {provider}", failure.class), attempts)
-                                .await;
-                        }
-                    }
-                    let n = match &tried[idx] {
-                        Tried::Failed { n, .. } => n + 1,
-                        _ => 1,
-                    };
-                    tried[idx] = Tried::Failed {
-                        failure: failure.clone(),
-                        n,
-                    };
-                    last = Some((failure, provider));
-                    last_target = Some(idx);
-                }
-            }
+        };
+        // Only an attempt that will really be sent spends the budget: a
+        // local refusal above cost nothing.
+        if tried.needs_budget() && !self.withdraw(&call.plan.route).await {
+            report(&entry, candidate, permit.take_ticket(), traffic);
+            return Ok(Outcome::NoBudget);
         }
-        Err(match last {
-            Some((mut failure, provider)) => {
-                failure.retry_after = failure.retry_after.or(refused_retry_in);
-                RequestError::Exhausted {
-                    failure,
-                    provider,
-                    attempts,
-                }
+        tried.sent();
+        chat.model = candidate.model.clone();
+        chat.stream = candidate.streams;
+        let result = self
+            .send(call, &entry, chat, tried.attempts(), traffic, sink)
+            .await;
+        let failure = match &result.end {
+            AttemptEnd::Failed(f) => Some(f),
+            _ => None,
+        };
+        let failed_output_tokens = if failure.is_some() {
+            sink.attempt_chars().div_ceil(4) as u32
+        } else {
+            0
+        };
+        let _ = entry.actor.cast(ProviderMsg::Report(OutcomeReport {
+            model: candidate.model.clone(),
+            ticket: permit.take_ticket(),
+            class: result.end.class(),
+            retry_after: failure.and_then(|f| f.retry_after),
+            traffic,
+            elapsed: result.elapsed,
+            ttft: result.ttft,
+            failed_output_tokens,
+        }));
+        drop(permit);
+        if failed_output_tokens > 0 {
+            // Output before a failure is billed all the same.
+            let cost = price(&entry, &candidate.model).cost(0, failed_output_tokens);
+            self.cost.charge(&call.spec.tenant, cost, Instant::now());
+        }
+        self.record_attempt(candidate, &entry, &result);
+        Ok(match result.end {
+            AttemptEnd::Completed(completion) => {
+                let served = Served {
+                    attempts: tried.attempts(),
+                    upstream_request_id: result.upstream_request_id,
+                };
+                self.finish(call, &entry, chat, completion, served, sink)
+                    .await;
+                Outcome::Completed
             }
-            None if saturated => RequestError::Saturated {
-                route: plan.route.clone(),
-            },
-            None if below_p95.is_some() => RequestError::DeadlineTooShort {
-                p95_ttft: below_p95.unwrap_or_default(),
-            },
-            None => RequestError::NoHealthyTarget {
-                route: plan.route.clone(),
-                retry_in: refused_retry_in.or(plan.unavailable_for),
+            AttemptEnd::ClientGone => Outcome::Completed,
+            AttemptEnd::DeadlineExceeded => Outcome::DeadlineExceeded,
+            AttemptEnd::Failed(failure) => Outcome::Failed {
+                failure,
+                committed: sink.committed(),
+                had_output: sink.attempt_had_output(),
+                tokens_emitted: sink.attempt_chunks(),
             },
         })
     }
 
-    /// The next candidate and how long to wait before trying it: any target
-    /// not tried yet, in plan order; else a retry of one that failed with a
-    /// retryable class (preferring one other than the last to fail), after
-    /// full-jitter backoff or its Retry-After if that fits the deadline.
-    fn next_candidate(
+    /// Sends one attempt inside its span and logs how it ended.
+    async fn send(
         &self,
-        tried: &[Tried],
-        last_target: Option<usize>,
-        remaining: Duration,
-    ) -> Option<(usize, Option<Duration>)> {
-        if let Some(idx) = tried.iter().position(|t| matches!(t, Tried::No)) {
-            return Some((idx, None));
+        call: &Call<'_>,
+        entry: &ProviderEntry,
+        chat: &ChatRequest,
+        attempt: u32,
+        traffic: TrafficClass,
+        sink: &mut EventSink,
+    ) -> attempt::AttemptResult {
+        let candidate = call.candidate;
+        sink.begin_attempt(Started {
+            provider: candidate.provider.clone(),
+            model: candidate.model.clone(),
+            attempt,
+            tier: candidate.tier(),
+            request_id: call.spec.request_id.clone(),
+        });
+        let span = tracing::info_span!(
+            "attempt",
+            otel.name = %format!("chat {}", candidate.model),
+            otel.kind = "client",
+            provider = %candidate.provider,
+            gen_ai.provider.name = entry.runtime.kind.as_str(),
+            gen_ai.request.model = %candidate.model,
+            attempt,
+            traffic = traffic.as_str(),
+            outcome = tracing::field::Empty,
+            ttft_ms = tracing::field::Empty,
+            output_chars = tracing::field::Empty,
+        );
+        let result = attempt::run(
+            AttemptInput {
+                runtime: &entry.runtime,
+                chat,
+                deadline: call.deadline,
+                attempt,
+            },
+            sink,
+        )
+        .instrument(span.clone())
+        .await;
+        let class = result.end.class();
+        span.record("outcome", class.as_str());
+        if let Some(ttft) = result.ttft {
+            span.record("ttft_ms", ttft.as_millis() as u64);
         }
-        let mut rng = rand::rng();
-        let mut retryable: Vec<usize> = tried
-            .iter()
-            .enumerate()
-            .filter(
-                |(_, t)| matches!(t, Tried::Failed { failure, .. } if failure.retry_same_target()),
-            )
-            .map(|(i, _)| i)
-            .collect();
-        retryable.sort_by_key(|i| Some(*i) == last_target);
-        retryable.into_iter().find_map(|idx| {
-            let Tried::Failed { failure, n } = &tried[idx] else {
-                return None;
-            };
-            let wait = self.backoff.retry_wait(
-                n.saturating_sub(1),
-                failure.retry_after,
-                remaining,
-                &mut rng,
-            )?;
-            Some((idx, Some(wait)))
-        })
+        span.record("output_chars", sink.attempt_chars() as u64);
+        // Per attempt at DEBUG (it is on the hot path); failures at INFO.
+        tracing::debug!(
+            request_id = %call.spec.request_id,
+            route = %call.plan.route,
+            provider = %candidate.provider,
+            model = %candidate.model,
+            attempt,
+            outcome = %class,
+            ttft_ms = result.ttft.map(|d| d.as_millis() as u64),
+            elapsed_ms = result.elapsed.as_millis() as u64,
+            "attempt ended"
+        );
+        if let AttemptEnd::Failed(f) = &result.end {
+            tracing::info!(
+                request_id = %call.spec.request_id,
+                provider = %candidate.provider,
+                model = %candidate.model,
+                attempt,
+                outcome = %class,
+                http_status = f.http_status,
+                "attempt failed"
+            );
+        }
+        result
+    }
+
+    /// A completed attempt: usage, cost, the served counters, `Finished`.
+    async fn finish(
+        &self,
+        call: &Call<'_>,
+        entry: &ProviderEntry,
+        chat: &ChatRequest,
+        completion: crate::upstream::Completion,
+        served: Served,
+        sink: &mut EventSink,
+    ) {
+        let candidate = call.candidate;
+        let (usage, usage_estimated) = match completion.usage {
+            Some(u) => (u, false),
+            None => (estimate_usage(chat, sink.attempt_chars()), true),
+        };
+        self.record_usage(candidate, entry, usage);
+        let cost_usd = price(entry, &candidate.model).cost(usage.input_tokens, usage.output_tokens);
+        self.cost
+            .charge(&call.spec.tenant, cost_usd, Instant::now());
+        self.served(&call.plan.route, candidate, candidate.tier());
+        let _ = sink
+            .finish(Finished {
+                finish_reason: completion.finish_reason,
+                usage,
+                usage_estimated,
+                provider: candidate.provider.clone(),
+                model: candidate.model.clone(),
+                tier: candidate.tier(),
+                attempts: served.attempts,
+                request_id: call.spec.request_id.clone(),
+                upstream_request_id: served.upstream_request_id,
+                replayed: false,
+                cache_age: None,
+                cost_usd,
+            })
+            .await;
+    }
+
+    /// A target's p95 time to first token, once enough samples back it.
+    fn p95_ttft(&self, c: &Candidate) -> Option<Duration> {
+        let entry = self.registry.provider(&c.provider)?;
+        let snapshot = entry.runtime.snapshot();
+        let t = snapshot.models.get(&c.model)?;
+        (t.calls >= MIN_TTFT_SAMPLES)
+            .then_some(t.p95_ttft)
+            .flatten()
     }
 
     fn record_attempt(
@@ -733,21 +695,13 @@ async fn replay_cached(
     .await;
 }
 
-/// A target's p95 time to first token, once enough samples back it.
+/// A target's price table entry.
 fn price(entry: &ProviderEntry, model: &str) -> crate::config::Price {
     entry
         .runtime
         .model(model)
         .map(|m| m.price)
         .unwrap_or_default()
-}
-
-fn p95_ttft(entry: &ProviderEntry, model: &str) -> Option<Duration> {
-    let snapshot = entry.runtime.snapshot();
-    let t = snapshot.models.get(model)?;
-    (t.calls >= MIN_TTFT_SAMPLES)
-        .then_some(t.p95_ttft)
-        .flatten()
 }
 
 /// The answer to an admission request.

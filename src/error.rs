@@ -13,6 +13,12 @@ pub enum RequestError {
     InvalidRequest(String),
     #[error("unknown route `{0}`")]
     UnknownRoute(String),
+    /// No or an unknown bearer token (where it is expected, named in the message).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The request message or body is larger than `limits.max_request_bytes`.
+    #[error("request exceeds the limit of {limit} bytes (limits.max_request_bytes)")]
+    RequestTooLarge { limit: usize },
     /// No target of the route declares every needed capability.
     #[error("no target of route `{route}` has {}", missing.join(", "))]
     NoCapableTarget { route: String, missing: Vec<String> },

@@ -19,6 +19,7 @@ pub mod request;
 pub mod sink;
 pub mod state;
 pub mod telemetry;
+pub mod tenants;
 pub mod upstream;
 
 /// Generated gRPC types and services for `switchyard.v1`.

@@ -89,7 +89,8 @@ async fn oversized_and_malformed_input_gets_clear_errors_and_the_server_keeps_se
     let mut big = request("chat");
     big.messages[0].content = "x".repeat(10_000);
     let s = stream(&mut client, big).await.status.unwrap();
-    assert_eq!(s.code(), Code::OutOfRange, "{s:?}");
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert_eq!(reason(&s), "REQUEST_TOO_LARGE");
 
     let mut many = request("chat");
     many.messages = vec![user("a"); 5];

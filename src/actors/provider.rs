@@ -71,6 +71,8 @@ pub struct TargetSnapshot {
     pub success_rate: Option<f64>,
     pub p95_ttft: Option<Duration>,
     pub calls: u64,
+    /// At least `health.min_calls` calls in the window: `score` may reorder a route.
+    pub evidence: bool,
     /// Skipped until this instant: rate limit, quota, or a rejected key.
     pub cooldown_until: Option<Instant>,
     pub cooldown_reason: Option<&'static str>,
@@ -551,6 +553,7 @@ impl ProviderState {
                     success_rate: m.health.success_rate(now),
                     p95_ttft: m.health.p95_ttft(now),
                     calls: m.health.calls(now),
+                    evidence: m.health.has_evidence(now),
                     cooldown_until,
                     cooldown_reason,
                     failover_share: m.traffic.share(now),

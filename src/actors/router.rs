@@ -18,8 +18,10 @@ use super::provider::Unavailable;
 use super::registry::Registry;
 use crate::config::{Capability, Config, MidStreamPolicy, RetryBudgetConfig, Rung};
 use crate::policy::budget::RetryBudget;
+use crate::policy::next::RoutePolicy;
 use crate::policy::share::ShareWindow;
-use crate::telemetry::metrics::{Metrics, RouteLabels};
+use crate::sink::Tier;
+use crate::telemetry::metrics::{Metrics, RouteLabels, RouteTargetLabels};
 
 /// What a request needs from a target.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -67,6 +69,30 @@ pub struct Plan {
 impl Plan {
     pub fn has_rung(&self, rung: Rung) -> bool {
         self.ladder.contains(&rung)
+    }
+
+    /// The route's part of the next-step decision.
+    pub fn policy(&self) -> RoutePolicy {
+        RoutePolicy {
+            route: self.route.clone(),
+            max_attempts: self.max_attempts,
+            mid_stream: self.mid_stream,
+            side_effects: self.side_effects,
+            unavailable_for: self.unavailable_for,
+        }
+    }
+}
+
+impl Candidate {
+    /// The tier an answer from this candidate is served as.
+    pub fn tier(&self) -> Tier {
+        if self.downshift {
+            Tier::Downshift
+        } else if self.position == 0 {
+            Tier::Primary
+        } else {
+            Tier::Fallback
+        }
     }
 }
 
@@ -172,8 +198,10 @@ pub struct RouterState {
     /// Where the provider snapshots are read.
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
-    /// Weighted tie-breaking among equals.
+    /// Weighted tie-breaking among equals, and the demoted targets' trickle.
     rng: StdRng,
+    /// Targets health currently ranks below their route place.
+    demotion: Demotions,
 }
 
 fn build_routes(
@@ -238,6 +266,69 @@ fn band(score: f64) -> u32 {
     ((1.0 - score.clamp(0.0, 1.0)) / 0.2).floor() as u32
 }
 
+/// Share of requests that still reach a demoted target at its route place.
+const TRICKLE: f64 = 0.05;
+
+/// What the ranking knows of one live target.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Health {
+    score: f64,
+    /// Enough calls in the window (`health.min_calls`) for the score to count.
+    evidence: bool,
+}
+
+impl Health {
+    const UNKNOWN: Health = Health {
+        score: 1.0,
+        evidence: false,
+    };
+}
+
+/// The evidence rule: health may reorder a route only when every target
+/// compared has enough calls in its window; otherwise the operator's order
+/// holds (every band 0) and the breakers alone protect.
+fn bands(live: &[Health]) -> Vec<u32> {
+    if live.len() > 1 && live.iter().all(|h| h.evidence) {
+        live.iter().map(|h| band(h.score)).collect()
+    } else {
+        vec![0; live.len()]
+    }
+}
+
+/// Which targets health currently ranks below their route place: a gauge per
+/// target and an INFO line when that changes.
+#[derive(Default)]
+struct Demotions {
+    demoted: std::collections::HashSet<(String, String, String)>,
+}
+
+impl Demotions {
+    fn observe(&mut self, route: &str, t: &TargetInfo, demoted: bool, metrics: &Metrics) {
+        let key = (route.to_string(), t.provider.clone(), t.model.clone());
+        let changed = if demoted {
+            self.demoted.insert(key)
+        } else {
+            self.demoted.remove(&key)
+        };
+        if !changed {
+            return;
+        }
+        if demoted {
+            tracing::info!(%route, provider = %t.provider, model = %t.model, "health evidence ranks this target below its route place (it keeps a trickle of traffic)");
+        } else {
+            tracing::info!(%route, provider = %t.provider, model = %t.model, "target back at its route place");
+        }
+        metrics
+            .target_demoted
+            .get_or_create(&RouteTargetLabels {
+                route: route.to_string(),
+                provider: t.provider.clone(),
+                model: t.model.clone(),
+            })
+            .set(i64::from(demoted));
+    }
+}
+
 impl RouterState {
     fn plan(
         &mut self,
@@ -274,28 +365,48 @@ impl RouterState {
         }
         entry.budget.deposit(now);
         let mut soonest: Option<Duration> = None;
-        let mut ranked: Vec<((bool, u32, u32, f64), Candidate)> = Vec::new();
+        let mut live: Vec<(usize, &TargetInfo, Health)> = Vec::new();
         for (position, t) in capable {
             let snapshot = self
                 .registry
                 .provider(&t.provider)
                 .map(|p| p.runtime.snapshot());
-            let score = match &snapshot {
+            let health = match &snapshot {
                 Some(s) => match s.unavailable_for(&t.model, now) {
                     Some(Unavailable::For(d)) => {
                         soonest = Some(soonest.map_or(d, |s| s.min(d)));
                         continue;
                     }
                     Some(Unavailable::UntilCleared) => continue,
-                    None => s.models.get(&t.model).map_or(1.0, |m| m.score),
+                    None => s.models.get(&t.model).map_or(Health::UNKNOWN, |m| Health {
+                        score: m.score,
+                        evidence: m.evidence,
+                    }),
                 },
-                None => 1.0,
+                None => Health::UNKNOWN,
+            };
+            live.push((position, t, health));
+        }
+        let bands = bands(&live.iter().map(|(_, _, h)| *h).collect::<Vec<_>>());
+        let best = bands.iter().copied().min().unwrap_or(0);
+        let mut ranked: Vec<((bool, u32, u32, f64), Candidate)> = Vec::new();
+        for ((position, t, _), band) in live.into_iter().zip(bands) {
+            let demoted = band > best;
+            if pin.is_none() {
+                self.demotion.observe(route, t, demoted, &self.metrics);
+            }
+            // A demoted target keeps a trickle of traffic at its place, so
+            // its recovery (or its breaker's opening) is seen.
+            let band = if demoted && self.rng.random_bool(TRICKLE) {
+                best
+            } else {
+                band
             };
             // Efraimidis-Spirakis key: a weighted random order among equals.
             let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
             let key = -u.ln() / f64::from(t.weight);
             ranked.push((
-                (t.downshift, band(score), t.priority, key),
+                (t.downshift, band, t.priority, key),
                 Candidate {
                     provider: t.provider.clone(),
                     model: t.model.clone(),
@@ -354,6 +465,7 @@ impl Actor for RouterActor {
             registry: args.registry,
             metrics: args.metrics,
             rng: StdRng::from_os_rng(),
+            demotion: Demotions::default(),
         })
     }
 
@@ -482,6 +594,7 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
             registry: Arc::new(Registry::default()),
             metrics: Arc::new(Metrics::new()),
             rng: StdRng::seed_from_u64(7),
+            demotion: Demotions::default(),
         }
     }
 
@@ -564,6 +677,49 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
         }
         // weight 3 : 1 -> about 75 % first.
         assert!((2800..=3200).contains(&first_big), "{first_big}");
+    }
+
+    #[test]
+    fn sparse_evidence_keeps_the_route_order() {
+        let h = |score, evidence| Health { score, evidence };
+        // The primary failed 2 of 4: no evidence, no reordering.
+        assert_eq!(bands(&[h(0.5, false), h(1.0, false)]), [0, 0]);
+        // Only one side has evidence: still the operator's order.
+        assert_eq!(bands(&[h(0.3, true), h(1.0, false)]), [0, 0]);
+        // Both have evidence: the bands apply.
+        assert_eq!(bands(&[h(0.3, true), h(1.0, true)]), [3, 0]);
+        assert_eq!(bands(&[h(0.3, true)]), [0], "alone: nothing to compare");
+    }
+
+    #[test]
+    fn a_demoted_target_keeps_a_trickle_and_is_shown() {
+        let mut s = state();
+        let live = [
+            Health {
+                score: 0.2,
+                evidence: true,
+            },
+            Health {
+                score: 1.0,
+                evidence: true,
+            },
+        ];
+        let b = bands(&live);
+        assert!(b[0] > b[1]);
+        // The trickle: about TRICKLE of plans keep a demoted target in place.
+        let kept = (0..10_000).filter(|_| s.rng.random_bool(TRICKLE)).count();
+        assert!((400..=600).contains(&kept), "{kept}");
+        let t = &s.routes["chat"].targets[0];
+        let metrics = Metrics::new();
+        let mut d = Demotions::default();
+        d.observe("chat", t, true, &metrics);
+        assert!(metrics
+            .render()
+            .contains(r#"switchyard_target_demoted{route="chat",provider="a",model="small"} 1"#));
+        d.observe("chat", t, false, &metrics);
+        assert!(metrics
+            .render()
+            .contains(r#"switchyard_target_demoted{route="chat",provider="a",model="small"} 0"#));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
 
 use crate::config::{AuthConfig, AuthMode, ConfigError};
+use crate::error::RequestError;
 
 /// The authenticated tenant, put in the request's extensions.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,28 +94,42 @@ impl Authenticator {
         found
     }
 
-    /// The interceptor body: adds [`Tenant`] or refuses.
-    pub fn check(&self, mut request: Request<()>) -> Result<Request<()>, Status> {
+    /// The tenant of an `Authorization: Bearer <token>` value, for every
+    /// door: `None` in open mode, UNAUTHENTICATED for a missing or unknown token.
+    pub fn authenticate(
+        &self,
+        authorization: Option<&str>,
+    ) -> Result<Option<String>, RequestError> {
         if self.is_open() {
-            return Ok(request);
+            return Ok(None);
         }
-        let token = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
+        let token = authorization
             .and_then(|v| {
                 v.strip_prefix("Bearer ")
                     .or_else(|| v.strip_prefix("bearer "))
             })
             .map(str::trim);
         match token.and_then(|t| self.tenant_for(t)) {
-            Some(tenant) => {
+            Some(tenant) => Ok(Some(tenant)),
+            None => Err(RequestError::Unauthenticated(
+                "missing or unknown bearer token (`authorization: Bearer <token>`)".into(),
+            )),
+        }
+    }
+
+    /// The gRPC interceptor body: adds [`Tenant`] or refuses.
+    pub fn check(&self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let value = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        match self.authenticate(value) {
+            Ok(Some(tenant)) => {
                 request.extensions_mut().insert(Tenant(tenant));
                 Ok(request)
             }
-            None => Err(Status::unauthenticated(
-                "missing or unknown bearer token (metadata `authorization: Bearer <token>`)",
-            )),
+            Ok(None) => Ok(request),
+            Err(e) => Err(super::status::to_status(&e)),
         }
     }
 }

@@ -12,15 +12,13 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::convert;
+use super::intake::{Arrival, Door, Intake};
 use super::status::to_status;
 use crate::actors::recovery::{JobRunner, RunOutcome};
-use crate::config::LimitsConfig;
-use crate::dispatch::Dispatcher;
 use crate::error::RequestError;
 use crate::proto;
 use crate::queue::jobs::Jobs;
 use crate::queue::{JobRecord, QueueError};
-use crate::sink::EventSink;
 
 pub type JobStream = Pin<Box<dyn Stream<Item = Result<proto::Job, Status>> + Send>>;
 
@@ -91,18 +89,14 @@ pub async fn watch(jobs: Arc<Jobs>, id: String) -> Result<JobStream, Status> {
 }
 
 /// Builds the runner the recovery actor drives.
-pub fn runner(
-    jobs: Arc<Jobs>,
-    dispatcher: Arc<Dispatcher>,
-    limits: Arc<LimitsConfig>,
-) -> JobRunner {
+pub fn runner(jobs: Arc<Jobs>, intake: Arc<Intake>) -> JobRunner {
     Arc::new(move || {
-        let (jobs, dispatcher, limits) = (jobs.clone(), dispatcher.clone(), limits.clone());
-        Box::pin(async move { run_one(&jobs, dispatcher, &limits).await })
+        let (jobs, intake) = (jobs.clone(), intake.clone());
+        Box::pin(async move { run_one(&jobs, &intake).await })
     })
 }
 
-async fn run_one(jobs: &Jobs, dispatcher: Arc<Dispatcher>, limits: &LimitsConfig) -> RunOutcome {
+async fn run_one(jobs: &Jobs, intake: &Intake) -> RunOutcome {
     let job = match jobs.claim().await {
         Ok(Some(job)) => job,
         Ok(None) => return RunOutcome::Idle,
@@ -129,26 +123,30 @@ async fn run_one(jobs: &Jobs, dispatcher: Arc<Dispatcher>, limits: &LimitsConfig
             return RunOutcome::Finished;
         }
     };
-    let mut spec = match convert::request_spec(
+    let started = intake.start(Arrival {
+        door: Door::Job,
         request,
-        format!("{}-{}", job.id, job.attempts),
-        None,
-        limits,
-    ) {
-        Ok(spec) => spec,
+        tenant: Some(job.tenant.clone()),
+        request_id: Some(format!("{}-{}", job.id, job.attempts)),
+        deadline: None,
+        trace: None,
+        buffered: true,
+        pin: None,
+    });
+    let mut rx = match started {
+        Ok(started) => started.rx,
         Err(e) => {
             let _ = jobs
-                .fail(&job.id, &claim, e.to_string(), "INVALID_REQUEST")
+                .fail(
+                    &job.id,
+                    &claim,
+                    e.to_string(),
+                    crate::api::status::reason(&e),
+                )
                 .await;
             return RunOutcome::Finished;
         }
     };
-    spec.tenant = job.tenant.clone();
-    spec.from_queue = true;
-    // The job's own idempotency key was checked at submission.
-    spec.idempotency_key = None;
-    let (tx, mut rx) = mpsc::channel(64);
-    tokio::spawn(dispatcher.run(spec, EventSink::new(tx, true)));
     let mut assembler = convert::Assembler::default();
     let mut answer: Result<proto::CompletionResponse, RequestError> = Err(
         RequestError::Unavailable("the run ended without an answer".into()),

@@ -4,7 +4,6 @@
 //! `convert::request_spec` and the same `Dispatcher` as gRPC; `model` names a
 //! route. Errors use OpenAI's error JSON with the `ErrorInfo` reason as `code`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -17,100 +16,62 @@ use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
-use tonic::Code;
-use tracing::Instrument;
 
 use super::auth::Authenticator;
 use super::convert;
-use super::status::{reason, to_status};
+use super::intake::{Arrival, Door, Intake};
+use super::status::{http_status, reason};
 use crate::app::Reloader;
-use crate::config::LimitsConfig;
-use crate::dispatch::Dispatcher;
 use crate::error::RequestError;
 use crate::proto;
-use crate::sink::{Event, EventSink, Item, QueuedJob};
+use crate::sink::{Event, Item, QueuedJob};
 use crate::upstream::{Chunk, FinishReason};
 
 /// What the front door's handlers share.
 pub struct HttpState {
-    pub dispatcher: Arc<Dispatcher>,
+    pub intake: Arc<Intake>,
     pub auth: Authenticator,
-    pub limits: LimitsConfig,
-    /// Events buffered per request (`server.stream_buffer`).
-    pub buffer: usize,
     /// The config in force, for `/v1/models` (follows reloads).
     pub reloader: Arc<Reloader>,
-    id_prefix: String,
-    next_id: AtomicU64,
 }
 
 impl HttpState {
-    pub fn new(
-        dispatcher: Arc<Dispatcher>,
-        auth: Authenticator,
-        limits: LimitsConfig,
-        buffer: usize,
-        reloader: Arc<Reloader>,
-    ) -> Self {
-        let prefix: u32 = rand::random();
+    pub fn new(intake: Arc<Intake>, auth: Authenticator, reloader: Arc<Reloader>) -> Self {
         HttpState {
-            dispatcher,
+            intake,
             auth,
-            limits,
-            buffer,
             reloader,
-            id_prefix: format!("{prefix:08x}"),
-            next_id: AtomicU64::new(1),
         }
     }
 
     /// The caller's `x-request-id` when it is sane, else a fresh one.
     fn request_id(&self, headers: &HeaderMap) -> String {
-        let theirs = headers
-            .get("x-request-id")
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| {
-                !v.is_empty()
-                    && v.len() <= 128
-                    && v.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
-            });
-        match theirs {
-            Some(id) => id.to_string(),
-            None => format!(
-                "sy-h{}-{}",
-                self.id_prefix,
-                self.next_id.fetch_add(1, Ordering::Relaxed)
-            ),
-        }
+        caller_request_id(headers).unwrap_or_else(|| self.intake.request_id())
     }
 
     /// The caller's tenant (`None` in open mode), or 401.
     fn authenticate(&self, headers: &HeaderMap) -> Result<Option<String>, HttpError> {
-        if self.auth.is_open() {
-            return Ok(None);
-        }
-        let token = headers
+        let value = headers
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .map(str::trim);
-        match token.and_then(|t| self.auth.tenant_for(t)) {
-            Some(tenant) => Ok(Some(tenant)),
-            None => Err(HttpError {
-                status: StatusCode::UNAUTHORIZED,
-                message: "missing or unknown bearer token (header `Authorization: Bearer <token>`)"
-                    .into(),
-                kind: "authentication_error",
-                param: None,
-                code: "UNAUTHENTICATED",
-                retry_after: None,
-            }),
-        }
+            .and_then(|v| v.to_str().ok());
+        self.auth
+            .authenticate(value)
+            .map_err(|e| HttpError::from_request(&e))
     }
+}
+
+/// The caller's `x-request-id`, when it is sane.
+fn caller_request_id(headers: &HeaderMap) -> Option<String> {
+    let theirs = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            !v.is_empty()
+                && v.len() <= 128
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+        });
+    theirs.map(str::to_string)
 }
 
 /// The front door's routes.
@@ -147,18 +108,7 @@ impl HttpError {
 
     /// The one mapping from a request error to an HTTP status and error type.
     fn from_request(err: &RequestError) -> Self {
-        let (status, kind) = match to_status(err).code() {
-            Code::InvalidArgument => (StatusCode::BAD_REQUEST, "invalid_request_error"),
-            Code::FailedPrecondition => (StatusCode::BAD_REQUEST, "invalid_request_error"),
-            Code::NotFound => (StatusCode::NOT_FOUND, "invalid_request_error"),
-            Code::Unauthenticated => (StatusCode::UNAUTHORIZED, "authentication_error"),
-            Code::PermissionDenied => (StatusCode::FORBIDDEN, "permission_error"),
-            Code::ResourceExhausted => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
-            Code::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "timeout_error"),
-            Code::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
-            Code::Aborted => (StatusCode::CONFLICT, "conflict_error"),
-            _ => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
-        };
+        let (status, kind) = http_status(err);
         let param = match err {
             RequestError::UnknownRoute(_) => Some("model".to_string()),
             RequestError::InvalidRequest(m) => m
@@ -515,29 +465,29 @@ async fn chat_completions(State(s): State<Arc<HttpState>>, request: Request) -> 
     }
 }
 
-/// `model` may name one target as `provider/model`: the request runs on the
-/// first route that lists it, pinned to that target (the route's policies,
-/// budget and ladder still apply).
-fn pin_target(s: &HttpState, spec: &mut crate::request::RequestSpec) -> Result<(), HttpError> {
-    if !spec.route.contains('/') {
-        return Ok(());
+/// `model` names a route, or one target as `provider/model`: then the
+/// request runs on the first route that lists it, pinned to that target (the
+/// route's policies, budget and ladder still apply).
+fn route_and_pin(s: &HttpState, model: &str) -> Result<(String, Option<String>), HttpError> {
+    if !model.contains('/') {
+        return Ok((model.to_string(), None));
     }
     let config = s.reloader.config();
     let route = config
         .iter()
         .flat_map(|c| c.routes.iter())
-        .find(|r| r.targets.iter().any(|t| t.target == spec.route))
-        .ok_or_else(|| HttpError::from_request(&RequestError::UnknownRoute(spec.route.clone())))?;
-    spec.pin = Some(std::mem::replace(&mut spec.route, route.name.clone()));
-    Ok(())
+        .find(|r| r.targets.iter().any(|t| t.target == model))
+        .ok_or_else(|| HttpError::from_request(&RequestError::UnknownRoute(model.to_string())))?;
+    Ok((route.name.clone(), Some(model.to_string())))
 }
 
 async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Response, HttpError> {
     let (parts, body) = request.into_parts();
     let tenant = s.authenticate(&parts.headers)?;
-    let bytes = read_body(body, s.limits.max_request_bytes, &parts.headers).await?;
+    let bytes = read_body(body, s.intake.limits().max_request_bytes, &parts.headers).await?;
     let parsed = to_proto(parse(&bytes)?)?;
     let mut request = parsed.request;
+    let parsed_model = request.route.clone();
     if let Some(key) = parts
         .headers
         .get("idempotency-key")
@@ -545,36 +495,28 @@ async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Respo
     {
         request.idempotency_key = key.to_string();
     }
-    let mut spec = convert::request_spec(request, request_id.to_string(), None, &s.limits)
+    let (route, pin) = route_and_pin(s, &request.route)?;
+    request.route = route.clone();
+    let started = s
+        .intake
+        .start(Arrival {
+            door: Door::OpenAi,
+            request,
+            tenant,
+            request_id: Some(request_id.to_string()),
+            deadline: None,
+            trace: Some(tonic::metadata::MetadataMap::from_headers(
+                parts.headers.clone(),
+            )),
+            buffered: !parsed.stream,
+            pin,
+        })
         .map_err(|e| HttpError::from_request(&e))?;
-    if let Some(tenant) = tenant {
-        spec.tenant = tenant;
-    }
-    pin_target(s, &mut spec)?;
-    let route = spec.route.clone();
-    let span = tracing::info_span!(
-        "request",
-        otel.name = %format!("chat {}", spec.route),
-        otel.kind = "server",
-        request_id = %spec.request_id,
-        route = %spec.route,
-        gen_ai.operation.name = "chat",
-        streaming = parsed.stream,
-        api = "openai",
-    );
-    let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers.clone());
-    crate::telemetry::tracing::continue_trace(&span, &metadata);
-    let (tx, mut rx) = mpsc::channel(s.buffer);
-    tokio::spawn(
-        s.dispatcher
-            .clone()
-            .run(spec, EventSink::new(tx, !parsed.stream))
-            .instrument(span),
-    );
+    let mut rx = started.rx;
     let ids = Ids {
         id: format!("chatcmpl-{request_id}"),
         created: now_secs(),
-        model: route,
+        model: parsed_model,
     };
     if parsed.stream {
         stream(rx, ids, parsed.include_usage, request_id).await
@@ -605,14 +547,7 @@ async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Respo
 
 /// Reads the body up to the request size limit (413 beyond it).
 async fn read_body(body: Body, limit: usize, headers: &HeaderMap) -> Result<Bytes, HttpError> {
-    let too_large = || HttpError {
-        status: StatusCode::PAYLOAD_TOO_LARGE,
-        message: format!("request body exceeds the limit of {limit} bytes"),
-        kind: "invalid_request_error",
-        param: None,
-        code: "REQUEST_TOO_LARGE",
-        retry_after: None,
-    };
+    let too_large = || HttpError::from_request(&RequestError::RequestTooLarge { limit });
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -4,162 +4,97 @@
 //! token is a plain status the caller can act on.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
-use tracing::Instrument;
 
 use super::auth::Tenant;
 use super::convert;
+use super::intake::{Arrival, Door, Intake, Started};
 use super::jobs;
 use super::status::to_status;
-use super::tenants::TenantLimiter;
-use crate::config::LimitsConfig;
-use crate::dispatch::Dispatcher;
 use crate::error::RequestError;
 use crate::proto;
-use crate::request::RequestSpec;
-use crate::sink::{EventSink, Item};
+use crate::sink::Item;
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<proto::CompletionEvent, Status>> + Send>>;
 
 /// The service; cheap to clone.
 #[derive(Clone)]
 pub struct RouterService {
-    dispatcher: Arc<Dispatcher>,
-    buffer: usize,
-    limits: Arc<LimitsConfig>,
-    tenants: Arc<TenantLimiter>,
-    /// Prefix unique to this process, so ids from replicas don't collide.
-    id_prefix: Arc<str>,
-    next_id: Arc<AtomicU64>,
+    intake: Arc<Intake>,
 }
 
 impl RouterService {
     fn jobs(&self) -> Result<Arc<crate::queue::jobs::Jobs>, Status> {
-        self.dispatcher.jobs.clone().ok_or_else(|| {
+        self.intake.dispatcher.jobs.clone().ok_or_else(|| {
             to_status(&RequestError::QueueUnavailable(
                 "no [queue] is configured".into(),
             ))
         })
     }
 
-    pub fn new(dispatcher: Arc<Dispatcher>, buffer: usize, limits: LimitsConfig) -> Self {
-        let prefix: u32 = rand::random();
-        RouterService {
-            dispatcher,
-            buffer,
-            tenants: TenantLimiter::new(&limits),
-            limits: Arc::new(limits),
-            id_prefix: format!("{prefix:08x}").into(),
-            next_id: Arc::new(AtomicU64::new(1)),
-        }
+    pub fn new(intake: Arc<Intake>) -> Self {
+        RouterService { intake }
     }
 
-    fn request_id(&self) -> String {
-        format!(
-            "sy-{}-{}",
-            self.id_prefix,
-            self.next_id.fetch_add(1, Ordering::Relaxed)
-        )
-    }
-
-    /// Validates and starts the request task; returns its channel.
-    /// Validates a request into a spec, with the caller's tenant.
-    fn spec(
-        &self,
+    /// The gRPC request as the intake takes it.
+    fn arrival(
         request: Request<proto::CompletionRequest>,
         deadline: Option<Instant>,
-    ) -> Result<RequestSpec, Status> {
+        buffered: bool,
+    ) -> Arrival {
         let tenant = request.extensions().get::<Tenant>().map(|t| t.0.clone());
-        let mut spec = convert::request_spec(
-            request.into_inner(),
-            self.request_id(),
+        let (metadata, _, request) = request.into_parts();
+        Arrival {
+            door: Door::Grpc,
+            request,
+            tenant,
+            request_id: None,
             deadline,
-            &self.limits,
-        )
-        .map_err(|e| to_status(&e))?;
-        if let Some(tenant) = tenant {
-            // An authenticated caller's tenant is its token's, not what it claims.
-            spec.tenant = tenant;
+            trace: Some(metadata),
+            buffered,
+            pin: None,
         }
-        Ok(spec)
     }
 
     fn start(
         &self,
         request: Request<proto::CompletionRequest>,
         buffered: bool,
-    ) -> Result<Started, Status> {
+    ) -> Result<Waiting, Status> {
         let deadline = request
             .metadata()
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
             .and_then(convert::parse_grpc_timeout)
             .map(|t| Instant::now() + t.saturating_sub(deadline_margin(t)));
-        let metadata = request.metadata().clone();
-        let spec = self.spec(request, deadline)?;
-        let request_id = spec.request_id.clone();
-        let span = tracing::info_span!(
-            "request",
-            otel.name = %format!("chat {}", spec.route),
-            otel.kind = "server",
-            request_id = %spec.request_id,
-            route = %spec.route,
-            gen_ai.operation.name = "chat",
-            streaming = !buffered,
-        );
-        crate::telemetry::tracing::continue_trace(&span, &metadata);
-        let (tx, rx) = mpsc::channel(self.buffer);
-        let slot = self
-            .tenants
-            .admit(&spec.tenant, Instant::now())
+        let started = self
+            .intake
+            .start(Self::arrival(request, deadline, buffered))
             .map_err(|e| to_status(&e))?;
-        let run = self
-            .dispatcher
-            .clone()
-            .run(spec, EventSink::new(tx, buffered));
-        tokio::spawn(
-            async move {
-                run.await;
-                // The tenant's slot is held for the whole request.
-                drop(slot);
-            }
-            .instrument(span),
-        );
-        Ok(Started {
-            request_id,
-            rx,
-            deadline,
-        })
+        Ok(Waiting(started))
     }
 }
 
 /// A started request task, seen from the handler.
-struct Started {
-    request_id: String,
-    rx: mpsc::Receiver<Item>,
-    /// The caller's deadline (less the margin), when it sent one.
-    deadline: Option<Instant>,
-}
+struct Waiting(Started);
 
-impl Started {
+impl Waiting {
     /// The next item, or DEADLINE_EXCEEDED once the deadline passes. tonic
     /// itself answers CANCELLED when a handler outlives `grpc-timeout`; the
     /// margin lets Switchyard's own, precise status reach the caller first.
     async fn next(&mut self) -> Option<Item> {
-        let Some(deadline) = self.deadline else {
-            return self.rx.recv().await;
+        let Some(deadline) = self.0.deadline else {
+            return self.0.rx.recv().await;
         };
         tokio::select! {
             biased;
-            item = self.rx.recv() => item,
+            item = self.0.rx.recv() => item,
             _ = tokio::time::sleep_until(deadline) => {
                 Some(Err(RequestError::DeadlineExceeded { attempts: 0 }))
             }
@@ -189,18 +124,20 @@ impl proto::router_server::Router for RouterService {
         &self,
         request: Request<proto::CompletionRequest>,
     ) -> Result<Response<proto::Job>, Status> {
-        let jobs = self.jobs()?;
-        let spec = self.spec(request, None)?;
-        self.dispatcher
-            .plan(&spec)
+        self.jobs()?;
+        let admitted = self
+            .intake
+            .admit(Self::arrival(request, None, true))
+            .map_err(|e| to_status(&e))?;
+        let dispatcher = &self.intake.dispatcher;
+        dispatcher
+            .plan(&admitted.spec)
             .await
             .map_err(|e| to_status(&e))?;
-        let queued = self
-            .dispatcher
-            .enqueue(&spec)
+        let queued = dispatcher
+            .enqueue(&admitted.spec)
             .await
             .map_err(|e| to_status(&e))?;
-        drop(jobs);
         Ok(Response::new(convert::job(
             &queued.record,
             queued.position,
@@ -238,7 +175,7 @@ impl proto::router_server::Router for RouterService {
             Some(Err(e)) => return Err(to_status(&e)),
             None => return Err(Status::internal("request ended without an answer")),
         };
-        let (id, rest) = (started.request_id, ReceiverStream::new(started.rx));
+        let (id, rest) = (started.0.request_id, ReceiverStream::new(started.0.rx));
         let stream = futures_util::stream::once(async move { Ok(first) })
             .chain(rest)
             .map(|item| item.map(convert::event).map_err(|e| to_status(&e)));
@@ -250,7 +187,7 @@ impl proto::router_server::Router for RouterService {
         request: Request<proto::CompletionRequest>,
     ) -> Result<Response<proto::CompletionResponse>, Status> {
         let mut started = self.start(request, true)?;
-        let id = started.request_id.clone();
+        let id = started.0.request_id.clone();
         let mut assembler = convert::Assembler::default();
         while let Some(item) = started.next().await {
             match item {

@@ -24,6 +24,28 @@ pub fn to_status(err: &RequestError) -> Status {
     Status::with_error_details(code, err.to_string(), details)
 }
 
+/// The HTTP status and OpenAI-style error type an error is answered with on
+/// the HTTP doors: derived from the gRPC code, so both doors say the same.
+pub fn http_status(err: &RequestError) -> (http::StatusCode, &'static str) {
+    use http::StatusCode as H;
+    match classify(err).0 {
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+            (H::BAD_REQUEST, "invalid_request_error")
+        }
+        Code::NotFound => (H::NOT_FOUND, "invalid_request_error"),
+        Code::Unauthenticated => (H::UNAUTHORIZED, "authentication_error"),
+        Code::PermissionDenied => (H::FORBIDDEN, "permission_error"),
+        Code::ResourceExhausted if matches!(err, RequestError::RequestTooLarge { .. }) => {
+            (H::PAYLOAD_TOO_LARGE, "invalid_request_error")
+        }
+        Code::ResourceExhausted => (H::TOO_MANY_REQUESTS, "rate_limit_error"),
+        Code::DeadlineExceeded => (H::GATEWAY_TIMEOUT, "timeout_error"),
+        Code::Unavailable => (H::SERVICE_UNAVAILABLE, "server_error"),
+        Code::Aborted => (H::CONFLICT, "conflict_error"),
+        _ => (H::INTERNAL_SERVER_ERROR, "server_error"),
+    }
+}
+
 /// The `ErrorInfo.reason` an error is reported with.
 pub fn reason(err: &RequestError) -> &'static str {
     classify(err).1
@@ -34,6 +56,11 @@ fn classify(err: &RequestError) -> (Code, &'static str, HashMap<String, String>)
     let mut meta: HashMap<String, String> = HashMap::new();
     let (code, reason) = match err {
         RequestError::InvalidRequest(_) => (Code::InvalidArgument, "INVALID_REQUEST"),
+        RequestError::Unauthenticated(_) => (Code::Unauthenticated, "UNAUTHENTICATED"),
+        RequestError::RequestTooLarge { limit } => {
+            meta.insert("limit_bytes".into(), limit.to_string());
+            (Code::ResourceExhausted, "REQUEST_TOO_LARGE")
+        }
         RequestError::UnknownRoute(route) => {
             meta.insert("route".into(), route.clone());
             (Code::NotFound, "UNKNOWN_ROUTE")

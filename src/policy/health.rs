@@ -29,6 +29,9 @@ pub struct HealthConfig {
     /// as `latency_target / p95`. Default 30 s (whole streamed completions).
     #[serde(with = "humantime_serde")]
     pub latency_target: Duration,
+    /// Calls in the window before the score may reorder a route: below it
+    /// the route order holds and the breaker alone protects. Default 20.
+    pub min_calls: u32,
 }
 
 impl Default for HealthConfig {
@@ -38,6 +41,7 @@ impl Default for HealthConfig {
             buckets: 12,
             prior_successes: 5,
             latency_target: Duration::from_secs(30),
+            min_calls: 20,
         }
     }
 }
@@ -135,6 +139,11 @@ impl HealthWindow {
     /// Successes plus failures in the window (excluded calls do not count).
     pub fn calls(&self, now: Instant) -> u64 {
         self.sum(now, |t| t.successes + t.failures)
+    }
+
+    /// Enough calls in the window for the score to mean something.
+    pub fn has_evidence(&self, now: Instant) -> bool {
+        self.calls(now) >= u64::from(self.config.min_calls)
     }
 
     /// Excluded calls in the window, for metrics.

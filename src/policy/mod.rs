@@ -6,6 +6,7 @@ pub mod breaker;
 pub mod budget;
 pub mod cooldown;
 pub mod health;
+pub mod next;
 pub mod outcome;
 pub mod share;
 pub mod token_bucket;

@@ -49,7 +49,9 @@ pub enum TenantDecision {
     /// At `max_concurrent` requests in flight.
     Concurrency,
     /// Over the rate; a token is available after this long.
-    Rate { retry_after: Duration },
+    Rate {
+        retry_after: Duration,
+    },
 }
 
 /// How Redis keeps what it acknowledged.

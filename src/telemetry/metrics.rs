@@ -85,6 +85,19 @@ pub struct RouteLabels {
     pub route: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteTargetLabels {
+    pub route: String,
+    pub provider: String,
+    pub model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// The state function that failed: `jobs`, `idempotency`, `cost`, `tenant_limits`, `drain`.
+    pub function: &'static str,
+}
+
 fn latency_histogram() -> Histogram {
     // 5 ms .. ~82 s
     Histogram::new(exponential_buckets(0.005, 2.0, 15))
@@ -114,6 +127,8 @@ pub struct Metrics {
     pub retry_budget_remaining: Family<RouteLabels, Gauge<f64, AtomicU64>>,
     pub queue_depth: Gauge,
     pub queue_oldest_age: Gauge<f64, AtomicU64>,
+    pub target_demoted: Family<RouteTargetLabels, Gauge>,
+    pub state_errors: Family<StateLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -226,8 +241,22 @@ impl Metrics {
             prometheus_client::registry::Unit::Seconds,
             queue_oldest_age.clone(),
         );
+        let target_demoted = Family::<RouteTargetLabels, Gauge>::default();
+        registry.register(
+            "switchyard_target_demoted",
+            "1 while health evidence ranks a target below its place in the route order",
+            target_demoted.clone(),
+        );
+        let state_errors = Family::<StateLabels, Counter>::default();
+        registry.register(
+            "switchyard_state_errors",
+            "Calls to the shared state (Redis) that failed or timed out, by function",
+            state_errors.clone(),
+        );
         Metrics {
             registry,
+            target_demoted,
+            state_errors,
             operation_duration,
             token_usage,
             time_to_first_token,

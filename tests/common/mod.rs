@@ -421,3 +421,77 @@ pub fn python_ready(test: &str, import_line: &str, requirements: &str) -> bool {
     eprintln!("\n*** SKIPPED {test}: pip install -r {requirements} ({why}) ***\n");
     false
 }
+
+/// The shared two-provider rig: route `chat` = an OpenAI-shaped `primary`
+/// (model `gpt-4o-mini`), then an Anthropic-shaped `secondary` (model
+/// `claude-sonnet-4-5`), with the HTTP door on. `head` is TOML placed before
+/// the providers (its own tables: `[limits]`, `[auth]`, ...); `route_extra`
+/// lines go into the route.
+pub struct Rig {
+    pub primary: Mock,
+    pub secondary: Mock,
+    pub sy: Switchyard,
+}
+
+impl Rig {
+    pub async fn start(head: &str, route_extra: &str, env: &[(&str, &str)]) -> Rig {
+        let primary = Mock::start("openai", &[]).await;
+        let secondary = Mock::start("anthropic", &[]).await;
+        let config = format!(
+            "[server]\nhttp_listen = \"127.0.0.1:0\"\n{head}\n{}{}{}{route_extra}\n",
+            provider("primary", "openai", &primary.base_url(), "gpt-4o-mini"),
+            provider(
+                "secondary",
+                "anthropic",
+                &secondary.base_url(),
+                "claude-sonnet-4-5"
+            ),
+            route(
+                "chat",
+                &["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
+            )
+        );
+        let sy = Switchyard::start_with(&config, env).await;
+        Rig {
+            primary,
+            secondary,
+            sy,
+        }
+    }
+
+    /// Base URL of the OpenAI HTTP door (`http://ADDR`).
+    pub fn http_url(&self) -> String {
+        let out = self.sy.stdout.lock().unwrap().clone();
+        let line = out.lines().next().unwrap_or_default().to_string();
+        let addr = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http="))
+            .unwrap_or_else(|| panic!("no http= in banner: {line}"))
+            .to_string();
+        format!("http://{addr}")
+    }
+
+    /// Who served each streamed request, as `provider` names.
+    pub async fn served_by(&self, n: usize) -> Vec<String> {
+        let mut client = self.sy.client().await;
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let got = stream(&mut client, request("chat")).await;
+            let f = got
+                .finished
+                .unwrap_or_else(|| panic!("not served: {:?}", got.status));
+            out.push(f.served_by.map(|s| s.provider).unwrap_or_default());
+        }
+        out
+    }
+}
+
+/// The value of one Prometheus sample line starting with `prefix`, summed
+/// over every matching line (0 when absent).
+pub fn metric_sum(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

@@ -1,0 +1,116 @@
+//! The gRPC message-size limit in the error table's terms: tonic refuses a
+//! request message over `limits.max_request_bytes` with OUT_OF_RANGE before
+//! any handler runs; this layer rewrites that one answer to RESOURCE_EXHAUSTED
+//! (REQUEST_TOO_LARGE, with ErrorInfo), as gRPC's status-code guide says for
+//! "message larger than configured max". The connection and its other
+//! streams are untouched.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::HeaderMap;
+
+use super::status::to_status;
+use crate::error::RequestError;
+
+/// Wraps the gRPC services.
+#[derive(Debug, Clone, Copy)]
+pub struct TooLargeLayer {
+    pub limit: usize,
+}
+
+impl<S> tower_layer::Layer<S> for TooLargeLayer {
+    type Service = TooLarge<S>;
+
+    fn layer(&self, inner: S) -> TooLarge<S> {
+        TooLarge {
+            inner,
+            limit: self.limit,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TooLarge<S> {
+    inner: S,
+    limit: usize,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, Req, ResBody> tower_service::Service<http::Request<Req>> for TooLarge<S>
+where
+    S: tower_service::Service<http::Request<Req>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<S::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Req>) -> Self::Future {
+        let answer = self.inner.call(request);
+        let limit = self.limit;
+        Box::pin(async move {
+            let mut response = answer.await?;
+            rewrite(response.headers_mut(), limit);
+            Ok(response)
+        })
+    }
+}
+
+/// tonic's text for a message over the decoding limit (percent-encoded in
+/// `grpc-message`, as tonic sends it).
+const TONIC_TOO_LARGE: &[u8] = b"decoded%20message%20length%20too%20large";
+
+fn rewrite(headers: &mut HeaderMap, limit: usize) {
+    let out_of_range = headers.get("grpc-status").map(|v| v.as_bytes()) == Some(b"11");
+    let too_large = headers
+        .get("grpc-message")
+        .is_some_and(|m| contains(m.as_bytes(), TONIC_TOO_LARGE));
+    if out_of_range && too_large {
+        let status = to_status(&RequestError::RequestTooLarge { limit });
+        let _ = status.add_header(headers);
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use tonic_types::StatusExt;
+
+    #[test]
+    fn only_tonics_size_refusal_is_rewritten() {
+        let mut h = HeaderMap::new();
+        tonic::Status::out_of_range(
+            "Error, decoded message length too large: found 9 bytes, the limit is: 4 bytes",
+        )
+        .add_header(&mut h)
+        .unwrap();
+        rewrite(&mut h, 4);
+        let s = tonic::Status::from_header_map(&h).unwrap();
+        assert_eq!(s.code(), tonic::Code::ResourceExhausted);
+        let info = s.get_error_details().error_info().cloned().unwrap();
+        assert_eq!(info.reason, "REQUEST_TOO_LARGE");
+        assert_eq!(info.metadata["limit_bytes"], "4");
+
+        let mut h = HeaderMap::new();
+        tonic::Status::out_of_range("something else")
+            .add_header(&mut h)
+            .unwrap();
+        rewrite(&mut h, 4);
+        assert_eq!(
+            tonic::Status::from_header_map(&h).unwrap().code(),
+            tonic::Code::OutOfRange
+        );
+    }
+}

@@ -1,0 +1,185 @@
+//! The one request start every front door uses (gRPC, the OpenAI HTTP door,
+//! SubmitJob and the job runner): validation into a `RequestSpec`, the
+//! authenticated tenant, per-tenant limits, the request id, the span with the
+//! caller's trace context, and the spawned request task. Cost reservation and
+//! idempotency run first thing in that task (`Dispatcher::serve`), so no door
+//! can skip them either. Nothing that enforces a limit lives in a door.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::convert;
+use crate::config::LimitsConfig;
+use crate::dispatch::Dispatcher;
+use crate::error::RequestError;
+use crate::proto;
+use crate::request::RequestSpec;
+use crate::sink::{EventSink, Item};
+use crate::tenants::{TenantLimiter, TenantSlot};
+
+/// Which front door a request came through (span attribute, id prefix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Door {
+    Grpc,
+    OpenAi,
+    /// A queued job's run: its limits were applied when it was submitted.
+    Job,
+}
+
+impl Door {
+    fn as_str(self) -> &'static str {
+        match self {
+            Door::Grpc => "grpc",
+            Door::OpenAi => "openai",
+            Door::Job => "job",
+        }
+    }
+}
+
+/// A request as a front door received it, in the gRPC contract's shape.
+pub struct Arrival {
+    pub door: Door,
+    pub request: proto::CompletionRequest,
+    /// The authenticated tenant (`None` in open auth mode).
+    pub tenant: Option<String>,
+    /// An id the caller supplied and the door accepted, else one is made.
+    pub request_id: Option<String>,
+    /// The caller's deadline (less the reply margin), when it set one.
+    pub deadline: Option<Instant>,
+    /// Headers or metadata carrying a W3C `traceparent`.
+    pub trace: Option<tonic::metadata::MetadataMap>,
+    /// The caller gets one assembled answer (unary, non-streaming HTTP, jobs).
+    pub buffered: bool,
+    /// Only this `provider/model` target of the route may serve.
+    pub pin: Option<String>,
+}
+
+/// A started request task, seen from its door.
+pub struct Started {
+    pub request_id: String,
+    pub rx: mpsc::Receiver<Item>,
+    /// The caller's deadline, when it sent one.
+    pub deadline: Option<Instant>,
+}
+
+/// Validated, admitted and ready to spawn (SubmitJob stops here).
+pub struct Admitted {
+    pub spec: RequestSpec,
+    /// The tenant's concurrency slot, held as long as the request runs.
+    pub slot: Option<TenantSlot>,
+    span: tracing::Span,
+}
+
+/// The intake; shared by every door.
+pub struct Intake {
+    pub dispatcher: Arc<Dispatcher>,
+    tenants: Arc<TenantLimiter>,
+    limits: LimitsConfig,
+    /// Events buffered per request (`server.stream_buffer`).
+    buffer: usize,
+    /// Prefix unique to this process, so ids from replicas don't collide.
+    id_prefix: String,
+    next_id: AtomicU64,
+}
+
+impl Intake {
+    pub fn new(dispatcher: Arc<Dispatcher>, limits: LimitsConfig, buffer: usize) -> Arc<Self> {
+        let prefix: u32 = rand::random();
+        Arc::new(Intake {
+            dispatcher,
+            tenants: TenantLimiter::new(&limits),
+            limits,
+            buffer,
+            id_prefix: format!("{prefix:08x}"),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    pub fn limits(&self) -> &LimitsConfig {
+        &self.limits
+    }
+
+    /// A fresh request id.
+    pub fn request_id(&self) -> String {
+        format!(
+            "sy-{}-{}",
+            self.id_prefix,
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// Validates and admits a request: the spec, the tenant's slot and the span.
+    pub fn admit(&self, arrival: Arrival) -> Result<Admitted, RequestError> {
+        let request_id = arrival.request_id.unwrap_or_else(|| self.request_id());
+        let mut spec =
+            convert::request_spec(arrival.request, request_id, arrival.deadline, &self.limits)?;
+        if let Some(tenant) = arrival.tenant {
+            // An authenticated caller's tenant is its token's, not what it claims.
+            spec.tenant = tenant;
+        }
+        if arrival.pin.is_some() {
+            spec.pin = arrival.pin;
+        }
+        let slot = match arrival.door {
+            Door::Job => {
+                // A job run never goes to the queue again, and the job's own
+                // idempotency key was checked when it was submitted.
+                spec.from_queue = true;
+                spec.idempotency_key = None;
+                None
+            }
+            Door::Grpc | Door::OpenAi => Some(self.tenants.admit(&spec.tenant, Instant::now())?),
+        };
+        let span = tracing::info_span!(
+            "request",
+            otel.name = %format!("chat {}", spec.route),
+            otel.kind = "server",
+            request_id = %spec.request_id,
+            route = %spec.route,
+            gen_ai.operation.name = "chat",
+            streaming = !arrival.buffered,
+            api = arrival.door.as_str(),
+        );
+        if let Some(trace) = &arrival.trace {
+            crate::telemetry::tracing::continue_trace(&span, trace);
+        }
+        Ok(Admitted { spec, slot, span })
+    }
+
+    /// Admits the request and spawns its task; the door reads the answer
+    /// from the returned channel.
+    pub fn start(&self, arrival: Arrival) -> Result<Started, RequestError> {
+        let buffered = arrival.buffered;
+        let deadline = arrival.deadline;
+        let admitted = self.admit(arrival)?;
+        Ok(self.spawn(admitted, buffered, deadline))
+    }
+
+    /// Spawns an admitted request's task.
+    pub fn spawn(&self, admitted: Admitted, buffered: bool, deadline: Option<Instant>) -> Started {
+        let Admitted { spec, slot, span } = admitted;
+        let request_id = spec.request_id.clone();
+        let (tx, rx) = mpsc::channel(self.buffer);
+        let run = self
+            .dispatcher
+            .clone()
+            .run(spec, EventSink::new(tx, buffered));
+        tokio::spawn(
+            async move {
+                run.await;
+                // The tenant's slot is held for the whole request.
+                drop(slot);
+            }
+            .instrument(span),
+        );
+        Started {
+            request_id,
+            rx,
+            deadline,
+        }
+    }
+}

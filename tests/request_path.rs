@@ -1,0 +1,199 @@
+//! The request path against the real binary: the route order holds on sparse
+//! evidence, an always-failing primary trips its breaker (the outage alert)
+//! under light sequential traffic, the HTTP door enforces the tenant limits
+//! counted together with gRPC, and an oversized gRPC message is
+//! RESOURCE_EXHAUSTED with ErrorInfo.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use tonic::Code;
+
+#[tokio::test]
+async fn sparse_evidence_keeps_the_route_order() {
+    let rig = Rig::start("", "", &[]).await;
+    // Two transient 503s on the primary, out of four calls.
+    rig.primary
+        .set_fault(json!({"type": "status", "status": 503, "times": 2}))
+        .await;
+    let first = rig.served_by(4).await;
+    assert_eq!(first[..2], ["secondary", "secondary"], "{first:?}");
+    assert_eq!(first[2..], ["primary", "primary"], "{first:?}");
+    // The primary has 4 calls in its window (2 failed): far below
+    // health.min_calls, so it keeps its place for every later request.
+    let later = rig.served_by(20).await;
+    assert!(later.iter().all(|p| p == "primary"), "{later:?}");
+    let (_, metrics) = rig.sy.admin_get("/metrics").await;
+    assert_eq!(
+        metric_sum(&metrics, "switchyard_target_demoted{"),
+        0.0,
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn an_always_failing_primary_trips_its_breaker_under_light_traffic() {
+    let rig = Rig::start("", "", &[]).await;
+    rig.primary
+        .set_fault(json!({"type": "status", "status": 503}))
+        .await;
+    let served = rig.served_by(20).await;
+    assert!(served.iter().all(|p| p == "secondary"), "{served:?}");
+    // Default consecutive_failures = 5: exactly five calls reached the
+    // primary, then its breaker opened (open_for 30 s outlasts the test).
+    let log = rig.primary.requests().await;
+    assert_eq!(attempts(&log), 5, "{log:?}");
+    let (_, metrics) = rig.sy.admin_get("/metrics").await;
+    let opened = metrics
+        .lines()
+        .filter(|l| l.starts_with("switchyard_breaker_transitions_total{"))
+        .filter(|l| l.contains("provider=\"primary\"") && l.contains("to=\"open\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    assert_eq!(opened, 1.0, "{metrics}");
+    let logs = rig.sy.logs();
+    let warn = logs
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("breaker opened"))
+        .unwrap_or_else(|| panic!("no breaker WARN: {logs}"));
+    assert!(warn.contains("primary"), "{warn}");
+}
+
+const TOKENS: &str = "team-a:aaaaaaaaaaaaaaaaaaaaaaaa";
+
+fn limits(extra: &str) -> String {
+    format!("[auth]\nmode = \"tokens\"\ntokens_env = \"SY_TEST_TOKENS\"\n[limits]\n{extra}\n")
+}
+
+fn bearer(mut r: proto_request::Req) -> proto_request::Req {
+    r.metadata_mut().insert(
+        "authorization",
+        "Bearer aaaaaaaaaaaaaaaaaaaaaaaa".parse().unwrap(),
+    );
+    r
+}
+
+mod proto_request {
+    pub type Req = tonic::Request<switchyard::proto::CompletionRequest>;
+}
+
+async fn http_chat(rig: &Rig) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", rig.http_url()))
+        .bearer_auth("aaaaaaaaaaaaaaaaaaaaaaaa")
+        .json(&json!({"model": "chat", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_http_door_shares_the_tenant_concurrency_limit_with_grpc() {
+    let rig = Rig::start(
+        &limits("tenant_max_concurrent = 1"),
+        "",
+        &[("SY_TEST_TOKENS", TOKENS)],
+    )
+    .await;
+    // A slow answer holds the tenant's one slot.
+    rig.primary
+        .set_fault(json!({"type": "slow_first_token", "delay_ms": 3000, "times": 1}))
+        .await;
+    let mut client = rig.sy.client().await;
+    let held = tokio::spawn(async move {
+        stream(&mut client, bearer(tonic::Request::new(request("chat")))).await
+    });
+    rig.primary
+        .wait_for("the slow call", |log| !log.is_empty())
+        .await;
+    // Over HTTP, the same tenant is refused while the gRPC call runs.
+    let r = http_chat(&rig).await;
+    assert_eq!(r.status(), 429);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "TENANT_LIMIT", "{v}");
+    // And the other way round: two concurrent HTTP streams of one tenant.
+    let got = held.await.unwrap();
+    assert!(got.finished.is_some(), "{:?}", got.status);
+    rig.primary
+        .set_fault(json!({"type": "slow_first_token", "delay_ms": 3000, "times": 1}))
+        .await;
+    let slow = tokio::spawn({
+        let url = rig.http_url();
+        async move {
+            reqwest::Client::new()
+                .post(format!("{url}/v1/chat/completions"))
+                .bearer_auth("aaaaaaaaaaaaaaaaaaaaaaaa")
+                .json(&json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    });
+    rig.primary
+        .wait_for("the second slow call", |log| log.len() >= 2)
+        .await;
+    let r = http_chat(&rig).await;
+    assert_eq!(r.status(), 429, "two concurrent HTTP streams of one tenant");
+    assert_eq!(slow.await.unwrap(), 200);
+    // Nothing held: served again.
+    assert_eq!(http_chat(&rig).await.status(), 200);
+}
+
+#[tokio::test]
+async fn the_http_door_shares_the_tenant_rate_limit_with_grpc() {
+    let rig = Rig::start(
+        &limits("tenant_rate_per_sec = 0.01\ntenant_burst = 2"),
+        "",
+        &[("SY_TEST_TOKENS", TOKENS)],
+    )
+    .await;
+    let mut client = rig.sy.client().await;
+    let got = stream(&mut client, bearer(tonic::Request::new(request("chat")))).await;
+    assert!(got.finished.is_some(), "{:?}", got.status);
+    assert_eq!(
+        http_chat(&rig).await.status(),
+        200,
+        "the second of a burst of 2"
+    );
+    let r = http_chat(&rig).await;
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "TENANT_LIMIT", "{v}");
+    let got = stream(&mut client, bearer(tonic::Request::new(request("chat")))).await;
+    let s = got.status.unwrap();
+    assert_eq!(s.code(), Code::ResourceExhausted);
+    assert_eq!(reason(&s), "TENANT_LIMIT");
+    assert_eq!(
+        attempts(&rig.primary.requests().await),
+        2,
+        "two served upstream"
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_grpc_message_is_resource_exhausted_and_the_connection_lives() {
+    let rig = Rig::start("[limits]\nmax_request_bytes = 4096", "", &[]).await;
+    let mut client = rig.sy.client().await;
+    let mut big = request("chat");
+    big.messages[0].content = "x".repeat(10_000);
+    let s = stream(&mut client, big.clone()).await.status.unwrap();
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert_eq!(reason(&s), "REQUEST_TOO_LARGE");
+    assert_eq!(error_meta(&s, "limit_bytes").as_deref(), Some("4096"));
+    let s = client.complete(big).await.unwrap_err();
+    assert_eq!(s.code(), Code::ResourceExhausted, "unary too");
+    // The same connection still serves.
+    let got = tokio::time::timeout(
+        Duration::from_secs(10),
+        stream(&mut client, request("chat")),
+    )
+    .await
+    .unwrap();
+    assert!(got.finished.is_some(), "{:?}", got.status);
+}
