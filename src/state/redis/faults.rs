@@ -15,6 +15,8 @@ use crate::state::{CostDecision, StateError};
 
 const SLACK: Duration = Duration::from_millis(150);
 const WINDOW: Duration = Duration::from_secs(60);
+/// An open breaker answers from memory: well under any network round trip.
+const FAST: Duration = Duration::from_millis(50);
 
 fn limits() -> Limits {
     Limits {
@@ -74,10 +76,7 @@ async fn killed_redis_fails_fast_opens_the_breaker_and_the_same_client_recovers_
     assert_eq!(r.errors_total(), 3);
     let started = Instant::now();
     let err = jobs.get(&job.id).await.unwrap_err();
-    assert!(
-        started.elapsed() < Duration::from_millis(20),
-        "open breaker fails fast"
-    );
+    assert!(started.elapsed() < FAST, "open breaker fails fast");
     assert!(
         matches!(err, QueueError::Unavailable(ref m) if m.contains("breaker open")),
         "{err:?}"
@@ -135,7 +134,7 @@ async fn a_frozen_redis_times_out_instead_of_hanging_and_recovery_follows() {
     assert!(!r.is_healthy());
     let started = Instant::now();
     assert!(jobs.depth().await.is_err());
-    assert!(started.elapsed() < Duration::from_millis(20));
+    assert!(started.elapsed() < FAST);
     server.freeze(false);
     let (n, _) = eventually(Duration::from_secs(5), || jobs.depth()).await;
     assert_eq!(n, 1);
