@@ -1,0 +1,368 @@
+//! Fleet-wide tenant admission and the drain bucket. Concurrency is a sorted
+//! set of slot ids scored by expiry (a dead replica's slot lapses); the rate is
+//! a token bucket in a hash (`tokens`, `last` ms). One script checks both and
+//! takes nothing unless both pass. The drain bucket is the same bucket alone.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use super::{bad_reply, ms, num, reply, Redis, LUA_NOW};
+use crate::policy::token_bucket::TokenBucketConfig;
+use crate::state::{StateError, TenantDecision};
+
+/// Lua token bucket: 0 if a token was taken, else ms until one is available.
+/// Rates below one a day act as one a day and a burst of 0 as 1, as in
+/// `policy::token_bucket`.
+const LUA_BUCKET: &str = r"
+local function bucket_take(key, rate, burst, now, take)
+  if burst < 1 then burst = 1 end
+  if rate ~= rate or rate < 1 / 86400 then rate = 1 / 86400 end
+  local st = redis.call('HMGET', key, 'tokens', 'last')
+  local tokens = tonumber(st[1])
+  local last = tonumber(st[2])
+  if tokens == nil or last == nil then
+    tokens = burst
+    last = now
+  end
+  if now > last then
+    tokens = math.min(burst, tokens + (now - last) * rate / 1000)
+    last = now
+  end
+  if tokens < 1 then
+    local wait = math.ceil((1 - tokens) * 1000 / rate)
+    if wait < 1 then wait = 1 end
+    return wait
+  end
+  if take then
+    redis.call('HSET', key, 'tokens', string.format('%.17g', tokens - 1), 'last', last)
+    redis.call('PEXPIRE', key, math.min(math.ceil(burst * 1000 / rate) + 1000, 1e12))
+  end
+  return 0
+end
+";
+
+/// KEYS: slots, rate. ARGV: slot id, max concurrent, has rate, rate, burst, slot ttl ms.
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{LUA_NOW}{LUA_BUCKET}{}",
+        r"
+local now = now_ms()
+local max = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if max > 0 and redis.call('ZCARD', KEYS[1]) >= max then
+  return {'concurrency'}
+end
+if ARGV[3] == '1' then
+  local wait = bucket_take(KEYS[2], tonumber(ARGV[4]), tonumber(ARGV[5]), now, false)
+  if wait > 0 then return {'rate', wait} end
+  bucket_take(KEYS[2], tonumber(ARGV[4]), tonumber(ARGV[5]), now, true)
+end
+if max > 0 then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[6]), ARGV[1])
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2])))
+end
+return {'ok'}
+"
+    ))
+});
+
+/// KEYS: slots. ARGV: slot id.
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+return redis.call('ZREM', KEYS[1], ARGV[1])
+",
+    )
+});
+
+/// KEYS: bucket. ARGV: rate, burst.
+static TAKE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{LUA_NOW}{LUA_BUCKET}{}",
+        r"
+return bucket_take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now_ms(), true)
+"
+    ))
+});
+
+impl Redis {
+    /// Admits one request of `tenant` under its fleet-wide concurrency
+    /// (`max_concurrent`, 0 = unlimited) and rate; the slot lapses after `slot_ttl`.
+    pub async fn tenant_acquire(
+        &self,
+        tenant: &str,
+        slot_id: &str,
+        max_concurrent: u32,
+        rate: Option<TokenBucketConfig>,
+        slot_ttl: Duration,
+    ) -> Result<TenantDecision, StateError> {
+        let slots = self.tenant_key(tenant, "slots");
+        let bucket = self.tenant_key(tenant, "rate");
+        let (has_rate, per_s, burst) = match &rate {
+            Some(c) => ("1", c.rate, c.burst),
+            None => ("0", 0.0, 0),
+        };
+        let v: Value = self
+            .call("tenant_acquire", |mut c| async move {
+                ACQUIRE
+                    .key(slots)
+                    .key(bucket)
+                    .arg(slot_id)
+                    .arg(max_concurrent)
+                    .arg(has_rate)
+                    .arg(num(per_s))
+                    .arg(burst)
+                    .arg(ms(slot_ttl, 1))
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let items = reply::items(v).ok_or_else(|| bad_reply("tenant_acquire"))?;
+        match items.first().and_then(reply::string).as_deref() {
+            Some("ok") => Ok(TenantDecision::Admitted),
+            Some("concurrency") => Ok(TenantDecision::Concurrency),
+            Some("rate") => {
+                let wait = items
+                    .get(1)
+                    .and_then(reply::int)
+                    .ok_or_else(|| bad_reply("tenant_acquire"))?;
+                Ok(TenantDecision::Rate {
+                    retry_after: Duration::from_millis(wait.max(1) as u64),
+                })
+            }
+            _ => Err(bad_reply("tenant_acquire")),
+        }
+    }
+
+    /// Frees the slot (a no-op if it lapsed).
+    pub async fn tenant_release(&self, tenant: &str, slot_id: &str) -> Result<(), StateError> {
+        let slots = self.tenant_key(tenant, "slots");
+        let _: i64 = self
+            .call("tenant_release", |mut c| async move {
+                RELEASE.key(slots).arg(slot_id).invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Takes one token from the fleet-wide bucket `name`
+    /// (`{prefix}{jobs}:drain:<name>`), so all replicas together drain at `cfg.rate`.
+    pub async fn bucket_take(
+        &self,
+        name: &str,
+        cfg: TokenBucketConfig,
+    ) -> Result<bool, StateError> {
+        let key = self.jobs_key(&format!("drain:{name}"));
+        let wait: i64 = self
+            .call("bucket_take", |mut c| async move {
+                TAKE.key(key)
+                    .arg(num(cfg.rate))
+                    .arg(cfg.burst)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(wait == 0)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::super::testutil::RedisServer;
+    use super::*;
+
+    const SLOT_TTL: Duration = Duration::from_secs(60);
+
+    #[tokio::test]
+    async fn concurrency_is_fleet_wide_and_release_frees_a_slot() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let a = server.client();
+        let b = server.client();
+        assert_eq!(
+            a.tenant_acquire("t", "s1", 2, None, SLOT_TTL)
+                .await
+                .unwrap(),
+            TenantDecision::Admitted
+        );
+        assert_eq!(
+            b.tenant_acquire("t", "s2", 2, None, SLOT_TTL)
+                .await
+                .unwrap(),
+            TenantDecision::Admitted
+        );
+        assert_eq!(
+            a.tenant_acquire("t", "s3", 2, None, SLOT_TTL)
+                .await
+                .unwrap(),
+            TenantDecision::Concurrency
+        );
+        assert_eq!(
+            b.tenant_acquire("u", "s3", 2, None, SLOT_TTL)
+                .await
+                .unwrap(),
+            TenantDecision::Admitted,
+            "another tenant has its own slots"
+        );
+        b.tenant_release("t", "s1").await.unwrap();
+        assert_eq!(
+            a.tenant_acquire("t", "s3", 2, None, SLOT_TTL)
+                .await
+                .unwrap(),
+            TenantDecision::Admitted
+        );
+        // Unlimited stores nothing.
+        for i in 0..5 {
+            assert_eq!(
+                a.tenant_acquire("free", &format!("x{i}"), 0, None, SLOT_TTL)
+                    .await
+                    .unwrap(),
+                TenantDecision::Admitted
+            );
+        }
+        let n: i64 = server
+            .raw(&["EXISTS", "switchyard:{t:free}:slots"])
+            .await
+            .unwrap();
+        assert_eq!(n, 0);
+        // A dead replica's slot lapses.
+        let short = Duration::from_millis(200);
+        assert_eq!(
+            a.tenant_acquire("d", "dead", 1, None, short).await.unwrap(),
+            TenantDecision::Admitted
+        );
+        assert_eq!(
+            b.tenant_acquire("d", "live", 1, None, short).await.unwrap(),
+            TenantDecision::Concurrency
+        );
+        tokio::time::sleep(short + Duration::from_millis(50)).await;
+        assert_eq!(
+            b.tenant_acquire("d", "live", 1, None, short).await.unwrap(),
+            TenantDecision::Admitted
+        );
+    }
+
+    #[tokio::test]
+    async fn the_rate_is_fleet_wide_and_a_refusal_takes_nothing() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let a = server.client();
+        let b = server.client();
+        // One token a minute, burst 3: three admitted across both clients.
+        let rate = Some(TokenBucketConfig {
+            rate: 1.0 / 60.0,
+            burst: 3,
+        });
+        let mut admitted = 0;
+        for i in 0..6 {
+            let r = if i % 2 == 0 { &a } else { &b };
+            match r
+                .tenant_acquire("t", &format!("s{i}"), 0, rate.clone(), SLOT_TTL)
+                .await
+                .unwrap()
+            {
+                TenantDecision::Admitted => admitted += 1,
+                TenantDecision::Rate { retry_after } => {
+                    assert!(
+                        retry_after > Duration::from_secs(55)
+                            && retry_after <= Duration::from_secs(60),
+                        "{retry_after:?}"
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(admitted, 3);
+        // Concurrency is checked first and a refusal takes no token.
+        let rate2 = Some(TokenBucketConfig {
+            rate: 1.0 / 60.0,
+            burst: 1,
+        });
+        assert_eq!(
+            a.tenant_acquire("c", "s1", 1, rate2.clone(), SLOT_TTL)
+                .await
+                .unwrap(),
+            TenantDecision::Admitted
+        );
+        assert_eq!(
+            b.tenant_acquire("c", "s2", 1, rate2.clone(), SLOT_TTL)
+                .await
+                .unwrap(),
+            TenantDecision::Concurrency
+        );
+        a.tenant_release("c", "s1").await.unwrap();
+        assert!(matches!(
+            b.tenant_acquire("c", "s2", 1, rate2.clone(), SLOT_TTL)
+                .await
+                .unwrap(),
+            TenantDecision::Rate { .. }
+        ));
+        // A rate refusal stores no slot.
+        let r = Some(TokenBucketConfig {
+            rate: 0.001,
+            burst: 1,
+        });
+        assert_eq!(
+            a.tenant_acquire("e", "s1", 5, r.clone(), SLOT_TTL)
+                .await
+                .unwrap(),
+            TenantDecision::Admitted
+        );
+        assert!(matches!(
+            a.tenant_acquire("e", "s2", 5, r, SLOT_TTL).await.unwrap(),
+            TenantDecision::Rate { .. }
+        ));
+        let n: i64 = server
+            .raw(&["ZCARD", "switchyard:{t:e}:slots"])
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+
+    #[tokio::test]
+    async fn the_drain_bucket_is_shared_by_the_fleet_and_refills() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let a = server.client();
+        let b = server.client();
+        let cfg = TokenBucketConfig {
+            rate: 4.0,
+            burst: 4,
+        };
+        let mut taken = 0;
+        for i in 0..10 {
+            let r = if i % 2 == 0 { &a } else { &b };
+            if r.bucket_take("drain", cfg.clone()).await.unwrap() {
+                taken += 1;
+            }
+        }
+        assert!(
+            (4..=5).contains(&taken),
+            "burst 4 (plus at most one refilled while the loop ran): {taken}"
+        );
+        assert!(
+            a.bucket_take("other", cfg.clone()).await.unwrap(),
+            "buckets are apart"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut again = 0;
+        for _ in 0..4 {
+            if b.bucket_take("drain", cfg.clone()).await.unwrap() {
+                again += 1;
+            }
+        }
+        assert!((2..=3).contains(&again), "refilled at 4/s: {again}");
+        let n: i64 = server
+            .raw(&["EXISTS", "switchyard:{jobs}:drain:drain"])
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+}
