@@ -32,9 +32,7 @@ use crate::api::tls::{self, TlsState};
 use crate::cache::ResponseCache;
 use crate::config::AuthMode;
 use crate::config::{Config, ConfigError};
-use crate::cost::CostGuard;
 use crate::dispatch::Dispatcher;
-use crate::idempotency::IdempotencyStore;
 use crate::proto;
 use crate::queue::jobs::Jobs;
 use crate::queue::{JobStore, Limits};
@@ -56,6 +54,8 @@ pub enum StartError {
     Tls(String),
     #[error("queue.path: {0}")]
     Queue(String),
+    #[error("{0}")]
+    State(String),
 }
 
 /// Re-reads the config file and applies it if valid (SIGHUP, file change,
@@ -264,12 +264,26 @@ async fn readiness(
 }
 
 /// Opens the job queue; runs cut short by a previous process go back to it.
-async fn open_queue(q: &crate::config::QueueConfig) -> Result<Arc<Jobs>, StartError> {
+async fn open_queue(
+    q: &crate::config::QueueConfig,
+    redis: Option<&crate::state::redis::Redis>,
+) -> Result<Arc<Jobs>, StartError> {
     let limits = Limits {
         max_jobs: q.max_jobs,
         max_per_tenant: q.max_jobs_per_tenant,
         ttl: q.job_ttl,
     };
+    if let Some(redis) = redis {
+        // Shared by the fleet: `queue.path` is unused, and a dead replica's
+        // runs come back when their lease lapses (see `Jobs::claim`).
+        let store = crate::state::assemble::redis_jobs(redis, limits);
+        tracing::info!("job queue on Redis (shared by every replica on it)");
+        return Ok(Jobs::redis(
+            store,
+            q.drain.rate,
+            crate::state::assemble::REDIS_JOB_LEASE,
+        ));
+    }
     let path = q.path.clone();
     let store = tokio::task::spawn_blocking(move || JobStore::open(&path, limits))
         .await
@@ -300,16 +314,20 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     let config = Arc::new(config);
     let registry = Arc::new(Registry::default());
     let metrics = Arc::new(Metrics::new());
+    let stores = crate::state::assemble::build(&config, &metrics).map_err(StartError::State)?;
+    if let Some(redis) = stores.redis.clone() {
+        tokio::spawn(async move { crate::state::assemble::check_persistence(&redis).await });
+    }
     let jobs = match &config.queue {
-        Some(q) => Some(open_queue(q).await?),
+        Some(q) => Some(open_queue(q, stores.redis.as_ref()).await?),
         None => None,
     };
     let mut dispatcher = Dispatcher::new(
         registry.clone(),
         metrics.clone(),
-        IdempotencyStore::new(config.idempotency.ttl, config.idempotency.max_entries),
+        stores.idempotency.clone(),
         ResponseCache::new(config.cache.max_bytes),
-        Arc::new(CostGuard::new(config.cost.clone())),
+        stores.cost.clone(),
         config.backoff.clone(),
         config.server.default_deadline,
     );
@@ -317,12 +335,14 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     let dispatcher = Arc::new(dispatcher);
     let intake = Intake::new(
         dispatcher.clone(),
+        stores.tenants,
         config.limits.clone(),
         config.server.stream_buffer,
     );
     let recovery = match (&jobs, &config.queue) {
         (Some(jobs), Some(q)) => Some(RecoveryArgs {
-            runner: crate::api::jobs::runner(jobs.clone(), intake.clone()),
+            runner: crate::api::jobs::runner(jobs.clone(), intake.clone(), q.drain.clone()),
+            shared: jobs.shared().is_some(),
             drain: q.drain.clone(),
             max_running: (q.drain.burst as usize).max(1),
         }),

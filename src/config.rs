@@ -65,6 +65,9 @@ pub struct Config {
     /// The durable job queue (`SubmitJob`, the `queue` rung); off when absent.
     #[serde(default)]
     pub queue: Option<QueueConfig>,
+    /// Where jobs, idempotency records, cost reservations and tenant limits live.
+    #[serde(default)]
+    pub state: StateConfig,
 }
 
 /// `[cache]`: the in-process response cache.
@@ -103,6 +106,40 @@ impl Default for CostConfig {
             tenant_caps_usd: Default::default(),
         }
     }
+}
+
+/// `[state]`: the embedded backend (in-process, the SQLite queue file) or
+/// Redis, shared by every replica that names the same server.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StateConfig {
+    pub backend: StateBackend,
+    /// Environment variable holding the `redis://` or `rediss://` URL
+    /// (password included).
+    pub redis_url_env: String,
+    /// Prefix of every key (no `{` or `}`: hash tags follow it).
+    pub key_prefix: String,
+    /// Longest wait for one Redis call.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig {
+            backend: StateBackend::Embedded,
+            redis_url_env: "SWITCHYARD_REDIS_URL".into(),
+            key_prefix: "switchyard:".into(),
+            timeout: Duration::from_millis(250),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StateBackend {
+    Embedded,
+    Redis,
 }
 
 /// `[queue]`: the durable job queue and its drain.
@@ -593,8 +630,34 @@ impl Config {
         Self::from_toml_str(&text)
     }
 
+    /// `[state]`: a Redis backend names its URL variable; the prefix leaves
+    /// the hash tags to Switchyard.
+    fn validate_state(&self) -> Result<(), ConfigError> {
+        let st = &self.state;
+        if st.key_prefix.contains(['{', '}']) {
+            return Err(ConfigError::new(
+                "state.key_prefix",
+                format!(
+                    "`{}` must not contain `{{` or `}}` (Switchyard adds the hash tags)",
+                    st.key_prefix
+                ),
+            ));
+        }
+        if st.timeout.is_zero() {
+            return Err(ConfigError::new("state.timeout", "must be positive"));
+        }
+        if st.backend == StateBackend::Redis && st.redis_url_env.trim().is_empty() {
+            return Err(ConfigError::new(
+                "state.redis_url_env",
+                "names the environment variable with the redis:// URL",
+            ));
+        }
+        Ok(())
+    }
+
     /// Semantic checks serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_state()?;
         if self.server.stream_buffer == 0 {
             return Err(ConfigError::new(
                 "server.stream_buffer",
@@ -919,6 +982,7 @@ impl Config {
             cache: CacheConfig::default(),
             cost: CostConfig::default(),
             queue: None,
+            state: StateConfig::default(),
             providers,
             routes: vec![RouteConfig {
                 name: "chat".into(),

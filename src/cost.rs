@@ -1,7 +1,10 @@
-//! The cost guard: per-tenant spend over a sliding window, checked before a
-//! request is routed and between its attempts, so an expensive fallback chain
-//! cannot run up a bill past the tenant's cap. Costs come from each target's
-//! price table and the upstream's usage (estimated when it sent none).
+//! The cost guard: per-tenant spend over a sliding window, enforced by
+//! reservation: a request holds its maximum cost against the cap before its
+//! first attempt (atomically: concurrent requests cannot all fit into the
+//! same remaining room), settles to the real cost when it ends and releases
+//! the rest. In process here; `CostLedger::Redis` holds the same ledger for
+//! the fleet. Costs come from each target's price table and the upstream's
+//! usage (estimated when it sent none).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -21,10 +24,15 @@ pub struct OverCap {
     pub retry_in: Duration,
 }
 
+/// One tenant's held reservations: id -> (amount, lapses at).
+type Held = HashMap<String, (f64, Instant)>;
+
 pub struct CostGuard {
     config: CostConfig,
     /// Spend per tenant in 60 buckets over the window.
     spend: Mutex<HashMap<String, Buckets<f64>>>,
+    /// Held reservations per tenant: id -> (amount, lapses at).
+    held: Mutex<HashMap<String, Held>>,
 }
 
 impl CostGuard {
@@ -32,10 +40,57 @@ impl CostGuard {
         CostGuard {
             config,
             spend: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
         }
     }
 
-    fn cap(&self, tenant: &str) -> Option<f64> {
+    /// Holds `usd` against the tenant's cap until `settle` (or `lapse`), or
+    /// says why it does not fit. Atomic: one lock covers the check and the hold.
+    pub fn reserve(
+        &self,
+        tenant: &str,
+        id: &str,
+        usd: f64,
+        lapse: Instant,
+        now: Instant,
+    ) -> Result<(), OverCap> {
+        let Some(cap) = self.cap(tenant) else {
+            return Ok(());
+        };
+        let Ok(mut held) = self.held.lock() else {
+            return Ok(());
+        };
+        let mine = held.entry(tenant.to_string()).or_default();
+        mine.retain(|_, (_, until)| *until > now);
+        let reserved: f64 = mine.values().map(|(a, _)| a).sum();
+        let spent = self.spent(tenant, now);
+        if spent + reserved + usd > cap + 1e-9 {
+            return Err(OverCap {
+                spent_usd: spent + reserved,
+                cap_usd: cap,
+                retry_in: self.config.window / 60,
+            });
+        }
+        mine.insert(id.to_string(), (usd.max(0.0), lapse));
+        Ok(())
+    }
+
+    /// Ends a reservation: charges `actual` and frees the rest.
+    pub fn settle(&self, tenant: &str, id: &str, actual: f64, now: Instant) {
+        // Charge first: between the two steps the spend is never under-counted.
+        self.charge(tenant, actual, now);
+        if let Ok(mut held) = self.held.lock() {
+            if let Some(mine) = held.get_mut(tenant) {
+                mine.remove(id);
+                if mine.is_empty() {
+                    held.remove(tenant);
+                }
+            }
+        }
+    }
+
+    /// The cap for a tenant, if any.
+    pub fn cap(&self, tenant: &str) -> Option<f64> {
         self.config
             .tenant_caps_usd
             .get(tenant)
@@ -83,10 +138,166 @@ impl CostGuard {
     }
 }
 
+/// The ledger the request path reserves against: in process, or in Redis
+/// for the fleet. A Redis outage fails open (the request runs, unreserved)
+/// with a WARN and `switchyard_state_errors_total{function="cost"}`.
+pub enum CostLedger {
+    Embedded(CostGuard),
+    Redis {
+        guard: CostGuard,
+        redis: crate::state::redis::Redis,
+        faults: std::sync::Arc<crate::state::shared::StateFaults>,
+    },
+}
+
+/// A held reservation; hand it back to `settle`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reservation {
+    pub tenant: String,
+    pub id: String,
+    pub held_usd: f64,
+}
+
+impl CostLedger {
+    /// The tenant spends against a cap.
+    pub fn has_cap(&self, tenant: &str) -> bool {
+        self.guard().cap(tenant).is_some()
+    }
+
+    fn guard(&self) -> &CostGuard {
+        match self {
+            CostLedger::Embedded(g) | CostLedger::Redis { guard: g, .. } => g,
+        }
+    }
+
+    /// Reserves `usd` for `tenant` (held at most `hold`); `None` when the
+    /// tenant has no cap (nothing to hold).
+    pub async fn reserve(
+        &self,
+        tenant: &str,
+        usd: f64,
+        hold: Duration,
+    ) -> Result<Option<Reservation>, OverCap> {
+        let guard = self.guard();
+        let Some(cap) = guard.cap(tenant) else {
+            return Ok(None);
+        };
+        let id = crate::state::shared::token();
+        let now = Instant::now();
+        match self {
+            CostLedger::Embedded(g) => g.reserve(tenant, &id, usd, now + hold, now)?,
+            CostLedger::Redis { redis, faults, .. } => {
+                let window = guard.config.window;
+                match redis
+                    .cost_reserve(tenant, &id, usd, cap, window, hold)
+                    .await
+                {
+                    Ok(crate::state::CostDecision::Reserved) => {}
+                    Ok(crate::state::CostDecision::OverCap {
+                        spent_usd,
+                        reserved_usd,
+                        retry_in,
+                    }) => {
+                        return Err(OverCap {
+                            spent_usd: spent_usd + reserved_usd,
+                            cap_usd: cap,
+                            retry_in,
+                        })
+                    }
+                    Err(e) => {
+                        faults.record("cost", &e, "cost caps are not enforced (fail open)");
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        Ok(Some(Reservation {
+            tenant: tenant.to_string(),
+            id,
+            held_usd: usd,
+        }))
+    }
+
+    /// Ends a reservation at the real cost.
+    pub async fn settle(&self, r: Reservation, actual: f64) {
+        match self {
+            CostLedger::Embedded(g) => g.settle(&r.tenant, &r.id, actual, Instant::now()),
+            CostLedger::Redis {
+                guard,
+                redis,
+                faults,
+            } => {
+                if let Err(e) = redis
+                    .cost_settle(&r.tenant, &r.id, actual, guard.config.window)
+                    .await
+                {
+                    faults.record("cost", &e, "a charge was not recorded");
+                }
+            }
+        }
+    }
+
+    /// Records spend outside any reservation (a request without a cap).
+    pub async fn charge(&self, tenant: &str, usd: f64) {
+        if usd <= 0.0 || !usd.is_finite() {
+            return;
+        }
+        match self {
+            CostLedger::Embedded(g) => g.charge(tenant, usd, Instant::now()),
+            CostLedger::Redis {
+                guard,
+                redis,
+                faults,
+            } => {
+                let id = crate::state::shared::token();
+                if let Err(e) = redis
+                    .cost_settle(tenant, &id, usd, guard.config.window)
+                    .await
+                {
+                    faults.record("cost", &e, "a charge was not recorded");
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn reservations_hold_the_cap_exactly_under_concurrency() {
+        let ledger = std::sync::Arc::new(CostLedger::Embedded(CostGuard::new(CostConfig {
+            window: Duration::from_secs(3600),
+            default_cap_usd: Some(5.0),
+            ..Default::default()
+        })));
+        let hold = Duration::from_secs(60);
+        let mut tasks = Vec::new();
+        for _ in 0..20 {
+            let l = ledger.clone();
+            tasks.push(tokio::spawn(async move { l.reserve("t", 1.0, hold).await }));
+        }
+        let mut held = Vec::new();
+        for t in tasks {
+            if let Ok(Some(r)) = t.await.unwrap() {
+                held.push(r);
+            }
+        }
+        assert_eq!(held.len(), 5, "20 x 1 USD against 5 USD");
+        // Settling lower frees room: 5 x 0.5 spent, 2.5 left -> two more fit.
+        for r in held {
+            ledger.settle(r, 0.5).await;
+        }
+        assert!(ledger.reserve("t", 1.0, hold).await.unwrap().is_some());
+        assert!(ledger.reserve("t", 1.0, hold).await.unwrap().is_some());
+        let over = ledger.reserve("t", 1.0, hold).await.unwrap_err();
+        assert!((over.spent_usd - 4.5).abs() < 1e-9, "{over:?}");
+        // A held reservation lapses (its request's task died).
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(ledger.reserve("t", 1.0, hold).await.unwrap().is_some());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn caps_apply_per_tenant_over_the_window() {

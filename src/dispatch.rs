@@ -22,15 +22,15 @@ use crate::actors::CALL_TIMEOUT;
 use crate::attempt::{self, AttemptEnd, AttemptInput};
 use crate::cache::ResponseCache;
 use crate::config::Rung;
-use crate::cost::CostGuard;
+use crate::cost::{CostLedger, Reservation};
 use crate::error::RequestError;
-use crate::idempotency::{Claim, IdempotencyStore};
 use crate::policy::backoff::Backoff;
 use crate::policy::next::{next, Next, Outcome, Tried, View};
 use crate::policy::outcome::OutcomeClass;
 use crate::queue::jobs::{Jobs, OwnedJob};
 use crate::request::RequestSpec;
 use crate::sink::{Event, EventSink, Finished, QueuedJob, Started, Tier};
+use crate::state::shared::{Idempotency, KeyClaim};
 use crate::telemetry::metrics::{GenAiLabels, Metrics, ServedLabels, ShedLabels, TokenLabels};
 use crate::upstream::{ChatRequest, Usage};
 use rand::SeedableRng;
@@ -39,9 +39,9 @@ use rand::SeedableRng;
 pub struct Dispatcher {
     pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,
-    pub idempotency: Arc<IdempotencyStore>,
+    pub idempotency: Arc<Idempotency>,
     pub cache: Arc<ResponseCache>,
-    pub cost: Arc<CostGuard>,
+    pub cost: Arc<CostLedger>,
     pub backoff: Backoff,
     pub default_deadline: Duration,
     /// The durable job queue, when configured.
@@ -62,6 +62,13 @@ struct Call<'a> {
     plan: &'a Plan,
     candidate: &'a Candidate,
     deadline: Instant,
+}
+
+/// What one request holds against its tenant's cap and has spent so far.
+struct Bill {
+    tenant: String,
+    held: Vec<Reservation>,
+    spent: f64,
 }
 
 /// What a completed attempt adds to `Finished`.
@@ -94,9 +101,9 @@ impl Dispatcher {
     pub fn new(
         registry: Arc<Registry>,
         metrics: Arc<Metrics>,
-        idempotency: Arc<IdempotencyStore>,
+        idempotency: Arc<Idempotency>,
         cache: Arc<ResponseCache>,
-        cost: Arc<CostGuard>,
+        cost: Arc<CostLedger>,
         backoff: Backoff,
         default_deadline: Duration,
     ) -> Self {
@@ -139,18 +146,21 @@ impl Dispatcher {
     /// The whole request: cost cap, idempotency, fresh cache hits, the live
     /// targets, then the rest of the degradation ladder.
     async fn serve(&self, spec: &RequestSpec, sink: &mut EventSink) -> Result<(), RequestError> {
-        self.check_cost(&spec.tenant, Instant::now())?;
         let fingerprint = spec.fingerprint();
         let guard = match spec.scoped_key() {
             None => None,
-            Some(key) => match self.idempotency.claim(&key, fingerprint, Instant::now()) {
-                Claim::Fresh(guard) => Some(guard),
-                Claim::Replay(events) => {
+            Some(key) => match self
+                .idempotency
+                .claim(&key, fingerprint, Instant::now())
+                .await?
+            {
+                KeyClaim::Fresh(guard) => Some(guard),
+                KeyClaim::Replay(events) => {
                     replay(sink, &events, spec, |f| f.replayed = true).await;
                     return Ok(());
                 }
-                Claim::InUse => return Err(RequestError::IdempotencyKeyInUse),
-                Claim::Mismatch => return Err(RequestError::IdempotencyKeyReused),
+                KeyClaim::InUse => return Err(RequestError::IdempotencyKeyInUse),
+                KeyClaim::Mismatch => return Err(RequestError::IdempotencyKeyReused),
             },
         };
         let plan = self.plan(spec).await?;
@@ -173,15 +183,20 @@ impl Dispatcher {
         if caches || guard.is_some() {
             let cache = caches.then(|| (self.cache.clone(), plan.cache_ttl));
             sink.record(Box::new(move |events| {
-                if let Some((cache, ttl)) = cache {
-                    cache.put(fingerprint, events.clone(), ttl, Instant::now());
-                }
-                if let Some(guard) = guard {
-                    guard.complete(events, Instant::now());
-                }
+                Box::pin(async move {
+                    if let Some((cache, ttl)) = cache {
+                        cache.put(fingerprint, events.clone(), ttl, Instant::now());
+                    }
+                    if let Some(guard) = guard {
+                        guard.complete(events).await;
+                    }
+                })
             }));
         }
-        match self.drive(spec, &plan, sink).await {
+        let mut bill = self.reserve(spec, &plan).await?;
+        let live = self.drive(spec, &plan, sink, &mut bill).await;
+        self.settle(bill).await;
+        match live {
             Ok(()) => Ok(()),
             Err(e) if e.may_descend_ladder() && !sink.committed() => {
                 if plan.has_rung(Rung::Cache) {
@@ -237,15 +252,71 @@ impl Dispatcher {
         })
     }
 
-    fn check_cost(&self, tenant: &str, now: Instant) -> Result<(), RequestError> {
-        self.cost
-            .check(tenant, now)
-            .map_err(|over| RequestError::CostCap {
-                tenant: tenant.to_string(),
+    /// Holds the request's maximum cost against the tenant's cap: the
+    /// prompt estimate at the dearest candidate's input price plus
+    /// `max_tokens` (else the model's context) at its output price.
+    async fn reserve(&self, spec: &RequestSpec, plan: &Plan) -> Result<Bill, RequestError> {
+        let mut bill = Bill {
+            tenant: spec.tenant.clone(),
+            held: Vec::new(),
+            spent: 0.0,
+        };
+        if !self.cost.has_cap(&spec.tenant) {
+            return Ok(bill);
+        }
+        let prompt = estimate_usage(&spec.chat, 0).input_tokens;
+        let asked = spec.chat.max_tokens.or(plan.default_max_tokens);
+        let max_usd = plan
+            .candidates
+            .iter()
+            .filter_map(|c| {
+                let entry = self.registry.provider(&c.provider)?;
+                let model = entry.runtime.model(&c.model)?;
+                let output = asked.unwrap_or(model.context_tokens.saturating_sub(prompt));
+                Some(model.price.cost(prompt, output))
+            })
+            .fold(0.0, f64::max);
+        self.hold(&mut bill, max_usd, spec.deadline).await?;
+        Ok(bill)
+    }
+
+    /// Adds `usd` to what the request holds, or refuses with COST_CAP.
+    async fn hold(
+        &self,
+        bill: &mut Bill,
+        usd: f64,
+        deadline: Option<Instant>,
+    ) -> Result<(), RequestError> {
+        let left = deadline.map_or(self.default_deadline, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        // Held past the deadline by a margin, so a live request never loses it.
+        let hold = left + Duration::from_secs(30);
+        match self.cost.reserve(&bill.tenant, usd, hold).await {
+            Ok(Some(r)) => {
+                bill.held.push(r);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(over) => Err(RequestError::CostCap {
+                tenant: bill.tenant.clone(),
                 spent_usd: over.spent_usd,
                 cap_usd: over.cap_usd,
                 retry_in: over.retry_in,
-            })
+            }),
+        }
+    }
+
+    /// Settles what the request held to what it really cost.
+    async fn settle(&self, mut bill: Bill) {
+        let mut held = bill.held.drain(..);
+        match held.next() {
+            Some(first) => self.cost.settle(first, bill.spent).await,
+            None => self.cost.charge(&bill.tenant, bill.spent).await,
+        }
+        for rest in held {
+            self.cost.settle(rest, 0.0).await;
+        }
     }
 
     /// Counts an answered request by route, tier and who answered.
@@ -316,6 +387,7 @@ impl Dispatcher {
         spec: &RequestSpec,
         plan: &Plan,
         sink: &mut EventSink,
+        bill: &mut Bill,
     ) -> Result<(), RequestError> {
         let deadline = spec
             .deadline
@@ -367,7 +439,9 @@ impl Dispatcher {
                 candidate: &plan.candidates[to],
                 deadline,
             };
-            outcome = self.attempt(&call, &mut chat, &mut tried, sink).await?;
+            outcome = self
+                .attempt(&call, &mut chat, &mut tried, sink, bill)
+                .await?;
         }
     }
 
@@ -379,12 +453,9 @@ impl Dispatcher {
         chat: &mut ChatRequest,
         tried: &mut Tried,
         sink: &mut EventSink,
+        bill: &mut Bill,
     ) -> Result<Outcome, RequestError> {
         let candidate = call.candidate;
-        if tried.needs_budget() {
-            // An expensive fallback chain stops at the cap too.
-            self.check_cost(&call.spec.tenant, Instant::now())?;
-        }
         let traffic = if candidate.primary {
             TrafficClass::Own
         } else {
@@ -440,9 +511,14 @@ impl Dispatcher {
         }));
         drop(permit);
         if failed_output_tokens > 0 {
-            // Output before a failure is billed all the same.
+            // Output before a failure is billed all the same; the next
+            // attempt may cost the maximum again, so hold that much more
+            // (an expensive fallback chain stops at the cap too).
             let cost = price(&entry, &candidate.model).cost(0, failed_output_tokens);
-            self.cost.charge(&call.spec.tenant, cost, Instant::now());
+            bill.spent += cost;
+            if !bill.held.is_empty() {
+                self.hold(bill, cost, call.spec.deadline).await?;
+            }
         }
         self.record_attempt(candidate, &entry, &result);
         Ok(match result.end {
@@ -451,7 +527,8 @@ impl Dispatcher {
                     attempts: tried.attempts(),
                     upstream_request_id: result.upstream_request_id,
                 };
-                self.finish(call, &entry, chat, completion, served, sink)
+                bill.spent += self
+                    .finish(call, &entry, chat, completion, served, sink)
                     .await;
                 Outcome::Completed
             }
@@ -541,6 +618,7 @@ impl Dispatcher {
     }
 
     /// A completed attempt: usage, cost, the served counters, `Finished`.
+    /// Returns what the answer cost.
     async fn finish(
         &self,
         call: &Call<'_>,
@@ -549,7 +627,7 @@ impl Dispatcher {
         completion: crate::upstream::Completion,
         served: Served,
         sink: &mut EventSink,
-    ) {
+    ) -> f64 {
         let candidate = call.candidate;
         let (usage, usage_estimated) = match completion.usage {
             Some(u) => (u, false),
@@ -557,8 +635,6 @@ impl Dispatcher {
         };
         self.record_usage(candidate, entry, usage);
         let cost_usd = price(entry, &candidate.model).cost(usage.input_tokens, usage.output_tokens);
-        self.cost
-            .charge(&call.spec.tenant, cost_usd, Instant::now());
         self.served(&call.plan.route, candidate, candidate.tier());
         let _ = sink
             .finish(Finished {
@@ -576,6 +652,7 @@ impl Dispatcher {
                 cost_usd,
             })
             .await;
+        cost_usd
     }
 
     /// A target's p95 time to first token, once enough samples back it.

@@ -9,7 +9,7 @@ use crate::error::RequestError;
 use crate::upstream::{Chunk, FinishReason, Usage};
 
 /// Which rung of the degradation ladder served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Tier {
     Primary,
     Fallback,
@@ -33,7 +33,7 @@ impl Tier {
 }
 
 /// Announces the attempt whose output follows.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Started {
     pub provider: String,
     pub model: String,
@@ -43,7 +43,7 @@ pub struct Started {
 }
 
 /// The last event of a served request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Finished {
     pub finish_reason: FinishReason,
     pub usage: Usage,
@@ -64,7 +64,7 @@ pub struct Finished {
 
 /// What flows to the caller, in order: `Started`, chunks, then `Finished`
 /// (or `Reset` and a new `Started`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Event {
     Started(Started),
     Chunk(Chunk),
@@ -78,7 +78,7 @@ pub enum Event {
 }
 
 /// A job accepted for a request, with its place in the queue.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct QueuedJob {
     pub record: crate::queue::JobRecord,
     pub position: u64,
@@ -115,7 +115,8 @@ pub struct EventSink {
 }
 
 /// Stores a finished answer (idempotency record, response cache).
-pub type FinishHook = Box<dyn FnOnce(Vec<Event>) + Send + Sync>;
+pub type FinishHook =
+    Box<dyn FnOnce(Vec<Event>) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
 impl EventSink {
     pub fn new(tx: mpsc::Sender<Item>, buffered: bool) -> Self {
@@ -248,7 +249,7 @@ impl EventSink {
             }
             if matches!(event, Event::Finished(_)) {
                 if let (Some(hook), Some(events)) = (self.on_finish.take(), self.recording.take()) {
-                    hook(events);
+                    hook(events).await;
                 }
             }
         }

@@ -24,6 +24,8 @@ pub enum RunOutcome {
     NoCapacity,
     /// The queue was empty.
     Idle,
+    /// The fleet's drain bucket had no token: try again at the next tick.
+    Throttled,
 }
 
 /// Runs one queued job (claims it, routes it, stores the outcome).
@@ -47,6 +49,10 @@ pub struct RecoveryArgs {
     pub drain: TokenBucketConfig,
     /// Runs at once, at most.
     pub max_running: usize,
+    /// The queue is shared by a fleet: other replicas add jobs (and lose
+    /// leases) without telling this one, so an idle queue is looked at again
+    /// every second.
+    pub shared: bool,
 }
 
 pub struct RecoveryActor;
@@ -62,10 +68,14 @@ pub struct RecoveryState {
     paused_until: Option<Instant>,
     /// The queue looked empty: wait for a new job (or a tick) before claiming.
     idle: bool,
+    /// When a shared queue was last looked at while idle.
+    looked: Instant,
 }
 
 /// How long a no-capacity pause lasts without a breaker-closed event.
 const PAUSE: Duration = Duration::from_secs(1);
+/// How often an idle shared queue is looked at again.
+const SHARED_LOOK: Duration = Duration::from_secs(1);
 /// Tick period.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -110,6 +120,7 @@ impl Actor for RecoveryActor {
             running: 0,
             paused_until: None,
             idle: false,
+            looked: now,
         })
     }
 
@@ -127,13 +138,19 @@ impl Actor for RecoveryActor {
                 state.idle = false;
             }
             RecoveryMsg::JobsWaiting => state.idle = false,
-            RecoveryMsg::Tick => {}
+            RecoveryMsg::Tick => {
+                if state.args.shared && state.idle && now - state.looked >= SHARED_LOOK {
+                    state.idle = false;
+                    state.looked = now;
+                }
+            }
             RecoveryMsg::RunEnded(outcome) => {
                 state.running = state.running.saturating_sub(1);
                 match outcome {
                     RunOutcome::Finished => {}
                     RunOutcome::NoCapacity => state.paused_until = Some(now + PAUSE),
                     RunOutcome::Idle => state.idle = state.running == 0,
+                    RunOutcome::Throttled => {}
                 }
             }
         }

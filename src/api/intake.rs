@@ -19,7 +19,7 @@ use crate::error::RequestError;
 use crate::proto;
 use crate::request::RequestSpec;
 use crate::sink::{EventSink, Item};
-use crate::tenants::{TenantLimiter, TenantSlot};
+use crate::state::shared::{Slot, TenantLimits};
 
 /// Which front door a request came through (span attribute, id prefix).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,14 +70,14 @@ pub struct Started {
 pub struct Admitted {
     pub spec: RequestSpec,
     /// The tenant's concurrency slot, held as long as the request runs.
-    pub slot: Option<TenantSlot>,
+    pub slot: Option<Slot>,
     span: tracing::Span,
 }
 
 /// The intake; shared by every door.
 pub struct Intake {
     pub dispatcher: Arc<Dispatcher>,
-    tenants: Arc<TenantLimiter>,
+    tenants: TenantLimits,
     limits: LimitsConfig,
     /// Events buffered per request (`server.stream_buffer`).
     buffer: usize,
@@ -87,11 +87,16 @@ pub struct Intake {
 }
 
 impl Intake {
-    pub fn new(dispatcher: Arc<Dispatcher>, limits: LimitsConfig, buffer: usize) -> Arc<Self> {
+    pub fn new(
+        dispatcher: Arc<Dispatcher>,
+        tenants: TenantLimits,
+        limits: LimitsConfig,
+        buffer: usize,
+    ) -> Arc<Self> {
         let prefix: u32 = rand::random();
         Arc::new(Intake {
             dispatcher,
-            tenants: TenantLimiter::new(&limits),
+            tenants,
             limits,
             buffer,
             id_prefix: format!("{prefix:08x}"),
@@ -113,7 +118,7 @@ impl Intake {
     }
 
     /// Validates and admits a request: the spec, the tenant's slot and the span.
-    pub fn admit(&self, arrival: Arrival) -> Result<Admitted, RequestError> {
+    pub async fn admit(&self, arrival: Arrival) -> Result<Admitted, RequestError> {
         let request_id = arrival.request_id.unwrap_or_else(|| self.request_id());
         let mut spec =
             convert::request_spec(arrival.request, request_id, arrival.deadline, &self.limits)?;
@@ -132,7 +137,7 @@ impl Intake {
                 spec.idempotency_key = None;
                 None
             }
-            Door::Grpc | Door::OpenAi => Some(self.tenants.admit(&spec.tenant, Instant::now())?),
+            Door::Grpc | Door::OpenAi => Some(self.tenants.admit(&spec.tenant).await?),
         };
         let span = tracing::info_span!(
             "request",
@@ -152,10 +157,10 @@ impl Intake {
 
     /// Admits the request and spawns its task; the door reads the answer
     /// from the returned channel.
-    pub fn start(&self, arrival: Arrival) -> Result<Started, RequestError> {
+    pub async fn start(&self, arrival: Arrival) -> Result<Started, RequestError> {
         let buffered = arrival.buffered;
         let deadline = arrival.deadline;
-        let admitted = self.admit(arrival)?;
+        let admitted = self.admit(arrival).await?;
         Ok(self.spawn(admitted, buffered, deadline))
     }
 

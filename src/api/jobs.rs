@@ -16,6 +16,7 @@ use super::intake::{Arrival, Door, Intake};
 use super::status::to_status;
 use crate::actors::recovery::{JobRunner, RunOutcome};
 use crate::error::RequestError;
+use crate::policy::token_bucket::TokenBucketConfig;
 use crate::proto;
 use crate::queue::jobs::Jobs;
 use crate::queue::{JobRecord, QueueError};
@@ -89,14 +90,25 @@ pub async fn watch(jobs: Arc<Jobs>, id: String) -> Result<JobStream, Status> {
 }
 
 /// Builds the runner the recovery actor drives.
-pub fn runner(jobs: Arc<Jobs>, intake: Arc<Intake>) -> JobRunner {
+pub fn runner(jobs: Arc<Jobs>, intake: Arc<Intake>, drain: TokenBucketConfig) -> JobRunner {
     Arc::new(move || {
-        let (jobs, intake) = (jobs.clone(), intake.clone());
-        Box::pin(async move { run_one(&jobs, &intake).await })
+        let (jobs, intake, drain) = (jobs.clone(), intake.clone(), drain.clone());
+        Box::pin(async move { run_one(&jobs, &intake, drain).await })
     })
 }
 
-async fn run_one(jobs: &Jobs, intake: &Intake) -> RunOutcome {
+async fn run_one(jobs: &Jobs, intake: &Intake, drain: TokenBucketConfig) -> RunOutcome {
+    if let Some(shared) = jobs.shared() {
+        // The drain rate holds for the fleet: N replicas do not drain N times faster.
+        match shared.redis().bucket_take("drain", drain).await {
+            Ok(true) => {}
+            Ok(false) => return RunOutcome::Throttled,
+            Err(e) => {
+                tracing::warn!(error = %e, "job queue: the fleet drain bucket is unavailable");
+                return RunOutcome::NoCapacity;
+            }
+        }
+    }
     let job = match jobs.claim().await {
         Ok(Some(job)) => job,
         Ok(None) => return RunOutcome::Idle,
@@ -123,16 +135,18 @@ async fn run_one(jobs: &Jobs, intake: &Intake) -> RunOutcome {
             return RunOutcome::Finished;
         }
     };
-    let started = intake.start(Arrival {
-        door: Door::Job,
-        request,
-        tenant: Some(job.tenant.clone()),
-        request_id: Some(format!("{}-{}", job.id, job.attempts)),
-        deadline: None,
-        trace: None,
-        buffered: true,
-        pin: None,
-    });
+    let started = intake
+        .start(Arrival {
+            door: Door::Job,
+            request,
+            tenant: Some(job.tenant.clone()),
+            request_id: Some(format!("{}-{}", job.id, job.attempts)),
+            deadline: None,
+            trace: None,
+            buffered: true,
+            pin: None,
+        })
+        .await;
     let mut rx = match started {
         Ok(started) => started.rx,
         Err(e) => {
@@ -151,18 +165,31 @@ async fn run_one(jobs: &Jobs, intake: &Intake) -> RunOutcome {
     let mut answer: Result<proto::CompletionResponse, RequestError> = Err(
         RequestError::Unavailable("the run ended without an answer".into()),
     );
-    while let Some(item) = rx.recv().await {
+    // The lease is renewed while the run lives, so only a dead replica's lapses.
+    let mut renew = tokio::time::interval(jobs.lease / 3);
+    renew.tick().await;
+    loop {
+        let item = tokio::select! {
+            item = rx.recv() => item,
+            _ = renew.tick() => {
+                if let Ok(false) = jobs.renew(&job.id, &claim).await {
+                    tracing::warn!(job = %job.id, "job lease lost to another replica; this run's answer will be dropped");
+                }
+                continue;
+            }
+        };
         match item {
-            Ok(event) => {
+            Some(Ok(event)) => {
                 if let Some(response) = assembler.push(event) {
                     answer = Ok(response);
                     break;
                 }
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 answer = Err(e);
                 break;
             }
+            None => break,
         }
     }
     match answer {

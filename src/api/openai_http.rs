@@ -511,6 +511,7 @@ async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Respo
             buffered: !parsed.stream,
             pin,
         })
+        .await
         .map_err(|e| HttpError::from_request(&e))?;
     let mut rx = started.rx;
     let ids = Ids {

@@ -62,7 +62,7 @@ impl RouterService {
         }
     }
 
-    fn start(
+    async fn start(
         &self,
         request: Request<proto::CompletionRequest>,
         buffered: bool,
@@ -76,6 +76,7 @@ impl RouterService {
         let started = self
             .intake
             .start(Self::arrival(request, deadline, buffered))
+            .await
             .map_err(|e| to_status(&e))?;
         Ok(Waiting(started))
     }
@@ -128,6 +129,7 @@ impl proto::router_server::Router for RouterService {
         let admitted = self
             .intake
             .admit(Self::arrival(request, None, true))
+            .await
             .map_err(|e| to_status(&e))?;
         let dispatcher = &self.intake.dispatcher;
         dispatcher
@@ -169,7 +171,7 @@ impl proto::router_server::Router for RouterService {
         &self,
         request: Request<proto::CompletionRequest>,
     ) -> Result<Response<Self::StreamCompletionStream>, Status> {
-        let mut started = self.start(request, false)?;
+        let mut started = self.start(request, false).await?;
         let first = match started.next().await {
             Some(Ok(event)) => event,
             Some(Err(e)) => return Err(to_status(&e)),
@@ -186,7 +188,7 @@ impl proto::router_server::Router for RouterService {
         &self,
         request: Request<proto::CompletionRequest>,
     ) -> Result<Response<proto::CompletionResponse>, Status> {
-        let mut started = self.start(request, true)?;
+        let mut started = self.start(request, true).await?;
         let id = started.0.request_id.clone();
         let mut assembler = convert::Assembler::default();
         while let Some(item) = started.next().await {

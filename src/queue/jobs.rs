@@ -1,6 +1,8 @@
-//! Async face of the job store: every SQLite call runs on the blocking pool,
-//! and every state change is announced on a broadcast channel (job id) so
-//! `WatchJob` streams wake up without polling.
+//! Async face of the job store, embedded (SQLite, every call on the blocking
+//! pool) or shared by the fleet (Redis, leases with fencing tokens). Every
+//! state change is announced on a broadcast channel (job id) so `WatchJob`
+//! streams wake up without polling; with Redis the notices come from every
+//! replica.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,10 +10,11 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 
 use super::{JobRecord, JobStore, NewJob, QueueError};
+use crate::state::redis::RedisJobs;
 
 /// Queue operations for async callers. Cheap to share.
 pub struct Jobs {
-    store: Arc<JobStore>,
+    backend: Backend,
     changed: broadcast::Sender<String>,
     /// Drain rate (jobs per second), for start estimates.
     pub drain_rate: f64,
@@ -28,6 +31,12 @@ pub struct OwnedJob {
     pub request: Vec<u8>,
 }
 
+/// Where the jobs live.
+enum Backend {
+    Sqlite(Arc<JobStore>),
+    Redis(RedisJobs),
+}
+
 fn storage_gone() -> QueueError {
     QueueError::Storage(rusqlite::Error::InvalidQuery)
 }
@@ -36,32 +45,69 @@ impl Jobs {
     pub fn new(store: JobStore, drain_rate: f64, lease: Duration) -> Arc<Self> {
         let (changed, _) = broadcast::channel(1024);
         Arc::new(Jobs {
-            store: Arc::new(store),
+            backend: Backend::Sqlite(Arc::new(store)),
             changed,
             drain_rate,
             lease,
         })
     }
 
+    /// Jobs in Redis, shared by every replica naming the same server.
+    pub fn redis(store: RedisJobs, drain_rate: f64, lease: Duration) -> Arc<Self> {
+        let (changed, _) = broadcast::channel(1);
+        Arc::new(Jobs {
+            backend: Backend::Redis(store),
+            changed,
+            drain_rate,
+            lease,
+        })
+    }
+
+    /// The fleet backend, when jobs live in Redis.
+    pub fn shared(&self) -> Option<&RedisJobs> {
+        match &self.backend {
+            Backend::Redis(r) => Some(r),
+            Backend::Sqlite(_) => None,
+        }
+    }
+
     async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&JobStore) -> Result<T, QueueError> + Send + 'static,
     ) -> Result<T, QueueError> {
-        let store = self.store.clone();
+        let Backend::Sqlite(store) = &self.backend else {
+            return Err(storage_gone());
+        };
+        let store = store.clone();
         tokio::task::spawn_blocking(move || f(&store))
             .await
             .map_err(|_| storage_gone())?
     }
 
     fn announce(&self, id: &str) {
+        // Redis publishes from inside its scripts, to every replica.
         let _ = self.changed.send(id.to_string());
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<String> {
-        self.changed.subscribe()
+        match &self.backend {
+            Backend::Redis(r) => r.subscribe_changes(),
+            Backend::Sqlite(_) => self.changed.subscribe(),
+        }
     }
 
     pub async fn submit(&self, job: OwnedJob) -> Result<JobRecord, QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r
+                .submit(
+                    &job.tenant,
+                    &job.route,
+                    job.idempotency_key.as_deref(),
+                    &job.fingerprint,
+                    &job.request,
+                )
+                .await;
+        }
         let record = self
             .blocking(move |s| {
                 s.submit(NewJob {
@@ -78,12 +124,26 @@ impl Jobs {
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<JobRecord>, QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r.get(id).await;
+        }
         let id = id.to_string();
         self.blocking(move |s| s.get(&id)).await
     }
 
     pub async fn claim(&self) -> Result<Option<JobRecord>, QueueError> {
         let lease = self.lease;
+        if let Backend::Redis(r) = &self.backend {
+            // A replica that died mid-run loses its lease; its job comes back here.
+            let recovered = r.recover_expired_leases().await?;
+            if recovered > 0 {
+                tracing::warn!(
+                    recovered,
+                    "job queue: leases lapsed (a replica died mid-run); jobs requeued"
+                );
+            }
+            return r.claim(lease).await;
+        }
         let record = self.blocking(move |s| s.claim(lease)).await?;
         if let Some(r) = &record {
             self.announce(&r.id);
@@ -97,6 +157,9 @@ impl Jobs {
         claim: &str,
         result: Vec<u8>,
     ) -> Result<bool, QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r.succeed(id, claim, &result).await;
+        }
         let (i, c) = (id.to_string(), claim.to_string());
         let done = self.blocking(move |s| s.succeed(&i, &c, &result)).await?;
         self.announce(id);
@@ -110,6 +173,9 @@ impl Jobs {
         error: String,
         reason: &'static str,
     ) -> Result<bool, QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r.fail(id, claim, &error, reason).await;
+        }
         let (i, c) = (id.to_string(), claim.to_string());
         let done = self
             .blocking(move |s| s.fail(&i, &c, &error, reason))
@@ -119,28 +185,55 @@ impl Jobs {
     }
 
     pub async fn release(&self, id: &str, claim: &str) -> Result<bool, QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r.release(id, claim).await;
+        }
         let (i, c) = (id.to_string(), claim.to_string());
         let done = self.blocking(move |s| s.release(&i, &c)).await?;
         self.announce(id);
         Ok(done)
     }
 
+    /// Runs cut short by this process's previous life go back to the queue.
+    /// With Redis other replicas' runs are live: only lapsed leases return.
     pub async fn requeue_all_running(&self) -> Result<usize, QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r.recover_expired_leases().await;
+        }
         self.blocking(|s| s.requeue_all_running()).await
     }
 
     pub async fn recover_expired_leases(&self) -> Result<usize, QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r.recover_expired_leases().await;
+        }
         self.blocking(|s| s.recover_expired_leases()).await
     }
 
+    /// Extends a running job's lease (Redis; the SQLite lease outlives any run).
+    pub async fn renew(&self, id: &str, claim: &str) -> Result<bool, QueueError> {
+        match &self.backend {
+            Backend::Redis(r) => r.renew(id, claim, self.lease).await,
+            Backend::Sqlite(_) => Ok(true),
+        }
+    }
+
     pub async fn depth(&self) -> Result<(u64, Option<Duration>), QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r.depth().await;
+        }
         self.blocking(|s| s.depth()).await
     }
 
     /// Jobs ahead and the estimated wait before this one runs.
     pub async fn eta(&self, record: &JobRecord) -> (u64, Duration) {
-        let r = record.clone();
-        let position = self.blocking(move |s| s.position(&r)).await.unwrap_or(0);
+        let position = match &self.backend {
+            Backend::Redis(store) => store.position(&record.id).await.unwrap_or(0),
+            Backend::Sqlite(_) => {
+                let r = record.clone();
+                self.blocking(move |s| s.position(&r)).await.unwrap_or(0)
+            }
+        };
         let rate = self.drain_rate.max(0.001);
         (position, Duration::from_secs_f64(position as f64 / rate))
     }

@@ -14,7 +14,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 pub mod jobs;
 
 /// A job's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum JobState {
     Queued,
     Running,
@@ -54,7 +54,7 @@ impl JobState {
 }
 
 /// One job as stored.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct JobRecord {
     pub id: String,
     pub tenant: String,

@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
+pub mod assemble;
 pub mod redis;
+pub mod shared;
 
 /// The shared state could not be reached or answered in time.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -76,7 +76,7 @@ pub struct ChatRequest {
 }
 
 /// A piece of output to forward to the caller as soon as it arrives.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Chunk {
     Text(String),
     /// A fragment of a tool call; fragments with one `index` belong together.
@@ -89,7 +89,7 @@ pub enum Chunk {
 }
 
 /// Why the model stopped, normalised across providers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FinishReason {
     Stop,
     Length,
@@ -99,7 +99,7 @@ pub enum FinishReason {
 }
 
 /// Token usage reported by the upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Usage {
     pub input_tokens: u32,
     pub output_tokens: u32,

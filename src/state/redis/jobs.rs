@@ -315,6 +315,11 @@ fn job_reply(v: Value, what: &str) -> Result<Option<JobRecord>, QueueError> {
 }
 
 impl RedisJobs {
+    /// The client the store talks through (the fleet's drain bucket uses it too).
+    pub fn redis(&self) -> &Redis {
+        &self.redis
+    }
+
     /// The queue on `redis` with these bounds. Inside a Tokio runtime this
     /// starts the change feed (a pub/sub subscriber that resubscribes after
     /// Redis restarts); outside one, `subscribe_changes` hears nothing.

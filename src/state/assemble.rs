@@ -1,0 +1,108 @@
+//! Builds the state backends `[state]` names: every store the request path
+//! uses, embedded or on one Redis, and the start-up persistence check.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::redis::{Redis, RedisJobs};
+use super::shared::{Idempotency, StateFaults, TenantLimits};
+use crate::config::{Config, StateBackend};
+use crate::cost::{CostGuard, CostLedger};
+use crate::idempotency::IdempotencyStore;
+use crate::policy::token_bucket::TokenBucketConfig;
+use crate::queue::Limits;
+use crate::telemetry::metrics::Metrics;
+use crate::tenants::TenantLimiter;
+
+/// The stores, ready for the dispatcher and the intake.
+pub struct Stores {
+    pub idempotency: Arc<Idempotency>,
+    pub cost: Arc<CostLedger>,
+    pub tenants: TenantLimits,
+    /// The Redis client, when the fleet backend is on.
+    pub redis: Option<Redis>,
+}
+
+/// Lease of a job run in Redis: renewed while the run lives, so a replica
+/// killed mid-run loses its job to another replica within this.
+pub const REDIS_JOB_LEASE: Duration = Duration::from_secs(10);
+
+/// The stores for `config`; a Redis URL variable that is unset is an error.
+pub fn build(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, String> {
+    let st = &config.state;
+    let limits = &config.limits;
+    if st.backend == StateBackend::Embedded {
+        return Ok(Stores {
+            idempotency: Arc::new(Idempotency::Embedded(IdempotencyStore::new(
+                config.idempotency.ttl,
+                config.idempotency.max_entries,
+            ))),
+            cost: Arc::new(CostLedger::Embedded(CostGuard::new(config.cost.clone()))),
+            tenants: TenantLimits::Embedded(TenantLimiter::new(limits)),
+            redis: None,
+        });
+    }
+    let url = std::env::var(&st.redis_url_env).map_err(|_| {
+        format!(
+            "state.redis_url_env: environment variable `{}` is not set (it holds the redis:// URL)",
+            st.redis_url_env
+        )
+    })?;
+    let redis = Redis::new(&url, &st.key_prefix, st.timeout)
+        .map_err(|e| format!("state.redis_url_env: {e}"))?;
+    let faults = StateFaults::new(metrics.clone());
+    let rate = (limits.tenant_rate_per_sec > 0.0).then(|| TokenBucketConfig {
+        rate: limits.tenant_rate_per_sec,
+        burst: limits.tenant_burst.max(1),
+    });
+    let longest = config
+        .routes
+        .iter()
+        .filter_map(|r| r.deadline)
+        .fold(config.server.default_deadline, Duration::max);
+    Ok(Stores {
+        idempotency: Arc::new(Idempotency::Redis {
+            redis: redis.clone(),
+            faults: faults.clone(),
+            ttl: config.idempotency.ttl,
+            // A claim outlives any live request; a dead replica's lapses.
+            in_flight_ttl: longest + Duration::from_secs(30),
+        }),
+        cost: Arc::new(CostLedger::Redis {
+            guard: CostGuard::new(config.cost.clone()),
+            redis: redis.clone(),
+            faults: faults.clone(),
+        }),
+        tenants: TenantLimits::Redis {
+            redis: redis.clone(),
+            faults,
+            max_concurrent: limits.tenant_max_concurrent,
+            rate,
+            slot_ttl: longest + Duration::from_secs(30),
+        },
+        redis: Some(redis),
+    })
+}
+
+/// The job store on Redis.
+pub fn redis_jobs(redis: &Redis, limits: Limits) -> RedisJobs {
+    RedisJobs::new(redis.clone(), limits)
+}
+
+/// Logs how durable Redis keeps what it acknowledged: a WARN naming the risk
+/// when it is weaker than the queue's promise, or that it could not check.
+pub async fn check_persistence(redis: &Redis) {
+    match redis.persistence().await {
+        Ok(p) if !p.appendonly => tracing::warn!(
+            "Redis runs without appendonly: accepted jobs, idempotency records and spend are lost when it restarts; set `appendonly yes` and `appendfsync always` (or everysec)"
+        ),
+        Ok(p) if p.appendfsync == "no" => tracing::warn!(
+            "Redis appendfsync is `no`: the OS decides when jobs reach disk, and a host crash can lose accepted jobs; set `appendfsync always` (or everysec)"
+        ),
+        Ok(p) if p.appendfsync == "everysec" => tracing::warn!(
+            "Redis appendfsync is `everysec`: a host crash can lose up to one second of accepted jobs; `appendfsync always` closes that window"
+        ),
+        Ok(p) => tracing::info!(appendfsync = %p.appendfsync, "Redis persistence: appendonly yes"),
+        Err(e) => tracing::warn!(error = %e, "could not check Redis persistence (CONFIG GET appendonly): make sure AOF is on"),
+    }
+}
