@@ -418,7 +418,9 @@ async fn the_recovery_drain_never_exceeds_its_bucket_and_every_job_completes() {
 async fn the_cost_cap_stops_a_tenant_and_names_it() {
     let a = Mock::start("openai", &[]).await;
     let config = format!(
-        "[cost]\ndefault_cap_usd = 0.00001\n{}{}",
+        // Each request reserves its maximum (64 tokens at 1 USD/Mtok, plus
+        // the prompt) and settles to the 16 tokens the mock sends: two fit.
+        "[cost]\ndefault_cap_usd = 0.0001\n{}{}",
         provider("p", "openai", &a.base_url(), "m").replace(
             "context_tokens = 128000",
             "context_tokens = 128000\n  price = { input_per_mtok = 1.0, output_per_mtok = 1.0 }"
@@ -448,7 +450,7 @@ async fn the_cost_cap_stops_a_tenant_and_names_it() {
     let s = capped.expect("the cap stopped the tenant");
     assert_eq!(s.code(), Code::ResourceExhausted);
     assert_eq!(reason(&s), "COST_CAP");
-    assert!(served >= 1);
+    assert_eq!(served, 2, "two maximum-cost holds fit the cap");
     assert_eq!(
         a.requests().await.len(),
         served,

@@ -56,7 +56,7 @@ fn the_kubernetes_base_validates_strictly() {
         return;
     };
     assert_eq!(code, 0, "validate.sh failed:\n{text}");
-    assert!(text.contains("validate.sh: ok (7 objects"), "{text}");
+    assert!(text.contains("validate.sh: ok (9 objects"), "{text}");
 }
 
 #[test]
