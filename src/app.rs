@@ -3,7 +3,6 @@
 //! OpenAI-compatible HTTP listeners until told to stop. Shutdown runs in
 //! phases (see [`Running::shutdown`]).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,10 +16,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 
-use crate::actors::provider::ProviderRuntime;
 use crate::actors::recovery::RecoveryArgs;
 use crate::actors::registry::Registry;
-use crate::actors::supervisor::ReloadReport;
 use crate::actors::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::api::admin::{AdminAccess, AdminService};
 use crate::api::admin_http::{self, AdminState};
@@ -36,6 +33,7 @@ use crate::dispatch::Dispatcher;
 use crate::proto;
 use crate::queue::jobs::Jobs;
 use crate::queue::{JobStore, Limits};
+use crate::reload::{runtimes, Reloader};
 use crate::telemetry::metrics::Metrics;
 
 /// Starting the service failed.
@@ -58,123 +56,6 @@ pub enum StartError {
     State(String),
 }
 
-/// Re-reads the config file and applies it if valid (SIGHUP, file change,
-/// `Admin.ReloadConfig`). Providers and routes, their policies, budgets and
-/// timeouts are reloaded; listeners, TLS, auth and limits need a restart.
-pub struct Reloader {
-    path: Option<PathBuf>,
-    supervisor: ActorRef<SupervisorMsg>,
-    /// Digest of the last file applied (or rejected), for the file watcher.
-    last_seen: Mutex<[u8; 32]>,
-    /// The config in force.
-    current: Mutex<Arc<Config>>,
-    /// TLS of the gRPC listener, when on: certificates are re-read on reload.
-    tls: Option<Arc<TlsState>>,
-}
-
-impl Reloader {
-    /// Reloads now; `Err` carries why the new file was rejected (the old one stays).
-    pub async fn reload(&self) -> Result<ReloadReport, String> {
-        let path = self
-            .path
-            .as_ref()
-            .ok_or("no --config file: nothing to reload")?;
-        let text =
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        if let Ok(mut last) = self.last_seen.lock() {
-            *last = Sha256::digest(&text).into();
-        }
-        let result = self.apply(&text).await;
-        match &result {
-            Ok(report) => tracing::info!(file = %path.display(), "{}", report.summary()),
-            Err(e) => {
-                tracing::error!(file = %path.display(), error = %e, "config reload rejected; keeping the config in force")
-            }
-        }
-        result
-    }
-
-    async fn apply(&self, text: &[u8]) -> Result<ReloadReport, String> {
-        let text = std::str::from_utf8(text).map_err(|_| "the file is not UTF-8".to_string())?;
-        let config = Config::from_toml_str(text).map_err(|e| e.to_string())?;
-        if let Some((path, env)) = config.missing_env().into_iter().next() {
-            return Err(format!("{path}: environment variable {env} is not set"));
-        }
-        let fresh = runtimes(&config).map_err(|e| e.to_string())?;
-        // Certificates are re-read (rotation) and checked before anything is applied.
-        let tls = match (&self.tls, &config.server.tls) {
-            (Some(_), Some(t)) => Some(tls::load(t)?),
-            _ => None,
-        };
-        let config = Arc::new(config);
-        let answer = self
-            .supervisor
-            .call(
-                |reply| SupervisorMsg::Reload {
-                    config: config.clone(),
-                    runtimes: fresh,
-                    reply,
-                },
-                Some(std::time::Duration::from_secs(10)),
-            )
-            .await;
-        let mut report = match answer {
-            Ok(ractor::rpc::CallResult::Success(report)) => report,
-            _ => return Err("the supervisor did not apply the config".into()),
-        };
-        if let (Some(state), Some(tls)) = (&self.tls, tls) {
-            state.swap(tls);
-        }
-        if let Ok(mut current) = self.current.lock() {
-            let mut old_server = current.server.clone();
-            if self.tls.is_some() && config.server.tls.is_some() {
-                // Certificate paths are reloaded live; turning TLS on or off is not.
-                old_server.tls = config.server.tls.clone();
-            }
-            if old_server != config.server
-                || current.auth != config.auth
-                || current.limits != config.limits
-            {
-                report.restart_needed = true;
-            }
-            *current = config;
-        }
-        Ok(report)
-    }
-
-    /// The config in force.
-    pub fn config(&self) -> Option<Arc<Config>> {
-        self.current.lock().ok().map(|c| c.clone())
-    }
-
-    /// Polls the file and reloads when its content changes (ConfigMap updates
-    /// swap symlinks, so content, not mtime, is compared).
-    async fn watch(self: Arc<Self>, stop: CancellationToken) {
-        let Some(path) = self.path.clone() else {
-            return;
-        };
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
-            }
-            let Ok(text) = std::fs::read(&path) else {
-                continue;
-            };
-            let digest: [u8; 32] = Sha256::digest(&text).into();
-            let changed = self
-                .last_seen
-                .lock()
-                .map(|last| *last != digest)
-                .unwrap_or(false);
-            if changed {
-                tracing::info!(file = %path.display(), "config file changed; reloading");
-                let _ = self.reload().await;
-            }
-        }
-    }
-}
-
 /// A running server.
 pub struct Running {
     pub grpc_addr: SocketAddr,
@@ -193,22 +74,6 @@ pub struct Running {
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,
     admin: JoinHandle<std::io::Result<()>>,
     http: Option<JoinHandle<std::io::Result<()>>>,
-}
-
-fn runtimes(config: &Config) -> Result<HashMap<String, Arc<ProviderRuntime>>, ConfigError> {
-    config
-        .providers
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            ProviderRuntime::new(p)
-                .map(|rt| (p.id.clone(), Arc::new(rt)))
-                .map_err(|e| ConfigError {
-                    path: format!("providers[{i}].api_key_env"),
-                    message: e.to_string(),
-                })
-        })
-        .collect()
 }
 
 /// Whether some route has a target that can take traffic now.

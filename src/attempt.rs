@@ -8,10 +8,10 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::time::{timeout_at, Instant};
 
-use crate::actors::provider::ProviderRuntime;
+use crate::chat::FinishReason;
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::sink::EventSink;
-use crate::upstream::FinishReason;
+use crate::upstream::endpoint::Endpoint;
 use crate::upstream::{
     anthropic, classify, openai, sse::SseParser, ChatRequest, Completion, ProviderKind,
     StreamDecoder,
@@ -61,7 +61,7 @@ pub struct AttemptResult {
 
 /// Everything one attempt needs.
 pub struct AttemptInput<'a> {
-    pub runtime: &'a ProviderRuntime,
+    pub endpoint: &'a Endpoint,
     /// With `model` set to the target's model.
     pub chat: &'a ChatRequest,
     /// The caller's deadline.
@@ -108,7 +108,7 @@ struct Meta {
 }
 
 async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Meta) -> AttemptEnd {
-    let rt = input.runtime;
+    let rt = input.endpoint;
     let first_limit = (meta.started + rt.first_token_timeout).min(input.deadline);
     let request = build_request(input);
 
@@ -167,7 +167,7 @@ fn timed_out(e: Expired) -> AttemptEnd {
 }
 
 fn build_request(input: &AttemptInput<'_>) -> reqwest::RequestBuilder {
-    let rt = input.runtime;
+    let rt = input.endpoint;
     let key = rt.api_key.as_ref().map(|k| k.expose());
     let (url, body, headers) = match rt.kind {
         ProviderKind::Openai => (
@@ -221,7 +221,7 @@ async fn stream_body(
     meta: &mut Meta,
     first_limit: Instant,
 ) -> AttemptEnd {
-    let rt = input.runtime;
+    let rt = input.endpoint;
     let mut body = response.bytes_stream();
     let mut parser = SseParser::new();
     let mut decoder = decoder_for(rt.kind);
@@ -284,7 +284,7 @@ async fn stream_body(
 }
 
 async fn forward(
-    chunks: &mut Vec<crate::upstream::Chunk>,
+    chunks: &mut Vec<crate::chat::Chunk>,
     sink: &mut EventSink,
     meta: &mut Meta,
 ) -> Result<(), crate::sink::ClientGone> {
@@ -323,54 +323,5 @@ async fn whole_body(
             AttemptEnd::Completed(completion)
         }
         Err(f) => AttemptEnd::Failed(f),
-    }
-}
-
-/// Runs a synthetic probe: one `max_tokens: 1` request with the given breaker
-/// ticket, outside any caller's request and outside the concurrency ceilings.
-pub async fn probe(
-    runtime: &ProviderRuntime,
-    model: &str,
-    ticket: crate::policy::breaker::Ticket,
-) -> crate::actors::provider::OutcomeReport {
-    let chat = ChatRequest {
-        model: model.to_string(),
-        messages: vec![crate::upstream::ChatMessage {
-            role: "user".into(),
-            content: "ping".into(),
-            ..Default::default()
-        }],
-        max_tokens: Some(1),
-        stream: runtime
-            .model(model)
-            .is_none_or(|m| m.has(crate::config::Capability::Stream)),
-        ..Default::default()
-    };
-    let mut sink = EventSink::discard();
-    let deadline = Instant::now() + runtime.first_token_timeout + runtime.idle_timeout;
-    let result = run(
-        AttemptInput {
-            runtime,
-            chat: &chat,
-            deadline,
-            attempt: 0,
-        },
-        &mut sink,
-    )
-    .await;
-    let class = result.end.class();
-    tracing::info!(provider = %runtime.id, model, outcome = %class, "synthetic probe");
-    crate::actors::provider::OutcomeReport {
-        model: model.to_string(),
-        ticket: Some(ticket),
-        class,
-        retry_after: match &result.end {
-            AttemptEnd::Failed(f) => f.retry_after,
-            _ => None,
-        },
-        traffic: crate::actors::provider::TrafficClass::Own,
-        elapsed: result.elapsed,
-        ttft: result.ttft,
-        failed_output_tokens: 0,
     }
 }

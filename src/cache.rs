@@ -10,9 +10,9 @@ use std::time::Duration;
 use lru::LruCache;
 use tokio::time::Instant;
 
+use crate::chat::Chunk;
 use crate::idempotency::Fingerprint;
 use crate::sink::Event;
-use crate::upstream::Chunk;
 
 struct Entry {
     events: Arc<Vec<Event>>,

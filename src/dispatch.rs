@@ -21,6 +21,7 @@ use crate::actors::router::{Candidate, Plan, PlanError, RouterMsg};
 use crate::actors::CALL_TIMEOUT;
 use crate::attempt::{self, AttemptEnd, AttemptInput};
 use crate::cache::ResponseCache;
+use crate::chat::{ChatRequest, Usage};
 use crate::config::Rung;
 use crate::cost::{CostLedger, Reservation};
 use crate::error::RequestError;
@@ -32,7 +33,6 @@ use crate::request::RequestSpec;
 use crate::sink::{Event, EventSink, Finished, QueuedJob, Started, Tier};
 use crate::state::shared::{Idempotency, KeyClaim};
 use crate::telemetry::metrics::{GenAiLabels, Metrics, ServedLabels, ShedLabels, TokenLabels};
-use crate::upstream::{ChatRequest, Usage};
 use rand::SeedableRng;
 
 /// Shared by all request tasks.
@@ -239,7 +239,7 @@ impl Dispatcher {
                 request: request.to_vec(),
             })
             .await
-            .map_err(crate::api::jobs::queue_error)?;
+            .map_err(RequestError::from)?;
         if let Some(recovery) = self.registry.recovery() {
             let _ = recovery.cast(RecoveryMsg::JobsWaiting);
         }
@@ -576,7 +576,7 @@ impl Dispatcher {
         );
         let result = attempt::run(
             AttemptInput {
-                runtime: &entry.runtime,
+                endpoint: &entry.runtime.endpoint,
                 chat,
                 deadline: call.deadline,
                 attempt,
@@ -624,7 +624,7 @@ impl Dispatcher {
         call: &Call<'_>,
         entry: &ProviderEntry,
         chat: &ChatRequest,
-        completion: crate::upstream::Completion,
+        completion: crate::chat::Completion,
         served: Served,
         sink: &mut EventSink,
     ) -> f64 {

@@ -177,3 +177,17 @@ impl RequestError {
         }
     }
 }
+
+impl From<crate::queue::QueueError> for RequestError {
+    fn from(e: crate::queue::QueueError) -> Self {
+        use crate::queue::QueueError;
+        match e {
+            QueueError::Full(_) | QueueError::TenantFull { .. } => {
+                RequestError::QueueFull(e.to_string())
+            }
+            QueueError::KeyReused => RequestError::IdempotencyKeyReused,
+            QueueError::Storage(e) => RequestError::QueueUnavailable(e.to_string()),
+            QueueError::Unavailable(e) => RequestError::StateUnavailable(e),
+        }
+    }
+}

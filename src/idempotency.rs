@@ -186,7 +186,7 @@ impl Drop for ClaimGuard {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::upstream::Chunk;
+    use crate::chat::Chunk;
 
     const A: Fingerprint = [1; 32];
     const B: Fingerprint = [2; 32];

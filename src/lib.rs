@@ -1,4 +1,18 @@
 //! Switchyard: a resilient gRPC router in front of LLM providers.
+//!
+//! The crate map, bottom layer first; each layer depends only on those below
+//! it (DESIGN.md §1). `config`, `error` and `chat` sit beside the layers.
+//!
+//! | layer | modules | owns |
+//! |---|---|---|
+//! | policy | [`policy`] | pure structs, time passed in: outcome classes, breaker, health window, retry budget, backoff, token bucket, cooldown, and [`policy::next`], the next-step decision table |
+//! | upstream | [`upstream`] | wire adapters (OpenAI, Anthropic), SSE parsing, end-of-stream checks, the neutral [`upstream::endpoint::Endpoint`] |
+//! | attempt | [`attempt`], [`sink`] | one upstream attempt with a permit it is given; the event sink to the caller |
+//! | state | [`state`], [`cost`], [`idempotency`], [`tenants`], [`queue`], [`cache`] | stores: embedded, or shared by the fleet on Redis ([`state::redis`]), with the outage policy per function ([`state::shared`]) |
+//! | actors | [`actors`] | supervisor, provider, router and recovery actors: policy wired to messages |
+//! | request task | [`dispatch`], [`request`] | one per request: plan, admission, attempts as [`policy::next`] says, the ladder |
+//! | api | [`api`] | the one intake ([`api::intake`]), gRPC services, the OpenAI HTTP door, jobs, the error table ([`api::status`]) |
+//! | app / cli | [`app`], [`reload`], [`mock`], [`drill`], [`bench`](mod@bench), [`telemetry`] | assembly, config reload, subcommands, metrics and tracing |
 
 pub mod actors;
 pub mod api;
@@ -6,6 +20,7 @@ pub mod app;
 pub mod attempt;
 pub mod bench;
 pub mod cache;
+pub mod chat;
 pub mod config;
 pub mod cost;
 pub mod dispatch;
@@ -15,6 +30,7 @@ pub mod idempotency;
 pub mod mock;
 pub mod policy;
 pub mod queue;
+pub mod reload;
 pub mod request;
 pub mod sink;
 pub mod state;

@@ -5,9 +5,17 @@
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-use crate::actors::router::Needs;
+use crate::chat::ChatRequest;
 use crate::idempotency::Fingerprint;
-use crate::upstream::ChatRequest;
+
+/// What a request needs from a target.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Needs {
+    pub tools: bool,
+    pub json: bool,
+    pub vision: bool,
+    pub min_context_tokens: u32,
+}
 
 /// A validated request, ready to route.
 #[derive(Debug, Clone)]
@@ -82,7 +90,7 @@ impl RequestSpec {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::upstream::ChatMessage;
+    use crate::chat::ChatMessage;
 
     fn spec(text: &str) -> RequestSpec {
         RequestSpec {

@@ -5,8 +5,8 @@
 
 use tokio::sync::mpsc;
 
+use crate::chat::{Chunk, FinishReason, Usage};
 use crate::error::RequestError;
-use crate::upstream::{Chunk, FinishReason, Usage};
 
 /// Which rung of the degradation ladder served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -25,25 +25,9 @@ use crate::policy::health::{HealthWindow, Sample};
 use crate::policy::outcome::OutcomeClass;
 use crate::policy::share::ShareWindow;
 use crate::telemetry::metrics::{Metrics, RefusalLabels, TargetLabels, TransitionLabels};
+use crate::upstream::endpoint::Endpoint;
 
-/// An API key: never printed, never logged.
-#[derive(Clone)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: String) -> Self {
-        Secret(value)
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
+pub use crate::upstream::endpoint::Secret;
 
 /// Whether a request is the provider's own traffic (it is the route's first
 /// target) or traffic failing over to it, which has a lower ceiling.
@@ -125,15 +109,12 @@ pub enum Unavailable {
 /// loses or leaks permits.
 #[derive(Debug)]
 pub struct ProviderRuntime {
+    /// What an attempt needs to reach the provider.
+    pub endpoint: Endpoint,
     pub id: String,
     pub kind: ProviderKind,
-    pub base_url: String,
-    pub api_key: Option<Secret>,
     pub models: Vec<ModelConfig>,
     pub config: ProviderConfig,
-    pub first_token_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub http: reqwest::Client,
     /// All traffic.
     total: Arc<Semaphore>,
     /// Failover traffic (also holds a `total` permit).
@@ -147,45 +128,22 @@ pub struct ProviderRuntime {
 }
 
 /// Building a provider runtime failed.
-#[derive(Debug, thiserror::Error)]
-pub enum RuntimeError {
-    #[error("environment variable {0} (api_key_env) is not set")]
-    MissingKey(String),
-    #[error("cannot build the HTTP client: {0}")]
-    Http(#[from] reqwest::Error),
-}
+pub type RuntimeError = crate::upstream::endpoint::EndpointError;
 
 impl ProviderRuntime {
     /// Builds the runtime from config, reading the API key from its environment variable.
     pub fn new(cfg: &ProviderConfig) -> Result<Self, RuntimeError> {
-        let api_key = match &cfg.api_key_env {
-            Some(env) => Some(Secret::new(
-                std::env::var(env).map_err(|_| RuntimeError::MissingKey(env.clone()))?,
-            )),
-            None => None,
-        };
-        // One retry layer only: reqwest never retries on its own, and we neither
-        // follow redirects nor decompress (bytes pass through as sent).
-        let http = reqwest::Client::builder()
-            .connect_timeout(cfg.connect_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build()?;
+        let endpoint = Endpoint::new(cfg)?;
         let (snapshot, _) = watch::channel(ProviderSnapshot {
             at: Instant::now(),
             models: HashMap::new(),
         });
         Ok(ProviderRuntime {
+            endpoint,
             id: cfg.id.clone(),
             kind: cfg.kind,
-            base_url: cfg.base_url.clone(),
-            api_key,
             models: cfg.models.clone(),
             config: cfg.clone(),
-            first_token_timeout: cfg.first_token_timeout,
-            idle_timeout: cfg.idle_timeout,
-            http,
             total: Arc::new(Semaphore::new(cfg.max_concurrency as usize)),
             failover: Arc::new(Semaphore::new(cfg.failover_max_concurrency as usize)),
             max_concurrency: cfg.max_concurrency,
@@ -715,7 +673,7 @@ fn probe(state: &mut ProviderState, myself: &ActorRef<ProviderMsg>, model: &str,
             let actor = myself.clone();
             let model = model.to_string();
             tokio::spawn(async move {
-                let report = crate::attempt::probe(&runtime, &model, ticket).await;
+                let report = synthetic_probe(&runtime, &model, ticket).await;
                 let _ = actor.cast(ProviderMsg::Report(report));
             });
         }
@@ -728,5 +686,56 @@ fn probe(state: &mut ProviderState, myself: &ActorRef<ProviderMsg>, model: &str,
     }
     if let Some(t) = transition {
         state.on_transition(model, &t);
+    }
+}
+
+/// Runs a synthetic probe: one `max_tokens: 1` request with the given breaker
+/// ticket, outside any caller's request and outside the concurrency ceilings.
+/// It runs in a spawned task; the actor only gets its report.
+async fn synthetic_probe(
+    runtime: &ProviderRuntime,
+    model: &str,
+    ticket: crate::policy::breaker::Ticket,
+) -> OutcomeReport {
+    let chat = crate::chat::ChatRequest {
+        model: model.to_string(),
+        messages: vec![crate::chat::ChatMessage {
+            role: "user".into(),
+            content: "ping".into(),
+            ..Default::default()
+        }],
+        max_tokens: Some(1),
+        stream: runtime
+            .model(model)
+            .is_none_or(|m| m.has(crate::config::Capability::Stream)),
+        ..Default::default()
+    };
+    let mut sink = crate::sink::EventSink::discard();
+    let deadline =
+        Instant::now() + runtime.endpoint.first_token_timeout + runtime.endpoint.idle_timeout;
+    let result = crate::attempt::run(
+        crate::attempt::AttemptInput {
+            endpoint: &runtime.endpoint,
+            chat: &chat,
+            deadline,
+            attempt: 0,
+        },
+        &mut sink,
+    )
+    .await;
+    let class = result.end.class();
+    tracing::info!(provider = %runtime.id, model, outcome = %class, "synthetic probe");
+    OutcomeReport {
+        model: model.to_string(),
+        ticket: Some(ticket),
+        class,
+        retry_after: match &result.end {
+            crate::attempt::AttemptEnd::Failed(f) => f.retry_after,
+            _ => None,
+        },
+        traffic: TrafficClass::Own,
+        elapsed: result.elapsed,
+        ttft: result.ttft,
+        failed_output_tokens: 0,
     }
 }

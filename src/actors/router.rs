@@ -20,17 +20,9 @@ use crate::config::{Capability, Config, MidStreamPolicy, RetryBudgetConfig, Rung
 use crate::policy::budget::RetryBudget;
 use crate::policy::next::RoutePolicy;
 use crate::policy::share::ShareWindow;
+pub use crate::request::Needs;
 use crate::sink::Tier;
 use crate::telemetry::metrics::{Metrics, RouteLabels, RouteTargetLabels};
-
-/// What a request needs from a target.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Needs {
-    pub tools: bool,
-    pub json: bool,
-    pub vision: bool,
-    pub min_context_tokens: u32,
-}
 
 /// One target the request may be sent to.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -243,7 +243,8 @@ impl SupervisorState {
 /// The same provider config and the same key: nothing to restart.
 fn same_runtime(a: &ProviderRuntime, b: &ProviderRuntime) -> bool {
     a.config == b.config
-        && a.api_key.as_ref().map(|k| k.expose()) == b.api_key.as_ref().map(|k| k.expose())
+        && a.endpoint.api_key.as_ref().map(|k| k.expose())
+            == b.endpoint.api_key.as_ref().map(|k| k.expose())
 }
 
 impl Actor for Supervisor {

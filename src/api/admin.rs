@@ -17,9 +17,9 @@ use crate::actors::provider::{BreakerOverride, ProviderMsg};
 use crate::actors::registry::Registry;
 use crate::actors::router::{RouteStatus, RouterMsg};
 use crate::actors::CALL_TIMEOUT;
-use crate::app::Reloader;
 use crate::policy::breaker::{BreakerState, Forced};
 use crate::proto;
+use crate::reload::Reloader;
 
 /// One target as operators see it.
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -5,14 +5,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::actors::router::Needs;
+use crate::chat::{ChatMessage, ChatRequest, Chunk, FinishReason, ToolCall, ToolSpec};
 use crate::config::LimitsConfig;
 use crate::error::RequestError;
 use crate::proto;
 use crate::queue::{JobRecord, JobState};
+use crate::request::Needs;
 use crate::request::RequestSpec;
 use crate::sink::{Event, Finished, Started, Tier};
-use crate::upstream::{ChatMessage, ChatRequest, Chunk, FinishReason, ToolCall, ToolSpec};
 
 const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 

@@ -25,14 +25,7 @@ pub type JobStream = Pin<Box<dyn Stream<Item = Result<proto::Job, Status>> + Sen
 
 /// Maps a queue error to a request error.
 pub fn queue_error(e: QueueError) -> RequestError {
-    match e {
-        QueueError::Full(_) | QueueError::TenantFull { .. } => {
-            RequestError::QueueFull(e.to_string())
-        }
-        QueueError::KeyReused => RequestError::IdempotencyKeyReused,
-        QueueError::Storage(e) => RequestError::QueueUnavailable(e.to_string()),
-        QueueError::Unavailable(e) => RequestError::StateUnavailable(e),
-    }
+    RequestError::from(e)
 }
 
 /// The API view of a job, with its place in the queue.

@@ -21,11 +21,11 @@ use super::auth::Authenticator;
 use super::convert;
 use super::intake::{Arrival, Door, Intake};
 use super::status::{http_status, reason};
-use crate::app::Reloader;
+use crate::chat::{Chunk, FinishReason};
 use crate::error::RequestError;
 use crate::proto;
+use crate::reload::Reloader;
 use crate::sink::{Event, Item, QueuedJob};
-use crate::upstream::{Chunk, FinishReason};
 
 /// What the front door's handlers share.
 pub struct HttpState {

@@ -1,0 +1,81 @@
+//! The neutral handle one attempt needs to reach a provider: its wire kind,
+//! base URL, key, timeouts and pooled HTTP client. Built once per provider
+//! from config; the provider actor's admission handles live elsewhere
+//! (`actors::provider::ProviderRuntime` holds one of these).
+
+use std::time::Duration;
+
+use super::ProviderKind;
+use crate::config::ProviderConfig;
+
+/// An API key: never printed, never logged.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Self {
+        Secret(value)
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// Where and how to send one attempt.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// The provider id (logs, metrics).
+    pub id: String,
+    pub kind: ProviderKind,
+    pub base_url: String,
+    pub api_key: Option<Secret>,
+    /// Request sent -> first token.
+    pub first_token_timeout: Duration,
+    /// Longest silence inside a stream.
+    pub idle_timeout: Duration,
+    pub http: reqwest::Client,
+}
+
+/// Building an endpoint failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("environment variable {0} (api_key_env) is not set")]
+    MissingKey(String),
+    #[error("cannot build the HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+impl Endpoint {
+    /// Builds the endpoint from config, reading the API key from its environment variable.
+    pub fn new(cfg: &ProviderConfig) -> Result<Self, EndpointError> {
+        let api_key = match &cfg.api_key_env {
+            Some(env) => Some(Secret::new(
+                std::env::var(env).map_err(|_| EndpointError::MissingKey(env.clone()))?,
+            )),
+            None => None,
+        };
+        // One retry layer only: reqwest never retries on its own, and we neither
+        // follow redirects nor decompress (bytes pass through as sent).
+        let http = reqwest::Client::builder()
+            .connect_timeout(cfg.connect_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()?;
+        Ok(Endpoint {
+            id: cfg.id.clone(),
+            kind: cfg.kind,
+            base_url: cfg.base_url.clone(),
+            api_key,
+            first_token_timeout: cfg.first_token_timeout,
+            idle_timeout: cfg.idle_timeout,
+            http,
+        })
+    }
+}
