@@ -167,8 +167,11 @@ async fn open_queue(
     Ok(jobs)
 }
 
-/// Starts actors and listeners; returns once both listeners are bound.
-/// `config_path` is the file to reload from (SIGHUP, changes, the Admin API).
+/// Starts the service, in phases: the stores and the request path, the
+/// actors, the listeners (bound before anything is served), then the gRPC,
+/// admin and HTTP servers and the watchers. Returns once every listener is
+/// bound. `config_path` is the file to reload from (SIGHUP, changes, the
+/// Admin API).
 pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Running, StartError> {
     config.validate()?;
     let initial_digest: [u8; 32] = config_path
@@ -177,66 +180,230 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         .map(|t| Sha256::digest(&t).into())
         .unwrap_or_default();
     let config = Arc::new(config);
-    let registry = Arc::new(Registry::default());
-    let metrics = Arc::new(Metrics::new());
-    let stores = crate::state::assemble::build(&config, &metrics).map_err(StartError::State)?;
-    if let Some(redis) = stores.redis.clone() {
-        tokio::spawn(async move { crate::state::assemble::check_persistence(&redis).await });
-    }
-    let jobs = match &config.queue {
-        Some(q) => Some(open_queue(q, stores.redis.as_ref()).await?),
+    let core = Core::start(&config).await?;
+    let listeners = Listeners::bind(&config).await?;
+    let stop = CancellationToken::new();
+    let tls = match &config.server.tls {
+        Some(t) => Some(TlsState::new(tls::load(t).map_err(StartError::Tls)?)),
         None => None,
     };
-    let mut dispatcher = Dispatcher::new(
-        registry.clone(),
-        metrics.clone(),
-        stores.idempotency.clone(),
-        ResponseCache::new(config.cache.max_bytes),
-        stores.cost.clone(),
-        config.backoff.clone(),
-        config.server.default_deadline,
-    );
-    dispatcher.jobs = jobs.clone();
-    let dispatcher = Arc::new(dispatcher);
-    let intake = Intake::new(
-        dispatcher.clone(),
-        stores.tenants,
-        config.limits.clone(),
-        config.server.stream_buffer,
-    );
-    let recovery = match (&jobs, &config.queue) {
-        (Some(jobs), Some(q)) => Some(RecoveryArgs {
-            runner: crate::api::jobs::runner(jobs.clone(), intake.clone(), q.drain.clone()),
-            shared: jobs.shared().is_some(),
-            drain: q.drain.clone(),
-            max_running: (q.drain.burst as usize).max(1),
-        }),
-        _ => None,
-    };
-    let (supervisor, supervisor_handle) = Actor::spawn(
-        None,
-        Supervisor,
-        SupervisorArgs {
-            config: config.clone(),
-            registry: registry.clone(),
-            runtimes: runtimes(&config)?,
-            metrics: metrics.clone(),
-            recovery,
-        },
-    )
-    .await
-    .map_err(|e| StartError::Actors(e.to_string()))?;
-    let supervisor_done = tokio::spawn(async move {
-        let _ = supervisor_handle.await;
+    let reloader = Arc::new(Reloader {
+        path: config_path,
+        supervisor: core.supervisor.clone(),
+        last_seen: Mutex::new(initial_digest),
+        current: Mutex::new(config.clone()),
+        tls: tls.clone(),
     });
     let auth = Authenticator::from_config(&config.auth)?;
     if auth.is_open() {
         tracing::warn!("auth.mode = \"open\": callers are not authenticated and their `tenant` field is trusted (local use only)");
     }
-    let router = RouterService::new(intake.clone());
-    let http_auth = auth.clone();
+    let (grpc, health) = serve_grpc(
+        &config,
+        &core,
+        &reloader,
+        auth.clone(),
+        tls,
+        listeners.grpc,
+        stop.clone(),
+    )
+    .await?;
+    let ready = Arc::new(AtomicBool::new(true));
+    let routable = Arc::new(AtomicBool::new(true));
+    let admin_router = admin_http::router(AdminState {
+        registry: core.registry.clone(),
+        ready: ready.clone(),
+        routable: routable.clone(),
+        jobs: core.jobs.clone(),
+        metrics: core.metrics.clone(),
+    });
+    let admin = tokio::spawn(serve_axum(listeners.admin, admin_router, stop.clone()));
+    let http = listeners.http.map(|listener| {
+        let state = HttpState::new(core.intake.clone(), auth, reloader.clone());
+        let router = openai_http::router(Arc::new(state));
+        tokio::spawn(serve_axum(listener, router, stop.clone()))
+    });
+    if config.server.watch_config {
+        tokio::spawn(reloader.clone().watch(stop.clone()));
+    }
+    tokio::spawn(readiness(
+        reloader.clone(),
+        core.registry.clone(),
+        health.clone(),
+        routable,
+        stop.clone(),
+    ));
+    Ok(Running {
+        grpc_addr: listeners.grpc_addr,
+        admin_addr: listeners.admin_addr,
+        http_addr: listeners.http_addr,
+        registry: core.registry,
+        reloader,
+        dispatcher: core.dispatcher,
+        drain_timeout: config.server.drain_timeout,
+        supervisor: core.supervisor,
+        supervisor_done: core.supervisor_done,
+        stop,
+        ready,
+        health,
+        grpc,
+        admin,
+        http,
+    })
+}
+
+/// The request path and the actors behind it.
+struct Core {
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    dispatcher: Arc<Dispatcher>,
+    intake: Arc<Intake>,
+    jobs: Option<Arc<Jobs>>,
+    supervisor: ActorRef<SupervisorMsg>,
+    supervisor_done: JoinHandle<()>,
+}
+
+impl Core {
+    /// The stores `[state]` names, the dispatcher and the intake, then the
+    /// supervisor with its provider, router and recovery actors.
+    async fn start(config: &Arc<Config>) -> Result<Core, StartError> {
+        let registry = Arc::new(Registry::default());
+        let metrics = Arc::new(Metrics::new());
+        let stores = crate::state::assemble::build(config, &metrics).map_err(StartError::State)?;
+        if let Some(redis) = stores.redis.clone() {
+            tokio::spawn(async move { crate::state::assemble::check_persistence(&redis).await });
+        }
+        let jobs = match &config.queue {
+            Some(q) => Some(open_queue(q, stores.redis.as_ref()).await?),
+            None => None,
+        };
+        let mut dispatcher = Dispatcher::new(
+            registry.clone(),
+            metrics.clone(),
+            stores.idempotency.clone(),
+            ResponseCache::new(config.cache.max_bytes),
+            stores.cost.clone(),
+            config.backoff.clone(),
+            config.server.default_deadline,
+        );
+        dispatcher.jobs = jobs.clone();
+        let dispatcher = Arc::new(dispatcher);
+        let intake = Intake::new(
+            dispatcher.clone(),
+            stores.tenants,
+            config.limits.clone(),
+            config.server.stream_buffer,
+        );
+        let recovery = match (&jobs, &config.queue) {
+            (Some(jobs), Some(q)) => Some(RecoveryArgs {
+                runner: crate::api::jobs::runner(jobs.clone(), intake.clone(), q.drain.clone()),
+                shared: jobs.shared().is_some(),
+                drain: q.drain.clone(),
+                max_running: (q.drain.burst as usize).max(1),
+            }),
+            _ => None,
+        };
+        let (supervisor, supervisor_handle) = Actor::spawn(
+            None,
+            Supervisor,
+            SupervisorArgs {
+                config: config.clone(),
+                registry: registry.clone(),
+                runtimes: runtimes(config)?,
+                metrics: metrics.clone(),
+                recovery,
+            },
+        )
+        .await
+        .map_err(|e| StartError::Actors(e.to_string()))?;
+        let supervisor_done = tokio::spawn(async move {
+            let _ = supervisor_handle.await;
+        });
+        Ok(Core {
+            registry,
+            metrics,
+            dispatcher,
+            intake,
+            jobs,
+            supervisor,
+            supervisor_done,
+        })
+    }
+}
+
+/// Every listener, bound (ephemeral ports resolved) before anything serves.
+struct Listeners {
+    grpc: TcpListener,
+    grpc_addr: SocketAddr,
+    admin: TcpListener,
+    admin_addr: SocketAddr,
+    http: Option<TcpListener>,
+    http_addr: Option<SocketAddr>,
+}
+
+impl Listeners {
+    async fn bind(config: &Config) -> Result<Listeners, StartError> {
+        let (grpc, grpc_addr) = bind(config.server.grpc_listen).await?;
+        let (admin, admin_addr) = bind(config.server.admin_listen).await?;
+        let (http, http_addr) = match config.server.http_listen {
+            Some(addr) => {
+                let (l, a) = bind(addr).await?;
+                (Some(l), Some(a))
+            }
+            None => (None, None),
+        };
+        Ok(Listeners {
+            grpc,
+            grpc_addr,
+            admin,
+            admin_addr,
+            http,
+            http_addr,
+        })
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr, source })?;
+    Ok((listener, local))
+}
+
+/// Who may call the Admin API.
+fn admin_access(config: &Config) -> Result<AdminAccess, StartError> {
+    Ok(match &config.admin.token_env {
+        Some(env) => {
+            let token = std::env::var(env).map_err(|_| ConfigError {
+                path: "admin.token_env".into(),
+                message: format!("environment variable {env} is not set"),
+            })?;
+            AdminAccess::Token(Authenticator::single("admin", &token))
+        }
+        None if config.auth.mode == AuthMode::Open => AdminAccess::Open,
+        None => AdminAccess::Disabled,
+    })
+}
+
+type GrpcTask = JoinHandle<Result<(), tonic::transport::Error>>;
+
+/// The gRPC server: health, reflection, Router (behind the caller auth
+/// interceptor) and Admin (behind the admin one), with the size-limit layer;
+/// TLS terminated here so certificates can be reloaded.
+async fn serve_grpc(
+    config: &Config,
+    core: &Core,
+    reloader: &Arc<Reloader>,
+    auth: Authenticator,
+    tls: Option<Arc<TlsState>>,
+    listener: TcpListener,
+    stop: CancellationToken,
+) -> Result<(GrpcTask, tonic_health::server::HealthReporter), StartError> {
     let router = tonic::service::interceptor::InterceptedService::new(
-        proto::router_server::RouterServer::new(router)
+        proto::router_server::RouterServer::new(RouterService::new(core.intake.clone()))
             .max_decoding_message_size(config.limits.max_request_bytes),
         move |req| auth.check(req),
     );
@@ -249,65 +416,10 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| StartError::Actors(format!("reflection: {e}")))?;
-
-    let bind = |addr: SocketAddr| async move {
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartError::Bind { addr, source })
-    };
-    let grpc_listener = bind(config.server.grpc_listen).await?;
-    let grpc_addr = grpc_listener
-        .local_addr()
-        .map_err(|source| StartError::Bind {
-            addr: config.server.grpc_listen,
-            source,
-        })?;
-    let admin_listener = bind(config.server.admin_listen).await?;
-    let admin_addr = admin_listener
-        .local_addr()
-        .map_err(|source| StartError::Bind {
-            addr: config.server.admin_listen,
-            source,
-        })?;
-
-    let http_listener = match config.server.http_listen {
-        Some(addr) => {
-            let listener = bind(addr).await?;
-            let local = listener
-                .local_addr()
-                .map_err(|source| StartError::Bind { addr, source })?;
-            Some((listener, local))
-        }
-        None => None,
-    };
-
-    let stop = CancellationToken::new();
-    let grpc_stop = stop.clone();
-    let tls = match &config.server.tls {
-        Some(t) => Some(TlsState::new(tls::load(t).map_err(StartError::Tls)?)),
-        None => None,
-    };
-    let reloader = Arc::new(Reloader {
-        path: config_path,
-        supervisor: supervisor.clone(),
-        last_seen: Mutex::new(initial_digest),
-        current: Mutex::new(config.clone()),
-        tls: tls.clone(),
-    });
-    let admin_access = match &config.admin.token_env {
-        Some(env) => {
-            let token = std::env::var(env).map_err(|_| ConfigError {
-                path: "admin.token_env".into(),
-                message: format!("environment variable {env} is not set"),
-            })?;
-            AdminAccess::Token(Authenticator::single("admin", &token))
-        }
-        None if config.auth.mode == AuthMode::Open => AdminAccess::Open,
-        None => AdminAccess::Disabled,
-    };
+    let admin_access = admin_access(config)?;
     let admin_service = tonic::service::interceptor::InterceptedService::new(
         proto::admin_server::AdminServer::new(AdminService::new(
-            registry.clone(),
+            core.registry.clone(),
             reloader.clone(),
         )),
         move |req| admin_access.check(req),
@@ -320,85 +432,33 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         .add_service(reflection)
         .add_service(router)
         .add_service(admin_service);
+    let grpc_stop = stop.clone();
     let shutdown = async move { grpc_stop.cancelled().await };
-    let grpc = match tls {
-        // TLS is terminated here (not by tonic) so certificates can be reloaded.
-        Some(tls) => tokio::spawn(routes.serve_with_incoming_shutdown(
-            tls::incoming(grpc_listener, tls, stop.clone()),
-            shutdown,
-        )),
+    let task = match tls {
+        Some(tls) => tokio::spawn(
+            routes.serve_with_incoming_shutdown(tls::incoming(listener, tls, stop), shutdown),
+        ),
         None => tokio::spawn(routes.serve_with_incoming_shutdown(
-            TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,
         )),
     };
+    Ok((task, health))
+}
 
-    let ready = Arc::new(AtomicBool::new(true));
-    let routable = Arc::new(AtomicBool::new(true));
-    let admin_router = admin_http::router(AdminState {
-        registry: registry.clone(),
-        ready: ready.clone(),
-        routable: routable.clone(),
-        jobs: jobs.clone(),
-        metrics: metrics.clone(),
+/// Serves an axum router until `stop`, with TCP_NODELAY.
+async fn serve_axum(
+    listener: TcpListener,
+    router: axum::Router,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
     });
-    let admin_stop = stop.clone();
-    let admin = tokio::spawn(async move {
-        use axum::serve::ListenerExt;
-        let listener = admin_listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(listener, admin_router)
-            .with_graceful_shutdown(async move { admin_stop.cancelled().await })
-            .await
-    });
-
-    let http_addr = http_listener.as_ref().map(|(_, a)| *a);
-    let http = http_listener.map(|(listener, _)| {
-        let router = openai_http::router(Arc::new(HttpState::new(
-            intake.clone(),
-            http_auth,
-            reloader.clone(),
-        )));
-        let http_stop = stop.clone();
-        tokio::spawn(async move {
-            use axum::serve::ListenerExt;
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move { http_stop.cancelled().await })
-                .await
-        })
-    });
-
-    if config.server.watch_config {
-        tokio::spawn(reloader.clone().watch(stop.clone()));
-    }
-    tokio::spawn(readiness(
-        reloader.clone(),
-        registry.clone(),
-        health.clone(),
-        routable.clone(),
-        stop.clone(),
-    ));
-    Ok(Running {
-        grpc_addr,
-        admin_addr,
-        http_addr,
-        registry,
-        reloader,
-        dispatcher,
-        drain_timeout: config.server.drain_timeout,
-        supervisor,
-        supervisor_done,
-        stop,
-        ready,
-        health,
-        grpc,
-        admin,
-        http,
-    })
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
 }
 
 impl Running {

@@ -657,7 +657,36 @@ impl Config {
 
     /// Semantic checks serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_server()?;
         self.validate_state()?;
+        for (i, p) in self.providers.iter().enumerate() {
+            validate_provider(i, p)?;
+        }
+        let mut ids = HashSet::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            if !ids.insert(p.id.as_str()) {
+                return Err(ConfigError::new(
+                    format!("providers[{i}].id"),
+                    format!("duplicate provider id `{}`", p.id),
+                ));
+            }
+        }
+        self.validate_policies()?;
+        let mut routes = HashSet::new();
+        for (i, r) in self.routes.iter().enumerate() {
+            if !routes.insert(r.name.as_str()) {
+                return Err(ConfigError::new(
+                    format!("routes[{i}].name"),
+                    format!("duplicate route `{}`", r.name),
+                ));
+            }
+            self.validate_route(i, r)?;
+        }
+        Ok(())
+    }
+
+    /// `[server]`.
+    fn validate_server(&self) -> Result<(), ConfigError> {
         if self.server.stream_buffer == 0 {
             return Err(ConfigError::new(
                 "server.stream_buffer",
@@ -670,91 +699,11 @@ impl Config {
                 "must be positive",
             ));
         }
-        let mut ids = HashSet::new();
-        for (i, p) in self.providers.iter().enumerate() {
-            let at = |field: &str| format!("providers[{i}].{field}");
-            if !valid_name(&p.id) {
-                return Err(ConfigError::new(
-                    at("id"),
-                    format!("`{}` must be non-empty letters, digits, `-` or `_`", p.id),
-                ));
-            }
-            if !ids.insert(p.id.as_str()) {
-                return Err(ConfigError::new(
-                    at("id"),
-                    format!("duplicate provider id `{}`", p.id),
-                ));
-            }
-            match reqwest::Url::parse(&p.base_url) {
-                Ok(url) if matches!(url.scheme(), "http" | "https") => {}
-                _ => {
-                    return Err(ConfigError::new(
-                        at("base_url"),
-                        format!("`{}` is not an http(s) URL", p.base_url),
-                    ))
-                }
-            }
-            if let Some(env) = &p.api_key_env {
-                if env.is_empty() || env.contains('=') {
-                    return Err(ConfigError::new(
-                        at("api_key_env"),
-                        format!("`{env}` is not an environment variable name"),
-                    ));
-                }
-            }
-            if p.max_concurrency == 0 {
-                return Err(ConfigError::new(
-                    at("max_concurrency"),
-                    "must be at least 1",
-                ));
-            }
-            if p.failover_max_concurrency > p.max_concurrency {
-                return Err(ConfigError::new(
-                    at("failover_max_concurrency"),
-                    format!(
-                        "{} exceeds max_concurrency {}",
-                        p.failover_max_concurrency, p.max_concurrency
-                    ),
-                ));
-            }
-            for (field, d) in [
-                ("connect_timeout", p.connect_timeout),
-                ("first_token_timeout", p.first_token_timeout),
-                ("idle_timeout", p.idle_timeout),
-            ] {
-                if d.is_zero() {
-                    return Err(ConfigError::new(at(field), "must be positive"));
-                }
-            }
-            check_breaker(&p.breaker, &at("breaker"))?;
-            if p.health.window.is_zero() || p.health.buckets == 0 {
-                return Err(ConfigError::new(
-                    at("health.window"),
-                    "window and buckets must be positive",
-                ));
-            }
-            if p.models.is_empty() {
-                return Err(ConfigError::new(
-                    at("models"),
-                    "at least one model is required",
-                ));
-            }
-            let mut names = HashSet::new();
-            for (j, m) in p.models.iter().enumerate() {
-                if m.name.is_empty() {
-                    return Err(ConfigError::new(
-                        format!("providers[{i}].models[{j}].name"),
-                        "must not be empty",
-                    ));
-                }
-                if !names.insert(m.name.as_str()) {
-                    return Err(ConfigError::new(
-                        format!("providers[{i}].models[{j}].name"),
-                        format!("duplicate model `{}`", m.name),
-                    ));
-                }
-            }
-        }
+        Ok(())
+    }
+
+    /// `[retry_budget]` and `[backoff]`.
+    fn validate_policies(&self) -> Result<(), ConfigError> {
         let b = &self.retry_budget;
         if !(b.ratio >= 0.0 && b.ratio.is_finite()) {
             return Err(ConfigError::new(
@@ -780,87 +729,83 @@ impl Config {
                 "base must be positive and cap at least base",
             ));
         }
-        let mut routes = HashSet::new();
-        for (i, r) in self.routes.iter().enumerate() {
-            if !valid_name(&r.name) {
+        Ok(())
+    }
+
+    /// One route: names, targets, ladder and limits.
+    fn validate_route(&self, i: usize, r: &RouteConfig) -> Result<(), ConfigError> {
+        if !valid_name(&r.name) {
+            return Err(ConfigError::new(
+                format!("routes[{i}].name"),
+                format!(
+                    "`{}` must be non-empty letters, digits, `-`, `_` or `.`",
+                    r.name
+                ),
+            ));
+        }
+        if r.targets.is_empty() {
+            return Err(ConfigError::new(
+                format!("routes[{i}].targets"),
+                "at least one target is required",
+            ));
+        }
+        let mut seen = HashSet::new();
+        for (j, t) in r.targets.iter().enumerate() {
+            let path = format!("routes[{i}].targets[{j}]");
+            self.resolve_target(&t.target)
+                .map_err(|m| ConfigError::new(path.clone(), m))?;
+            if !seen.insert(t.target.as_str()) {
                 return Err(ConfigError::new(
-                    format!("routes[{i}].name"),
-                    format!(
-                        "`{}` must be non-empty letters, digits, `-`, `_` or `.`",
-                        r.name
-                    ),
+                    path,
+                    format!("duplicate target `{}`", t.target),
                 ));
             }
-            if !routes.insert(r.name.as_str()) {
+            if t.weight == 0 {
                 return Err(ConfigError::new(
-                    format!("routes[{i}].name"),
-                    format!("duplicate route `{}`", r.name),
-                ));
-            }
-            if r.targets.is_empty() {
-                return Err(ConfigError::new(
-                    format!("routes[{i}].targets"),
-                    "at least one target is required",
-                ));
-            }
-            let mut seen = HashSet::new();
-            for (j, t) in r.targets.iter().enumerate() {
-                let path = format!("routes[{i}].targets[{j}]");
-                self.resolve_target(&t.target)
-                    .map_err(|m| ConfigError::new(path.clone(), m))?;
-                if !seen.insert(t.target.as_str()) {
-                    return Err(ConfigError::new(
-                        path,
-                        format!("duplicate target `{}`", t.target),
-                    ));
-                }
-                if t.weight == 0 {
-                    return Err(ConfigError::new(
-                        format!("{path}.weight"),
-                        "must be at least 1",
-                    ));
-                }
-            }
-            for (j, t) in r.downshift.iter().enumerate() {
-                self.resolve_target(&t.target)
-                    .map_err(|m| ConfigError::new(format!("routes[{i}].downshift[{j}]"), m))?;
-            }
-            if !r.downshift.is_empty() && !r.has_rung(Rung::Downshift) {
-                return Err(ConfigError::new(
-                    format!("routes[{i}].ladder"),
-                    "downshift targets are set but the ladder has no `downshift` rung",
-                ));
-            }
-            if r.has_rung(Rung::Queue) && self.queue.is_none() {
-                return Err(ConfigError::new(
-                    format!("routes[{i}].ladder"),
-                    "the `queue` rung needs a [queue] section",
-                ));
-            }
-            if r.ladder.first() != Some(&Rung::Fallback) {
-                return Err(ConfigError::new(
-                    format!("routes[{i}].ladder"),
-                    "must start with `fallback`",
-                ));
-            }
-            if r.max_attempts == 0 || r.max_attempts > 10 {
-                return Err(ConfigError::new(
-                    format!("routes[{i}].max_attempts"),
-                    format!("{} is outside 1..=10", r.max_attempts),
-                ));
-            }
-            if r.default_max_tokens == Some(0) {
-                return Err(ConfigError::new(
-                    format!("routes[{i}].default_max_tokens"),
+                    format!("{path}.weight"),
                     "must be at least 1",
                 ));
             }
-            if r.deadline.is_some_and(|d| d.is_zero()) {
-                return Err(ConfigError::new(
-                    format!("routes[{i}].deadline"),
-                    "must be positive",
-                ));
-            }
+        }
+        for (j, t) in r.downshift.iter().enumerate() {
+            self.resolve_target(&t.target)
+                .map_err(|m| ConfigError::new(format!("routes[{i}].downshift[{j}]"), m))?;
+        }
+        if !r.downshift.is_empty() && !r.has_rung(Rung::Downshift) {
+            return Err(ConfigError::new(
+                format!("routes[{i}].ladder"),
+                "downshift targets are set but the ladder has no `downshift` rung",
+            ));
+        }
+        if r.has_rung(Rung::Queue) && self.queue.is_none() {
+            return Err(ConfigError::new(
+                format!("routes[{i}].ladder"),
+                "the `queue` rung needs a [queue] section",
+            ));
+        }
+        if r.ladder.first() != Some(&Rung::Fallback) {
+            return Err(ConfigError::new(
+                format!("routes[{i}].ladder"),
+                "must start with `fallback`",
+            ));
+        }
+        if r.max_attempts == 0 || r.max_attempts > 10 {
+            return Err(ConfigError::new(
+                format!("routes[{i}].max_attempts"),
+                format!("{} is outside 1..=10", r.max_attempts),
+            ));
+        }
+        if r.default_max_tokens == Some(0) {
+            return Err(ConfigError::new(
+                format!("routes[{i}].default_max_tokens"),
+                "must be at least 1",
+            ));
+        }
+        if r.deadline.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::new(
+                format!("routes[{i}].deadline"),
+                "must be positive",
+            ));
         }
         Ok(())
     }
@@ -1047,6 +992,88 @@ fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// One `[[providers]]` entry on its own (ids across entries are checked by the caller).
+fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
+    let at = |field: &str| format!("providers[{i}].{field}");
+
+    if !valid_name(&p.id) {
+        return Err(ConfigError::new(
+            at("id"),
+            format!("`{}` must be non-empty letters, digits, `-` or `_`", p.id),
+        ));
+    }
+    match reqwest::Url::parse(&p.base_url) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+        _ => {
+            return Err(ConfigError::new(
+                at("base_url"),
+                format!("`{}` is not an http(s) URL", p.base_url),
+            ))
+        }
+    }
+    if let Some(env) = &p.api_key_env {
+        if env.is_empty() || env.contains('=') {
+            return Err(ConfigError::new(
+                at("api_key_env"),
+                format!("`{env}` is not an environment variable name"),
+            ));
+        }
+    }
+    if p.max_concurrency == 0 {
+        return Err(ConfigError::new(
+            at("max_concurrency"),
+            "must be at least 1",
+        ));
+    }
+    if p.failover_max_concurrency > p.max_concurrency {
+        return Err(ConfigError::new(
+            at("failover_max_concurrency"),
+            format!(
+                "{} exceeds max_concurrency {}",
+                p.failover_max_concurrency, p.max_concurrency
+            ),
+        ));
+    }
+    for (field, d) in [
+        ("connect_timeout", p.connect_timeout),
+        ("first_token_timeout", p.first_token_timeout),
+        ("idle_timeout", p.idle_timeout),
+    ] {
+        if d.is_zero() {
+            return Err(ConfigError::new(at(field), "must be positive"));
+        }
+    }
+    check_breaker(&p.breaker, &at("breaker"))?;
+    if p.health.window.is_zero() || p.health.buckets == 0 {
+        return Err(ConfigError::new(
+            at("health.window"),
+            "window and buckets must be positive",
+        ));
+    }
+    if p.models.is_empty() {
+        return Err(ConfigError::new(
+            at("models"),
+            "at least one model is required",
+        ));
+    }
+    let mut names = HashSet::new();
+    for (j, m) in p.models.iter().enumerate() {
+        if m.name.is_empty() {
+            return Err(ConfigError::new(
+                format!("providers[{i}].models[{j}].name"),
+                "must not be empty",
+            ));
+        }
+        if !names.insert(m.name.as_str()) {
+            return Err(ConfigError::new(
+                format!("providers[{i}].models[{j}].name"),
+                format!("duplicate model `{}`", m.name),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -85,6 +85,9 @@ pub enum RequestError {
     QueueUnavailable(String),
     #[error("no job `{0}`")]
     JobNotFound(String),
+    /// A stored job can no longer be read.
+    #[error("{0}")]
+    JobCorrupt(String),
     /// A request with the same idempotency key is being served now.
     #[error("a request with this idempotency key is in flight")]
     IdempotencyKeyInUse,

@@ -29,6 +29,52 @@ pub fn request_spec(
 ) -> Result<RequestSpec, RequestError> {
     // Kept for the `queue` rung, which stores the request as it was sent.
     let source = std::sync::Arc::new(prost::Message::encode_to_vec(&req));
+    check_sizes(&req, limits)?;
+    check_sampling(&req)?;
+    if req.idempotency_key.len() > 255 {
+        return Err(invalid("idempotency_key: longer than 255 characters"));
+    }
+    let messages = messages(req.messages)?;
+    let tools = tools(req.tools)?;
+    let json_mode = req.response_format == proto::ResponseFormat::JsonObject as i32;
+    let reqs = req.requirements.unwrap_or_default();
+    let needs = Needs {
+        tools: reqs.tools || !tools.is_empty(),
+        json: reqs.json || json_mode,
+        vision: reqs.vision,
+        min_context_tokens: reqs.min_context_tokens,
+    };
+    let tenant = if req.tenant.is_empty() {
+        "default".to_string()
+    } else {
+        req.tenant
+    };
+    Ok(RequestSpec {
+        source: Some(source),
+        from_queue: false,
+        pin: None,
+        request_id,
+        tenant,
+        idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
+        route: req.route,
+        chat: ChatRequest {
+            model: String::new(),
+            messages,
+            max_tokens: (req.max_tokens > 0).then_some(req.max_tokens),
+            temperature: req.temperature,
+            top_p: req.top_p,
+            stop: req.stop,
+            tools,
+            json_mode,
+            stream: true,
+        },
+        needs,
+        deadline,
+    })
+}
+
+/// The route is named and the request fits `[limits]`.
+fn check_sizes(req: &proto::CompletionRequest, limits: &LimitsConfig) -> Result<(), RequestError> {
     if req.route.is_empty() {
         return Err(invalid("route: must not be empty"));
     }
@@ -62,8 +108,28 @@ pub fn request_spec(
             req.max_tokens, limits.max_tokens
         )));
     }
-    let mut messages = Vec::with_capacity(req.messages.len());
-    for (i, m) in req.messages.into_iter().enumerate() {
+    Ok(())
+}
+
+/// Temperature and top_p within their ranges.
+fn check_sampling(req: &proto::CompletionRequest) -> Result<(), RequestError> {
+    if let Some(t) = req.temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(invalid(format!("temperature: {t} is outside 0..=2")));
+        }
+    }
+    if let Some(p) = req.top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(invalid(format!("top_p: {p} is outside (0, 1]")));
+        }
+    }
+    Ok(())
+}
+
+/// The conversation, each message checked (role, content, tool call id).
+fn messages(input: Vec<proto::Message>) -> Result<Vec<ChatMessage>, RequestError> {
+    let mut messages = Vec::with_capacity(input.len());
+    for (i, m) in input.into_iter().enumerate() {
         if !ROLES.contains(&m.role.as_str()) {
             return Err(invalid(format!(
                 "messages[{i}].role: `{}` is not one of system, user, assistant, tool",
@@ -93,8 +159,13 @@ pub fn request_spec(
                 .collect(),
         });
     }
-    let mut tools = Vec::with_capacity(req.tools.len());
-    for (i, t) in req.tools.into_iter().enumerate() {
+    Ok(messages)
+}
+
+/// The tools, each with a valid name and a JSON Schema object.
+fn tools(input: Vec<proto::Tool>) -> Result<Vec<ToolSpec>, RequestError> {
+    let mut tools = Vec::with_capacity(input.len());
+    for (i, t) in input.into_iter().enumerate() {
         if t.name.is_empty()
             || t.name.len() > 64
             || !t
@@ -125,54 +196,7 @@ pub fn request_spec(
             parameters,
         });
     }
-    if let Some(t) = req.temperature {
-        if !(0.0..=2.0).contains(&t) {
-            return Err(invalid(format!("temperature: {t} is outside 0..=2")));
-        }
-    }
-    if let Some(p) = req.top_p {
-        if !(p > 0.0 && p <= 1.0) {
-            return Err(invalid(format!("top_p: {p} is outside (0, 1]")));
-        }
-    }
-    let json_mode = req.response_format == proto::ResponseFormat::JsonObject as i32;
-    let reqs = req.requirements.unwrap_or_default();
-    let needs = Needs {
-        tools: reqs.tools || !tools.is_empty(),
-        json: reqs.json || json_mode,
-        vision: reqs.vision,
-        min_context_tokens: reqs.min_context_tokens,
-    };
-    if req.idempotency_key.len() > 255 {
-        return Err(invalid("idempotency_key: longer than 255 characters"));
-    }
-    let tenant = if req.tenant.is_empty() {
-        "default".to_string()
-    } else {
-        req.tenant
-    };
-    Ok(RequestSpec {
-        source: Some(source),
-        from_queue: false,
-        pin: None,
-        request_id,
-        tenant,
-        idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
-        route: req.route,
-        chat: ChatRequest {
-            model: String::new(),
-            messages,
-            max_tokens: (req.max_tokens > 0).then_some(req.max_tokens),
-            temperature: req.temperature,
-            top_p: req.top_p,
-            stop: req.stop,
-            tools,
-            json_mode,
-            stream: true,
-        },
-        needs,
-        deadline,
-    })
+    Ok(tools)
 }
 
 /// Parses a `grpc-timeout` header value ("100m", "5S", ...).

@@ -20,6 +20,7 @@ use crate::policy::token_bucket::TokenBucketConfig;
 use crate::proto;
 use crate::queue::jobs::Jobs;
 use crate::queue::{JobRecord, QueueError};
+use crate::sink::Item;
 
 pub type JobStream = Pin<Box<dyn Stream<Item = Result<proto::Job, Status>> + Send>>;
 
@@ -90,6 +91,8 @@ pub fn runner(jobs: Arc<Jobs>, intake: Arc<Intake>, drain: TokenBucketConfig) ->
     })
 }
 
+/// One run: a token from the drain bucket, the oldest job, its request
+/// through the intake (buffered), the answer stored once.
 async fn run_one(jobs: &Jobs, intake: &Intake, drain: TokenBucketConfig) -> RunOutcome {
     if let Some(shared) = jobs.shared() {
         // The drain rate holds for the fleet: N replicas do not drain N times faster.
@@ -113,21 +116,17 @@ async fn run_one(jobs: &Jobs, intake: &Intake, drain: TokenBucketConfig) -> RunO
     let Some(claim) = job.claim.clone() else {
         return RunOutcome::Finished;
     };
-    let request = match <proto::CompletionRequest as prost::Message>::decode(job.request.as_slice())
-    {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = jobs
-                .fail(
-                    &job.id,
-                    &claim,
-                    format!("stored request unreadable: {e}"),
-                    "JOB_CORRUPT",
-                )
-                .await;
-            return RunOutcome::Finished;
-        }
+    let answer = match start(intake, &job).await {
+        Ok(rx) => answer(jobs, &job.id, &claim, rx).await,
+        Err(e) => Err(e),
     };
+    store(jobs, &job, &claim, answer).await
+}
+
+/// The stored request, started through the intake as a job run.
+async fn start(intake: &Intake, job: &JobRecord) -> Result<mpsc::Receiver<Item>, RequestError> {
+    let request = <proto::CompletionRequest as prost::Message>::decode(job.request.as_slice())
+        .map_err(|e| RequestError::JobCorrupt(format!("stored request unreadable: {e}")))?;
     let started = intake
         .start(Arrival {
             door: Door::Job,
@@ -139,34 +138,27 @@ async fn run_one(jobs: &Jobs, intake: &Intake, drain: TokenBucketConfig) -> RunO
             buffered: true,
             pin: None,
         })
-        .await;
-    let mut rx = match started {
-        Ok(started) => started.rx,
-        Err(e) => {
-            let _ = jobs
-                .fail(
-                    &job.id,
-                    &claim,
-                    e.to_string(),
-                    crate::api::status::reason(&e),
-                )
-                .await;
-            return RunOutcome::Finished;
-        }
-    };
+        .await?;
+    Ok(started.rx)
+}
+
+/// Assembles the run's answer, renewing the job's lease while it lives (so
+/// only a dead replica's lease lapses).
+async fn answer(
+    jobs: &Jobs,
+    id: &str,
+    claim: &str,
+    mut rx: mpsc::Receiver<Item>,
+) -> Result<proto::CompletionResponse, RequestError> {
     let mut assembler = convert::Assembler::default();
-    let mut answer: Result<proto::CompletionResponse, RequestError> = Err(
-        RequestError::Unavailable("the run ended without an answer".into()),
-    );
-    // The lease is renewed while the run lives, so only a dead replica's lapses.
     let mut renew = tokio::time::interval(jobs.lease / 3);
     renew.tick().await;
     loop {
         let item = tokio::select! {
             item = rx.recv() => item,
             _ = renew.tick() => {
-                if let Ok(false) = jobs.renew(&job.id, &claim).await {
-                    tracing::warn!(job = %job.id, "job lease lost to another replica; this run's answer will be dropped");
+                if let Ok(false) = jobs.renew(id, claim).await {
+                    tracing::warn!(job = %id, "job lease lost to another replica; this run's answer will be dropped");
                 }
                 continue;
             }
@@ -174,21 +166,31 @@ async fn run_one(jobs: &Jobs, intake: &Intake, drain: TokenBucketConfig) -> RunO
         match item {
             Some(Ok(event)) => {
                 if let Some(response) = assembler.push(event) {
-                    answer = Ok(response);
-                    break;
+                    return Ok(response);
                 }
             }
-            Some(Err(e)) => {
-                answer = Err(e);
-                break;
+            Some(Err(e)) => return Err(e),
+            None => {
+                return Err(RequestError::Unavailable(
+                    "the run ended without an answer".into(),
+                ))
             }
-            None => break,
         }
     }
+}
+
+/// Stores a run's end: the answer once (a stale claim cannot overwrite it),
+/// the job back in the queue when no target could take it yet, or failed.
+async fn store(
+    jobs: &Jobs,
+    job: &JobRecord,
+    claim: &str,
+    answer: Result<proto::CompletionResponse, RequestError>,
+) -> RunOutcome {
     match answer {
         Ok(response) => {
             let bytes = prost::Message::encode_to_vec(&response);
-            match jobs.succeed(&job.id, &claim, bytes).await {
+            match jobs.succeed(&job.id, claim, bytes).await {
                 Ok(true) => tracing::info!(job = %job.id, attempts = job.attempts, "job succeeded"),
                 Ok(false) => {
                     tracing::warn!(job = %job.id, "job finished elsewhere; this answer is dropped")
@@ -200,18 +202,12 @@ async fn run_one(jobs: &Jobs, intake: &Intake, drain: TokenBucketConfig) -> RunO
             RunOutcome::Finished
         }
         Err(e) if e.may_descend_ladder() || matches!(e, RequestError::Draining) => {
-            let _ = jobs.release(&job.id, &claim).await;
+            let _ = jobs.release(&job.id, claim).await;
             RunOutcome::NoCapacity
         }
         Err(e) => {
-            let _ = jobs
-                .fail(
-                    &job.id,
-                    &claim,
-                    e.to_string(),
-                    crate::api::status::reason(&e),
-                )
-                .await;
+            let reason = crate::api::status::reason(&e);
+            let _ = jobs.fail(&job.id, claim, e.to_string(), reason).await;
             RunOutcome::Finished
         }
     }

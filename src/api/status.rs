@@ -149,6 +149,7 @@ fn classify(err: &RequestError) -> (Code, &'static str, HashMap<String, String>)
             meta.insert("job".into(), id.clone());
             (Code::NotFound, "JOB_NOT_FOUND")
         }
+        RequestError::JobCorrupt(_) => (Code::DataLoss, "JOB_CORRUPT"),
         RequestError::IdempotencyKeyInUse => (Code::Aborted, "IDEMPOTENCY_KEY_IN_USE"),
         RequestError::IdempotencyKeyReused => (Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED"),
         RequestError::TenantLimit { limit, .. } => {
