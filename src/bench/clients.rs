@@ -62,6 +62,8 @@ pub struct Call {
     pub stream: bool,
     pub max_tokens: u32,
     pub timeout: Duration,
+    /// Each call carries a fresh idempotency key (a claim and a stored answer per call).
+    pub keyed: bool,
 }
 
 impl Call {
@@ -71,9 +73,19 @@ impl Call {
             stream,
             max_tokens: 1000,
             timeout,
+            keyed: false,
         }
     }
+
+    /// Every call with its own idempotency key.
+    pub fn keyed(mut self) -> Call {
+        self.keyed = true;
+        self
+    }
 }
+
+/// Idempotency keys unique to this bench process.
+static NEXT_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// gRPC clients over `n` separate HTTP/2 connections to Switchyard.
 #[derive(Clone)]
@@ -115,6 +127,15 @@ fn request(call: &Call) -> tonic::Request<proto::CompletionRequest> {
             ..Default::default()
         }],
         max_tokens: call.max_tokens,
+        idempotency_key: if call.keyed {
+            format!(
+                "bench-{}-{}",
+                std::process::id(),
+                NEXT_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            )
+        } else {
+            String::new()
+        },
         ..Default::default()
     });
     req.set_timeout(call.timeout);

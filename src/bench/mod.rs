@@ -18,7 +18,14 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 /// The scenarios, in the order `all` runs them.
-pub const SCENARIOS: &[&str] = &["overhead", "blackout", "burst", "amplification", "streams"];
+pub const SCENARIOS: &[&str] = &[
+    "overhead",
+    "blackout",
+    "burst",
+    "amplification",
+    "streams",
+    "state",
+];
 /// Scenarios run only when named (not part of `all`).
 pub const EXTRA_SCENARIOS: &[&str] = &["peers"];
 

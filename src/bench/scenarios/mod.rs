@@ -8,6 +8,7 @@ mod blackout;
 mod burst;
 mod overhead;
 mod peers;
+mod state;
 mod streams;
 
 use super::clients::Outcome;
@@ -22,6 +23,7 @@ pub async fn run(name: &str, ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "burst" => burst::run(ctx).await,
         "amplification" => amplification::run(ctx).await,
         "streams" => streams::run(ctx).await,
+        "state" => state::run(ctx).await,
         "peers" => peers::run(ctx).await,
         other => Err(BenchError::Usage(format!("unknown scenario `{other}`"))),
     }
