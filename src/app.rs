@@ -23,7 +23,7 @@ use crate::api::admin::{AdminAccess, AdminService};
 use crate::api::admin_http::{self, AdminState};
 use crate::api::auth::Authenticator;
 use crate::api::intake::Intake;
-use crate::api::openai_http::{self, HttpState};
+use crate::api::openai::{self, HttpState};
 use crate::api::router_service::RouterService;
 use crate::api::tls::{self, TlsState};
 use crate::cache::ResponseCache;
@@ -220,7 +220,7 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     let admin = tokio::spawn(serve_axum(listeners.admin, admin_router, stop.clone()));
     let http = listeners.http.map(|listener| {
         let state = HttpState::new(core.intake.clone(), auth, reloader.clone());
-        let router = openai_http::router(Arc::new(state));
+        let router = openai::router(Arc::new(state));
         tokio::spawn(serve_axum(listener, router, stop.clone()))
     });
     if config.server.watch_config {

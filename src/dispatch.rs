@@ -490,34 +490,14 @@ impl Dispatcher {
         let result = self
             .send(call, &entry, chat, tried.attempts(), traffic, sink)
             .await;
-        let failure = match &result.end {
-            AttemptEnd::Failed(f) => Some(f),
-            _ => None,
-        };
-        let failed_output_tokens = if failure.is_some() {
-            sink.attempt_chars().div_ceil(4) as u32
-        } else {
-            0
-        };
-        let _ = entry.actor.cast(ProviderMsg::Report(OutcomeReport {
-            model: candidate.model.clone(),
-            ticket: permit.take_ticket(),
-            class: result.end.class(),
-            retry_after: failure.and_then(|f| f.retry_after),
-            traffic,
-            elapsed: result.elapsed,
-            ttft: result.ttft,
-            failed_output_tokens,
-        }));
-        drop(permit);
-        if failed_output_tokens > 0 {
+        let billed = self.report(call, &entry, permit, traffic, &result, sink);
+        if billed > 0.0 {
             // Output before a failure is billed all the same; the next
             // attempt may cost the maximum again, so hold that much more
             // (an expensive fallback chain stops at the cap too).
-            let cost = price(&entry, &candidate.model).cost(0, failed_output_tokens);
-            bill.spent += cost;
+            bill.spent += billed;
             if !bill.held.is_empty() {
-                self.hold(bill, cost, call.spec.deadline).await?;
+                self.hold(bill, billed, call.spec.deadline).await?;
             }
         }
         self.record_attempt(candidate, &entry, &result);
@@ -541,6 +521,41 @@ impl Dispatcher {
                 tokens_emitted: sink.attempt_chunks(),
             },
         })
+    }
+
+    /// Sends the attempt's one outcome to its provider actor and frees its
+    /// permit; returns what a failed attempt's output cost.
+    fn report(
+        &self,
+        call: &Call<'_>,
+        entry: &ProviderEntry,
+        mut permit: Permit,
+        traffic: TrafficClass,
+        result: &attempt::AttemptResult,
+        sink: &EventSink,
+    ) -> f64 {
+        let model = &call.candidate.model;
+        let failure = match &result.end {
+            AttemptEnd::Failed(f) => Some(f),
+            _ => None,
+        };
+        let failed_output_tokens = if failure.is_some() {
+            sink.attempt_chars().div_ceil(4) as u32
+        } else {
+            0
+        };
+        let _ = entry.actor.cast(ProviderMsg::Report(OutcomeReport {
+            model: model.clone(),
+            ticket: permit.take_ticket(),
+            class: result.end.class(),
+            retry_after: failure.and_then(|f| f.retry_after),
+            traffic,
+            elapsed: result.elapsed,
+            ttft: result.ttft,
+            failed_output_tokens,
+        }));
+        drop(permit);
+        price(entry, model).cost(0, failed_output_tokens)
     }
 
     /// Sends one attempt inside its span and logs how it ended.

@@ -260,3 +260,122 @@ impl EventSink {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    fn started(attempt: u32) -> Started {
+        Started {
+            provider: "p".into(),
+            model: "m".into(),
+            attempt,
+            tier: Tier::Primary,
+            request_id: "r".into(),
+        }
+    }
+
+    fn finished() -> Finished {
+        Finished {
+            finish_reason: FinishReason::Stop,
+            usage: Usage::default(),
+            usage_estimated: false,
+            provider: "p".into(),
+            model: "m".into(),
+            tier: Tier::Primary,
+            attempts: 1,
+            request_id: "r".into(),
+            upstream_request_id: None,
+            replayed: false,
+            cache_age: None,
+            cost_usd: 0.0,
+        }
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<Item>) -> Vec<Event> {
+        let mut out = Vec::new();
+        while let Ok(item) = rx.try_recv() {
+            out.push(item.unwrap());
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn started_waits_for_the_first_chunk_so_a_failed_attempt_is_invisible() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let mut sink = EventSink::new(tx, false);
+        sink.begin_attempt(started(1));
+        assert!(drain(&mut rx).is_empty(), "nothing before the first chunk");
+        assert!(!sink.committed() && !sink.attempt_had_output());
+        // Attempt 1 failed before output; attempt 2 streams.
+        sink.begin_attempt(started(2));
+        sink.chunk(Chunk::Text("hi".into())).await.unwrap();
+        assert!(sink.committed(), "a streaming caller has output now");
+        assert_eq!((sink.attempt_chunks(), sink.attempt_chars()), (1, 2));
+        let events = drain(&mut rx);
+        assert_eq!(events.len(), 2);
+        assert!(matches!(&events[0], Event::Started(s) if s.attempt == 2));
+    }
+
+    #[tokio::test]
+    async fn a_buffered_caller_is_never_committed() {
+        let (tx, _rx) = mpsc::channel(16);
+        let mut sink = EventSink::new(tx, true);
+        sink.begin_attempt(started(1));
+        sink.chunk(Chunk::Text("partial".into())).await.unwrap();
+        assert!(!sink.committed(), "a unary caller can still be failed over");
+        assert!(sink.attempt_had_output(), "but it must be told to reset");
+    }
+
+    #[tokio::test]
+    async fn the_recording_restarts_at_a_reset_and_is_stored_before_finished() {
+        let (tx, rx) = mpsc::channel(16);
+        let rx = Arc::new(Mutex::new(rx));
+        let mut sink = EventSink::new(tx, false);
+        // (what was stored, what the caller held at that moment)
+        type Seen = Option<(Vec<Event>, Vec<Event>)>;
+        let stored: Arc<Mutex<Seen>> = Arc::default();
+        let (seen, caller) = (stored.clone(), rx.clone());
+        sink.record(Box::new(move |events| {
+            Box::pin(async move {
+                // What the caller holds when the answer is stored.
+                let received = drain(&mut caller.lock().unwrap());
+                *seen.lock().unwrap() = Some((events, received));
+            })
+        }));
+        sink.begin_attempt(started(1));
+        sink.chunk(Chunk::Text("bad".into())).await.unwrap();
+        sink.reset("overloaded".into(), 1).await.unwrap();
+        sink.begin_attempt(started(2));
+        sink.chunk(Chunk::Text("good".into())).await.unwrap();
+        sink.finish(finished()).await.unwrap();
+        let (events, received) = stored.lock().unwrap().take().unwrap();
+        assert_eq!(received.len(), 5, "Started, chunk, Reset, Started, chunk");
+        assert!(
+            !received.iter().any(|e| matches!(e, Event::Finished(_))),
+            "stored before the caller's Finished"
+        );
+        assert_eq!(events.len(), 3, "only the served attempt: {events:?}");
+        assert!(matches!(&events[1], Event::Chunk(Chunk::Text(t)) if t == "good"));
+        assert!(matches!(events[2], Event::Finished(_)));
+        let rest = drain(&mut rx.lock().unwrap());
+        assert!(matches!(rest.as_slice(), [Event::Finished(_)]));
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_went_away_is_seen() {
+        let (tx, rx) = mpsc::channel(1);
+        let mut sink = EventSink::new(tx, false);
+        drop(rx);
+        assert!(sink.is_closed());
+        sink.begin_attempt(started(1));
+        assert_eq!(sink.chunk(Chunk::Text("x".into())).await, Err(ClientGone));
+        // A discarding sink (synthetic probes) never reports the caller gone.
+        let mut discard = EventSink::discard();
+        discard.begin_attempt(started(1));
+        assert!(discard.chunk(Chunk::Text("x".into())).await.is_ok());
+        assert!(!discard.is_closed());
+    }
+}

@@ -1,0 +1,111 @@
+//! The OpenAI door's errors: OpenAI's error JSON (`type`, `param`, `code` =
+//! the `ErrorInfo` reason) with the HTTP status the error table gives,
+//! `retry-after` and `x-request-id`.
+
+use super::*;
+
+/// An error in OpenAI's shape, with its HTTP status.
+#[derive(Debug, Clone)]
+pub(super) struct HttpError {
+    pub(super) status: StatusCode,
+    pub(super) message: String,
+    pub(super) kind: &'static str,
+    pub(super) param: Option<String>,
+    pub(super) code: &'static str,
+    pub(super) retry_after: Option<Duration>,
+}
+
+impl HttpError {
+    pub(super) fn invalid(message: String, param: Option<String>) -> Self {
+        HttpError {
+            status: StatusCode::BAD_REQUEST,
+            message,
+            kind: "invalid_request_error",
+            param,
+            code: "INVALID_REQUEST",
+            retry_after: None,
+        }
+    }
+
+    /// The one mapping from a request error to an HTTP status and error type.
+    pub(super) fn from_request(err: &RequestError) -> Self {
+        let (status, kind) = http_status(err);
+        let param = match err {
+            RequestError::UnknownRoute(_) => Some("model".to_string()),
+            RequestError::InvalidRequest(m) => m
+                .split_once(": ")
+                .map(|(field, _)| field)
+                .filter(|f| !f.is_empty() && !f.contains(' '))
+                .map(str::to_string),
+            _ => None,
+        };
+        HttpError {
+            status,
+            message: err.to_string(),
+            kind,
+            param,
+            code: reason(err),
+            retry_after: err.retry_after(),
+        }
+    }
+
+    pub(super) fn internal(message: &str) -> Self {
+        HttpError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: "INTERNAL",
+            retry_after: None,
+        }
+    }
+
+    pub(super) fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+
+    pub(super) fn response(&self, request_id: &str) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        let h = r.headers_mut();
+        if let Some(delay) = self.retry_after {
+            let secs = delay.as_millis().div_ceil(1000);
+            insert(h, "retry-after", &secs.to_string());
+            insert(h, "retry-after-ms", &delay.as_millis().to_string());
+        }
+        insert(h, "x-request-id", request_id);
+        r
+    }
+}
+
+pub(super) fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        headers.insert(HeaderName::from_static(name), v);
+    }
+}
+
+pub(super) async fn not_found(request: Request) -> Response {
+    HttpError {
+        status: StatusCode::NOT_FOUND,
+        message: format!(
+            "no endpoint {} {} (this front door serves POST /v1/chat/completions and GET /v1/models)",
+            request.method(),
+            request.uri().path()
+        ),
+        kind: "invalid_request_error",
+        param: None,
+        code: "UNKNOWN_ENDPOINT",
+        retry_after: None,
+    }
+    .into_response_plain()
+}
+
+impl HttpError {
+    pub(super) fn into_response_plain(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}

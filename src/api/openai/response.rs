@@ -1,0 +1,119 @@
+//! A finished answer in OpenAI's shape: `chat.completion`, finish reasons,
+//! usage, the served-by headers, and the queued-job answer.
+
+use super::*;
+
+pub(super) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The identity every chunk of one answer repeats.
+pub(super) struct Ids {
+    pub(super) id: String,
+    pub(super) created: u64,
+    /// The route the caller named (not the serving target: failover stays
+    /// invisible except in `x-switchyard-served-by`).
+    pub(super) model: String,
+}
+
+/// Which attempt served, for the response headers.
+pub(super) struct Served {
+    pub(super) by: String,
+    pub(super) tier: &'static str,
+    pub(super) attempts: u32,
+}
+
+pub(super) fn served_headers(h: &mut HeaderMap, served: Option<&Served>, request_id: &str) {
+    if let Some(s) = served {
+        insert(h, "x-switchyard-served-by", &s.by);
+        insert(h, "x-switchyard-tier", s.tier);
+        insert(h, "x-switchyard-attempts", &s.attempts.to_string());
+    }
+    insert(h, "x-request-id", request_id);
+}
+
+pub(super) fn finish_reason(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::ToolCalls => "tool_calls",
+        // OpenAI has no refusal finish reason; an upstream refusal is an answer
+        // the provider's safety layer shaped, the nearest is `content_filter`.
+        FinishReason::ContentFilter | FinishReason::Refusal => "content_filter",
+    }
+}
+
+pub(super) fn proto_finish_reason(f: i32) -> &'static str {
+    match proto::FinishReason::try_from(f) {
+        Ok(proto::FinishReason::Length) => "length",
+        Ok(proto::FinishReason::ToolCalls) => "tool_calls",
+        Ok(proto::FinishReason::ContentFilter | proto::FinishReason::Refusal) => "content_filter",
+        _ => "stop",
+    }
+}
+
+/// A unary answer as a `chat.completion` object.
+pub(super) fn completion(ids: &Ids, r: proto::CompletionResponse) -> Value {
+    let tool_calls: Vec<Value> = r
+        .tool_calls
+        .iter()
+        .map(|c| {
+            json!({"id": c.id, "type": "function",
+                   "function": {"name": c.name, "arguments": c.arguments}})
+        })
+        .collect();
+    let mut message = json!({
+        "role": "assistant",
+        "content": if r.text.is_empty() && !tool_calls.is_empty() { Value::Null } else { Value::String(r.text) },
+        "refusal": null,
+    });
+    if !tool_calls.is_empty() {
+        if let Some(m) = message.as_object_mut() {
+            m.insert("tool_calls".into(), Value::Array(tool_calls));
+        }
+    }
+    let usage = r.usage.unwrap_or_default();
+    json!({
+        "id": ids.id,
+        "object": "chat.completion",
+        "created": ids.created,
+        "model": ids.model,
+        "system_fingerprint": null,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": null,
+            "finish_reason": proto_finish_reason(r.finish_reason),
+        }],
+        "usage": usage_json(usage.input_tokens, usage.output_tokens),
+    })
+}
+
+pub(super) fn usage_json(input: u32, output: u32) -> Value {
+    json!({
+        "prompt_tokens": input,
+        "completion_tokens": output,
+        "total_tokens": u64::from(input) + u64::from(output),
+    })
+}
+
+/// The `queue` rung took the request: 202 with the job, not a completion.
+pub(super) fn queued(q: &QueuedJob, request_id: &str) -> Response {
+    let job = convert::job(&q.record, q.position, q.eta);
+    let body = json!({
+        "id": job.id,
+        "object": "switchyard.job",
+        "state": proto::JobState::try_from(job.state).map_or("UNSPECIFIED", |s| s.as_str_name()),
+        "position": job.position,
+        "estimated_start_ms": job.estimated_start_ms,
+        "route": job.route,
+    });
+    let mut r = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
+    let h = r.headers_mut();
+    insert(h, "x-switchyard-tier", "queued");
+    insert(h, "x-switchyard-job-id", &job.id);
+    insert(h, "x-request-id", request_id);
+    r
+}

@@ -1,0 +1,197 @@
+//! Streaming: holds the response until the first event (so a failure before
+//! the first token is a plain HTTP error), then frames SSE chunks ending
+//! `data: [DONE]`, or an error frame when the stream fails after output.
+
+use super::*;
+
+// ---- streaming ------------------------------------------------------------
+
+/// Holds the response until the first event (so a failure before the first
+/// token is a plain HTTP error), then streams SSE frames.
+pub(super) async fn stream(
+    mut rx: mpsc::Receiver<Item>,
+    ids: Ids,
+    include_usage: bool,
+    request_id: &str,
+) -> Result<Response, HttpError> {
+    let first = match rx.recv().await {
+        None => return Err(HttpError::internal("request ended without an answer")),
+        Some(Err(e)) => return Err(HttpError::from_request(&e)),
+        Some(Ok(Event::Queued(q))) => return Ok(queued(&q, request_id)),
+        Some(Ok(e)) => e,
+    };
+    let (served, pending) = match first {
+        Event::Started(s) => (
+            Some(Served {
+                by: format!("{}/{}", s.provider, s.model),
+                tier: s.tier.as_str(),
+                attempts: s.attempt,
+            }),
+            None,
+        ),
+        other => (None, Some(other)),
+    };
+    let sse = Sse {
+        rx,
+        pending,
+        ids,
+        include_usage,
+        opened: false,
+        done: false,
+    };
+    let body = futures_util::stream::unfold(sse, |mut sse| async move {
+        let frames = sse.next().await?;
+        Some((Ok::<_, std::convert::Infallible>(Bytes::from(frames)), sse))
+    });
+    let mut r = Response::new(Body::from_stream(body));
+    let h = r.headers_mut();
+    insert(h, "content-type", "text/event-stream");
+    insert(h, "cache-control", "no-cache");
+    insert(h, "x-accel-buffering", "no");
+    served_headers(h, served.as_ref(), request_id);
+    Ok(r)
+}
+
+/// The SSE side of one streaming answer.
+pub(super) struct Sse {
+    pub(super) rx: mpsc::Receiver<Item>,
+    /// An event read before the headers went out, not yet framed.
+    pub(super) pending: Option<Event>,
+    pub(super) ids: Ids,
+    pub(super) include_usage: bool,
+    pub(super) opened: bool,
+    pub(super) done: bool,
+}
+
+pub(super) fn frame(v: &Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+impl Sse {
+    pub(super) fn chunk(&self, delta: Value, finish: Option<&str>) -> String {
+        let mut v = json!({
+            "id": self.ids.id,
+            "object": "chat.completion.chunk",
+            "created": self.ids.created,
+            "model": self.ids.model,
+            "system_fingerprint": null,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            if let Some(o) = v.as_object_mut() {
+                o.insert("usage".into(), Value::Null);
+            }
+        }
+        frame(&v)
+    }
+
+    /// The finish chunk, the usage chunk when asked for, and `[DONE]`.
+    fn last_frames(&self, f: &crate::sink::Finished) -> String {
+        let mut out = self.chunk(json!({}), Some(finish_reason(f.finish_reason)));
+        if self.include_usage {
+            out.push_str(&frame(&json!({
+                "id": self.ids.id,
+                "object": "chat.completion.chunk",
+                "created": self.ids.created,
+                "model": self.ids.model,
+                "system_fingerprint": null,
+                "choices": [],
+                "usage": usage_json(f.usage.input_tokens, f.usage.output_tokens),
+            })));
+        }
+        out.push_str("data: [DONE]\n\n");
+        out
+    }
+
+    /// The next frames to send; `None` once the stream is over.
+    pub(super) async fn next(&mut self) -> Option<String> {
+        if self.done {
+            return None;
+        }
+        if !self.opened {
+            self.opened = true;
+            return Some(self.chunk(json!({"role": "assistant", "content": ""}), None));
+        }
+        loop {
+            let item = match self.pending.take() {
+                Some(e) => Some(Ok(e)),
+                None => self.rx.recv().await,
+            };
+            match item {
+                // Only the first attempt's `Started` precedes output; a later
+                // one can't come (the stream ends at a `Reset`).
+                Some(Ok(Event::Started(_))) => continue,
+                Some(Ok(Event::Chunk(Chunk::Text(text)))) => {
+                    return Some(self.chunk(json!({ "content": text }), None))
+                }
+                Some(Ok(Event::Chunk(call @ Chunk::ToolCall { .. }))) => {
+                    return Some(
+                        self.chunk(json!({ "tool_calls": [tool_call_delta(call)] }), None),
+                    );
+                }
+                Some(Ok(Event::Finished(f))) => {
+                    self.done = true;
+                    return Some(self.last_frames(&f));
+                }
+                // OpenAI clients cannot discard output they already have: the
+                // route's `mid_stream = "reset"` ends this stream like `fail`.
+                Some(Ok(Event::Reset {
+                    reason: why,
+                    failed_attempt,
+                })) => {
+                    self.done = true;
+                    return Some(frame(
+                        &HttpError {
+                            status: StatusCode::SERVICE_UNAVAILABLE,
+                            message: format!(
+                                "the stream failed after output was sent (attempt {failed_attempt}: {why}); the partial output is incomplete and must be discarded"
+                            ),
+                            kind: "server_error",
+                            param: None,
+                            code: "UPSTREAM_STREAM_TRUNCATED",
+                            retry_after: None,
+                        }
+                        .body(),
+                    ));
+                }
+                Some(Ok(Event::Queued(_))) | None => {
+                    self.done = true;
+                    return Some(frame(
+                        &HttpError::internal("the stream ended without a finish").body(),
+                    ));
+                }
+                Some(Err(e)) => {
+                    self.done = true;
+                    return Some(frame(&HttpError::from_request(&e).body()));
+                }
+            }
+        }
+    }
+}
+
+/// One tool-call fragment as an OpenAI `tool_calls[]` delta: `id`, `type` and
+/// the function `name` only on the fragment that carries them.
+fn tool_call_delta(chunk: Chunk) -> Value {
+    let Chunk::ToolCall {
+        index,
+        id,
+        name,
+        arguments,
+    } = chunk
+    else {
+        return Value::Null;
+    };
+    let mut call = json!({"index": index});
+    let mut function = json!({ "arguments": arguments });
+    if let (Some(c), Some(id)) = (call.as_object_mut(), id) {
+        c.insert("id".into(), Value::String(id));
+        c.insert("type".into(), Value::String("function".into()));
+    }
+    if let (Some(f), Some(name)) = (function.as_object_mut(), name) {
+        f.insert("name".into(), Value::String(name));
+    }
+    if let Some(c) = call.as_object_mut() {
+        c.insert("function".into(), function);
+    }
+    call
+}
