@@ -93,6 +93,7 @@ impl Reloader {
             if old_server != config.server
                 || current.auth != config.auth
                 || current.limits != config.limits
+                || current.state != config.state
             {
                 report.restart_needed = true;
             }

@@ -8,14 +8,7 @@ use std::process::Command;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
-const SCENARIOS: &[&str] = &[
-    "overhead",
-    "blackout",
-    "burst",
-    "amplification",
-    "streams",
-    "state",
-];
+const SCENARIOS: &[&str] = switchyard::bench::SCENARIOS;
 
 #[test]
 fn bench_quick_runs_every_scenario_correctly() {

@@ -499,92 +499,46 @@ pub fn metric_sum(metrics: &str, prefix: &str) -> f64 {
 /// A real `redis-server` on a free loopback port, with AOF (`appendfsync
 /// always`) in its own temp dir. Killed on drop.
 pub struct RedisServer {
-    pub port: u16,
-    pub dir: tempfile::TempDir,
-    child: Option<std::process::Child>,
+    server: switchyard::state::redis::server::RedisServer,
+    _dir: tempfile::TempDir,
 }
 
 impl RedisServer {
     /// Starts one, or returns `None` after a loud SKIPPED line when
     /// `redis-server` is not installed (under CI that is a failure).
     pub async fn start(test: &str) -> Option<RedisServer> {
-        let found = std::process::Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !found {
+        if switchyard::state::redis::server::find_binary().is_none() {
             if std::env::var_os("CI").is_some() {
                 panic!("CI is set but redis-server is not installed ({test}); .ci/run installs it");
             }
             eprintln!("\n*** SKIPPED {test}: redis-server not installed (apt-get install redis-server) ***\n");
             return None;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut server = RedisServer {
-            port,
-            dir: tempfile::tempdir().unwrap(),
-            child: None,
-        };
-        server.run().await;
-        Some(server)
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let server = tokio::task::spawn_blocking(move || {
+            switchyard::state::redis::server::RedisServer::start(
+                &path,
+                &["--appendfsync", "always"],
+            )
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        Some(RedisServer { server, _dir: dir })
     }
 
-    /// (Re)starts the server on the same port and data dir.
+    /// Restarts the server on the same port and data dir.
     pub async fn run(&mut self) {
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-server");
-        self.child = Some(child);
-        for _ in 0..200 {
-            if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let _ = s.write_all(b"PING\r\n").await;
-                let mut buf = [0u8; 16];
-                if let Ok(Ok(n)) =
-                    tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await
-                {
-                    if buf[..n].starts_with(b"+PONG") {
-                        return;
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("redis-server did not answer PING");
+        self.server.restart().unwrap();
     }
 
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.server.kill();
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
+        self.server.url()
     }
 }

@@ -7,7 +7,6 @@
 //! load sent straight to the mock. Reports added latency, Switchyard's CPU
 //! per 1,000 requests, and Redis's own CPU.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::json;
@@ -18,6 +17,7 @@ use crate::bench::load::{open_loop, Run};
 use crate::bench::procs::{config_text, MockProc, MockSpec, Provider, RouterProc};
 use crate::bench::report::{delta, ms, Table};
 use crate::bench::{BenchError, Ctx, ScenarioResult, Target};
+use crate::state::redis::server::RedisServer;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -29,56 +29,12 @@ fn top(backend: &str) -> String {
     )
 }
 
-/// A `redis-server` for the run, killed on drop.
-struct RedisProc {
-    child: tokio::process::Child,
-    port: u16,
-}
-
-impl RedisProc {
-    /// Starts one with its AOF under `dir`.
-    async fn start(dir: &std::path::Path) -> Result<RedisProc, String> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
-        let _ = std::fs::remove_dir_all(dir);
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let child = tokio::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
-            .arg("--dir")
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("redis-server: {e}"))?;
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return Ok(RedisProc { child, port });
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        Err("redis-server did not listen".into())
-    }
-
-    fn cpu_s(&self) -> f64 {
-        self.child
-            .id()
-            .and_then(crate::bench::procs::proc_usage)
-            .map_or(0.0, |u| u.cpu_s)
-    }
+/// Redis's CPU seconds so far.
+fn redis_cpu_s(redis: &RedisServer) -> f64 {
+    redis
+        .pid()
+        .and_then(crate::bench::procs::proc_usage)
+        .map_or(0.0, |u| u.cpu_s)
 }
 
 async fn drive(
@@ -112,7 +68,14 @@ async fn drive(
 
 pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     let mut res = result("state");
-    let redis = match RedisProc::start(&ctx.path("redis-aof")).await {
+    let dir = ctx.path("redis-aof");
+    let _ = std::fs::remove_dir_all(&dir);
+    let started =
+        tokio::task::spawn_blocking(move || RedisServer::start(&dir, &["--appendfsync", "always"]))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+    let redis = match started {
         Ok(r) => r,
         Err(e) => {
             res.targets.push(Target {
@@ -125,10 +88,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         }
     };
     // The routers read the URL from this variable (set before they start).
-    std::env::set_var(
-        "SWITCHYARD_BENCH_REDIS_URL",
-        format!("redis://127.0.0.1:{}", redis.port),
-    );
+    std::env::set_var("SWITCHYARD_BENCH_REDIS_URL", redis.url());
     let mock = MockProc::start(ctx, "state", &MockSpec::new("openai", 16, 0)).await?;
     let provider = Provider::new("primary", "openai", &mock).caps(100_000, 100_000);
     let mut routers = Vec::new();
@@ -177,9 +137,9 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
             res.checks
                 .push(check_complete(&format!("{mode} {rate} direct"), &direct));
             for (backend, router, grpc) in &routers {
-                let (u0, r0) = (router.usage(), redis.cpu_s());
+                let (u0, r0) = (router.usage(), redis_cpu_s(&redis));
                 let via = drive(ctx, Some(grpc), &mock, stream, *rate, d).await;
-                let (u1, r1) = (router.usage(), redis.cpu_s());
+                let (u1, r1) = (router.usage(), redis_cpu_s(&redis));
                 let per_1k = |s: f64| {
                     if via.ok() > 0 {
                         s / (via.ok() as f64 / 1000.0)

@@ -27,6 +27,7 @@ mod cost;
 mod faults;
 mod idempotency;
 mod jobs;
+pub mod server;
 mod tenants;
 #[cfg(test)]
 mod testutil;
