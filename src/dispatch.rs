@@ -33,7 +33,6 @@ use crate::request::RequestSpec;
 use crate::sink::{Event, EventSink, Finished, QueuedJob, Started, Tier};
 use crate::state::shared::{Idempotency, KeyClaim};
 use crate::telemetry::metrics::{GenAiLabels, Metrics, ServedLabels, ShedLabels, TokenLabels};
-use rand::SeedableRng;
 
 /// Shared by all request tasks.
 pub struct Dispatcher {
@@ -65,8 +64,8 @@ struct Call<'a> {
 }
 
 /// What one request holds against its tenant's cap and has spent so far.
-struct Bill {
-    tenant: String,
+struct Bill<'a> {
+    tenant: &'a str,
     held: Vec<Reservation>,
     spent: f64,
 }
@@ -255,9 +254,13 @@ impl Dispatcher {
     /// Holds the request's maximum cost against the tenant's cap: the
     /// prompt estimate at the dearest candidate's input price plus
     /// `max_tokens` (else the model's context) at its output price.
-    async fn reserve(&self, spec: &RequestSpec, plan: &Plan) -> Result<Bill, RequestError> {
+    async fn reserve<'a>(
+        &self,
+        spec: &'a RequestSpec,
+        plan: &Plan,
+    ) -> Result<Bill<'a>, RequestError> {
         let mut bill = Bill {
-            tenant: spec.tenant.clone(),
+            tenant: &spec.tenant,
             held: Vec::new(),
             spent: 0.0,
         };
@@ -283,7 +286,7 @@ impl Dispatcher {
     /// Adds `usd` to what the request holds, or refuses with COST_CAP.
     async fn hold(
         &self,
-        bill: &mut Bill,
+        bill: &mut Bill<'_>,
         usd: f64,
         deadline: Option<Instant>,
     ) -> Result<(), RequestError> {
@@ -292,14 +295,14 @@ impl Dispatcher {
         });
         // Held past the deadline by a margin, so a live request never loses it.
         let hold = left + Duration::from_secs(30);
-        match self.cost.reserve(&bill.tenant, usd, hold).await {
+        match self.cost.reserve(bill.tenant, usd, hold).await {
             Ok(Some(r)) => {
                 bill.held.push(r);
                 Ok(())
             }
             Ok(None) => Ok(()),
             Err(over) => Err(RequestError::CostCap {
-                tenant: bill.tenant.clone(),
+                tenant: bill.tenant.to_string(),
                 spent_usd: over.spent_usd,
                 cap_usd: over.cap_usd,
                 retry_in: over.retry_in,
@@ -308,11 +311,11 @@ impl Dispatcher {
     }
 
     /// Settles what the request held to what it really cost.
-    async fn settle(&self, mut bill: Bill) {
+    async fn settle(&self, mut bill: Bill<'_>) {
         let mut held = bill.held.drain(..);
         match held.next() {
             Some(first) => self.cost.settle(first, bill.spent).await,
-            None => self.cost.charge(&bill.tenant, bill.spent).await,
+            None => self.cost.charge(bill.tenant, bill.spent).await,
         }
         for rest in held {
             self.cost.settle(rest, 0.0).await;
@@ -387,7 +390,7 @@ impl Dispatcher {
         spec: &RequestSpec,
         plan: &Plan,
         sink: &mut EventSink,
-        bill: &mut Bill,
+        bill: &mut Bill<'_>,
     ) -> Result<(), RequestError> {
         let deadline = spec
             .deadline
@@ -397,16 +400,19 @@ impl Dispatcher {
             chat.max_tokens = plan.default_max_tokens;
         }
         let policy = plan.policy();
-        let providers: Vec<String> = plan.candidates.iter().map(|c| c.provider.clone()).collect();
-        let mut rng = rand::rngs::StdRng::from_rng(&mut rand::rng());
+        let providers: Vec<&str> = plan
+            .candidates
+            .iter()
+            .map(|c| c.provider.as_str())
+            .collect();
+        // Read once per request: the targets' p95 barely moves within one.
+        let p95: Vec<Option<Duration>> = plan.candidates.iter().map(|c| self.p95_ttft(c)).collect();
         let mut tried = Tried::new(plan.candidates.len());
         let mut outcome = Outcome::Begin;
         loop {
             if sink.is_closed() {
                 return Ok(());
             }
-            let p95: Vec<Option<Duration>> =
-                plan.candidates.iter().map(|c| self.p95_ttft(c)).collect();
             let view = View {
                 policy: &policy,
                 remaining: deadline.saturating_duration_since(Instant::now()),
@@ -414,7 +420,9 @@ impl Dispatcher {
                 providers: &providers,
                 backoff: &self.backoff,
             };
-            let (to, wait) = match next(&mut tried, outcome, &view, &mut rng) {
+            // The thread's RNG, held only for the call (it is not `Send`).
+            let step = next(&mut tried, outcome, &view, &mut rand::rng());
+            let (to, wait) = match step {
                 Next::Done => return Ok(()),
                 Next::Stop(e) => return Err(e),
                 Next::Reset { reason } => {
@@ -453,7 +461,7 @@ impl Dispatcher {
         chat: &mut ChatRequest,
         tried: &mut Tried,
         sink: &mut EventSink,
-        bill: &mut Bill,
+        bill: &mut Bill<'_>,
     ) -> Result<Outcome, RequestError> {
         let candidate = call.candidate;
         let traffic = if candidate.primary {
@@ -673,11 +681,12 @@ impl Dispatcher {
     /// A target's p95 time to first token, once enough samples back it.
     fn p95_ttft(&self, c: &Candidate) -> Option<Duration> {
         let entry = self.registry.provider(&c.provider)?;
-        let snapshot = entry.runtime.snapshot();
-        let t = snapshot.models.get(&c.model)?;
-        (t.calls >= MIN_TTFT_SAMPLES)
-            .then_some(t.p95_ttft)
-            .flatten()
+        entry.runtime.with_snapshot(|snapshot| {
+            let t = snapshot.models.get(&c.model)?;
+            (t.calls >= MIN_TTFT_SAMPLES)
+                .then_some(t.p95_ttft)
+                .flatten()
+        })
     }
 
     fn record_attempt(

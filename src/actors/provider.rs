@@ -162,6 +162,12 @@ impl ProviderRuntime {
         self.snapshot.borrow().clone()
     }
 
+    /// Reads the latest published state without copying it (keep `f` short:
+    /// the actor's next publish waits for it).
+    pub fn with_snapshot<R>(&self, f: impl FnOnce(&ProviderSnapshot) -> R) -> R {
+        f(&self.snapshot.borrow())
+    }
+
     /// Subscribe to snapshot changes.
     pub fn subscribe(&self) -> watch::Receiver<ProviderSnapshot> {
         self.snapshot.subscribe()

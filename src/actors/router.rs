@@ -151,6 +151,8 @@ struct TargetInfo {
     priority: u32,
     weight: u32,
     downshift: bool,
+    /// Health evidence ranks it below its route place now.
+    demoted: std::cell::Cell<bool>,
 }
 
 impl TargetInfo {
@@ -192,8 +194,6 @@ pub struct RouterState {
     metrics: Arc<Metrics>,
     /// Weighted tie-breaking among equals, and the demoted targets' trickle.
     rng: StdRng,
-    /// Targets health currently ranks below their route place.
-    demotion: Demotions,
 }
 
 fn build_routes(
@@ -230,6 +230,7 @@ fn build_routes(
                         priority: t.priority.unwrap_or(i as u32),
                         weight: t.weight.max(1),
                         downshift: down,
+                        demoted: std::cell::Cell::new(false),
                     }
                 })
                 .collect();
@@ -287,38 +288,25 @@ fn bands(live: &[Health]) -> Vec<u32> {
     }
 }
 
-/// Which targets health currently ranks below their route place: a gauge per
-/// target and an INFO line when that changes.
-#[derive(Default)]
-struct Demotions {
-    demoted: std::collections::HashSet<(String, String, String)>,
-}
-
-impl Demotions {
-    fn observe(&mut self, route: &str, t: &TargetInfo, demoted: bool, metrics: &Metrics) {
-        let key = (route.to_string(), t.provider.clone(), t.model.clone());
-        let changed = if demoted {
-            self.demoted.insert(key)
-        } else {
-            self.demoted.remove(&key)
-        };
-        if !changed {
-            return;
-        }
-        if demoted {
-            tracing::info!(%route, provider = %t.provider, model = %t.model, "health evidence ranks this target below its route place (it keeps a trickle of traffic)");
-        } else {
-            tracing::info!(%route, provider = %t.provider, model = %t.model, "target back at its route place");
-        }
-        metrics
-            .target_demoted
-            .get_or_create(&RouteTargetLabels {
-                route: route.to_string(),
-                provider: t.provider.clone(),
-                model: t.model.clone(),
-            })
-            .set(i64::from(demoted));
+/// Marks a target demoted or back at its route place: a gauge per target
+/// and an INFO line when that changes (no work when it does not).
+fn observe_demotion(route: &str, t: &TargetInfo, demoted: bool, metrics: &Metrics) {
+    if t.demoted.replace(demoted) == demoted {
+        return;
     }
+    if demoted {
+        tracing::info!(%route, provider = %t.provider, model = %t.model, "health evidence ranks this target below its route place (it keeps a trickle of traffic)");
+    } else {
+        tracing::info!(%route, provider = %t.provider, model = %t.model, "target back at its route place");
+    }
+    metrics
+        .target_demoted
+        .get_or_create(&RouteTargetLabels {
+            route: route.to_string(),
+            provider: t.provider.clone(),
+            model: t.model.clone(),
+        })
+        .set(i64::from(demoted));
 }
 
 impl RouterState {
@@ -359,21 +347,22 @@ impl RouterState {
         let mut soonest: Option<Duration> = None;
         let mut live: Vec<(usize, &TargetInfo, Health)> = Vec::new();
         for (position, t) in capable {
-            let snapshot = self
-                .registry
-                .provider(&t.provider)
-                .map(|p| p.runtime.snapshot());
-            let health = match &snapshot {
-                Some(s) => match s.unavailable_for(&t.model, now) {
-                    Some(Unavailable::For(d)) => {
+            let read =
+                |s: &super::provider::ProviderSnapshot| match s.unavailable_for(&t.model, now) {
+                    Some(u) => Err(u),
+                    None => Ok(s.models.get(&t.model).map_or(Health::UNKNOWN, |m| Health {
+                        score: m.score,
+                        evidence: m.evidence,
+                    })),
+                };
+            let health = match self.registry.provider(&t.provider) {
+                Some(p) => match p.runtime.with_snapshot(read) {
+                    Ok(h) => h,
+                    Err(Unavailable::For(d)) => {
                         soonest = Some(soonest.map_or(d, |s| s.min(d)));
                         continue;
                     }
-                    Some(Unavailable::UntilCleared) => continue,
-                    None => s.models.get(&t.model).map_or(Health::UNKNOWN, |m| Health {
-                        score: m.score,
-                        evidence: m.evidence,
-                    }),
+                    Err(Unavailable::UntilCleared) => continue,
                 },
                 None => Health::UNKNOWN,
             };
@@ -385,7 +374,7 @@ impl RouterState {
         for ((position, t, _), band) in live.into_iter().zip(bands) {
             let demoted = band > best;
             if pin.is_none() {
-                self.demotion.observe(route, t, demoted, &self.metrics);
+                observe_demotion(route, t, demoted, &self.metrics);
             }
             // A demoted target keeps a trickle of traffic at its place, so
             // its recovery (or its breaker's opening) is seen.
@@ -457,7 +446,6 @@ impl Actor for RouterActor {
             registry: args.registry,
             metrics: args.metrics,
             rng: StdRng::from_os_rng(),
-            demotion: Demotions::default(),
         })
     }
 
@@ -586,7 +574,6 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
             registry: Arc::new(Registry::default()),
             metrics: Arc::new(Metrics::new()),
             rng: StdRng::seed_from_u64(7),
-            demotion: Demotions::default(),
         }
     }
 
@@ -703,12 +690,11 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
         assert!((400..=600).contains(&kept), "{kept}");
         let t = &s.routes["chat"].targets[0];
         let metrics = Metrics::new();
-        let mut d = Demotions::default();
-        d.observe("chat", t, true, &metrics);
+        observe_demotion("chat", t, true, &metrics);
         assert!(metrics
             .render()
             .contains(r#"switchyard_target_demoted{route="chat",provider="a",model="small"} 1"#));
-        d.observe("chat", t, false, &metrics);
+        observe_demotion("chat", t, false, &metrics);
         assert!(metrics
             .render()
             .contains(r#"switchyard_target_demoted{route="chat",provider="a",model="small"} 0"#));

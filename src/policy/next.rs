@@ -110,13 +110,15 @@ pub struct View<'a> {
     /// Per candidate, its p95 TTFT once enough samples back it.
     pub p95_ttft: &'a [Option<Duration>],
     /// Per candidate, its provider id (errors name it).
-    pub providers: &'a [String],
+    pub providers: &'a [&'a str],
     pub backoff: &'a Backoff,
 }
 
 impl View<'_> {
     fn provider(&self, idx: usize) -> String {
-        self.providers.get(idx).cloned().unwrap_or_default()
+        self.providers
+            .get(idx)
+            .map_or_else(String::new, |p| p.to_string())
     }
 }
 
@@ -359,7 +361,7 @@ mod tests {
     struct Case {
         policy: RoutePolicy,
         p95: Vec<Option<Duration>>,
-        providers: Vec<String>,
+        providers: Vec<&'static str>,
         remaining: Duration,
         backoff: Backoff,
         rng: StdRng,
@@ -371,7 +373,7 @@ mod tests {
             Case {
                 policy: policy(),
                 p95: vec![None; candidates],
-                providers: (0..candidates).map(|i| format!("p{i}")).collect(),
+                providers: ["p0", "p1", "p2", "p3"][..candidates].to_vec(),
                 remaining: Duration::from_secs(30),
                 backoff: Backoff {
                     base: Duration::from_millis(100),
