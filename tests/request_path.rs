@@ -197,3 +197,75 @@ async fn an_oversized_grpc_message_is_resource_exhausted_and_the_connection_live
     .unwrap();
     assert!(got.finished.is_some(), "{:?}", got.status);
 }
+
+#[tokio::test]
+async fn meaningful_evidence_demotes_a_flaky_primary_visibly_and_keeps_a_trickle() {
+    // Evidence after 4 calls each (a test-sized `min_calls`); no prior.
+    let health = "health = { prior_successes = 0, min_calls = 4 }\n  [[providers.models]]";
+    let with_health = |p: String| p.replace("  [[providers.models]]", health);
+    let primary = Mock::start("openai", &[]).await;
+    let secondary = Mock::start("anthropic", &[]).await;
+    let config = format!(
+        "{}{}{}",
+        with_health(provider(
+            "primary",
+            "openai",
+            &primary.base_url(),
+            "gpt-4o-mini"
+        )),
+        with_health(provider(
+            "secondary",
+            "anthropic",
+            &secondary.base_url(),
+            "claude-sonnet-4-5"
+        )),
+        route(
+            "chat",
+            &["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
+        )
+    );
+    let sy = Switchyard::start(&config).await;
+    let mut client = sy.client().await;
+    // Every other call fails (never five in a row: the breaker stays closed).
+    primary
+        .set_fault(json!({"type": "status", "status": 500, "times": 1}))
+        .await;
+    for i in 0..8 {
+        let got = stream(&mut client, request("chat")).await;
+        assert!(got.finished.is_some(), "{:?}", got.status);
+        if i % 2 == 1 {
+            primary
+                .set_fault(json!({"type": "status", "status": 500, "times": 1}))
+                .await;
+        }
+    }
+    // Both now have at least 4 calls; the primary's success rate is half.
+    let (_, metrics) = sy.admin_get("/metrics").await;
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            r#"switchyard_target_demoted{route="chat",provider="primary",model="gpt-4o-mini"}"#
+        ),
+        1.0,
+        "{metrics}"
+    );
+    assert!(sy
+        .logs()
+        .contains("ranks this target below its route place"));
+    primary.set_fault(json!({})).await;
+    primary.clear().await;
+    let mut firsts = 0;
+    for _ in 0..40 {
+        let got = stream(&mut client, request("chat")).await;
+        let f = got.finished.expect("served");
+        if f.served_by.unwrap().provider == "primary" {
+            firsts += 1;
+        }
+    }
+    // About 5 % still start at the primary: its recovery is seen.
+    assert!(
+        firsts <= 8,
+        "demoted: most traffic goes to the secondary ({firsts} of 40)"
+    );
+    assert_eq!(attempts(&primary.requests().await), firsts);
+}
