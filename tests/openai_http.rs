@@ -11,16 +11,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 
-/// The `http=ADDR` field of the serve banner.
-fn http_addr(sy: &Switchyard) -> String {
-    let out = sy.stdout.lock().unwrap().clone();
-    let line = out.lines().next().unwrap_or_default().to_string();
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix("http="))
-        .unwrap_or_else(|| panic!("no http= in banner: {line}"))
-        .to_string()
-}
-
 struct Front {
     a: Mock,
     b: Mock,
@@ -42,19 +32,9 @@ async fn front_with(
     mock_args: &[&str],
     env: &[(&str, &str)],
 ) -> Front {
-    let a = Mock::start("openai", mock_args).await;
-    let b = Mock::start("anthropic", mock_args).await;
-    let config = format!(
-        "[server]\nhttp_listen = \"127.0.0.1:0\"\n{head}\n{}{}{}{route_extra}\n",
-        provider("primary", "openai", &a.base_url(), "gpt-4o-mini"),
-        provider("secondary", "anthropic", &b.base_url(), "claude-sonnet-4-5"),
-        route(
-            "chat",
-            &["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
-        )
-    );
-    let sy = Switchyard::start_with(&config, env).await;
-    let url = format!("http://{}", http_addr(&sy));
+    let rig = Rig::start_with(head, route_extra, mock_args, env).await;
+    let url = rig.http_url();
+    let (a, b, sy) = (rig.primary, rig.secondary, rig.sy);
     Front {
         a,
         b,

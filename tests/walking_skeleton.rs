@@ -12,20 +12,10 @@ use serde_json::json;
 use switchyard::proto::{self, FinishReason, Tier};
 use tonic::Code;
 
+/// The shared rig: route `chat` = OpenAI-shaped `primary`, Anthropic-shaped `secondary`.
 async fn two_providers() -> (Mock, Mock, Switchyard) {
-    let a = Mock::start("openai", &[]).await;
-    let b = Mock::start("anthropic", &[]).await;
-    let config = format!(
-        "{}{}{}",
-        provider("primary", "openai", &a.base_url(), "gpt-4o-mini"),
-        provider("secondary", "anthropic", &b.base_url(), "claude-sonnet-4-5"),
-        route(
-            "chat",
-            &["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
-        )
-    );
-    let sy = Switchyard::start(&config).await;
-    (a, b, sy)
+    let rig = Rig::start("", "", &[]).await;
+    (rig.primary, rig.secondary, rig.sy)
 }
 
 #[tokio::test]

@@ -424,9 +424,9 @@ pub fn python_ready(test: &str, import_line: &str, requirements: &str) -> bool {
 
 /// The shared two-provider rig: route `chat` = an OpenAI-shaped `primary`
 /// (model `gpt-4o-mini`), then an Anthropic-shaped `secondary` (model
-/// `claude-sonnet-4-5`), with the HTTP door on. `head` is TOML placed before
-/// the providers (its own tables: `[limits]`, `[auth]`, ...); `route_extra`
-/// lines go into the route.
+/// `claude-sonnet-4-5`), with the HTTP door on. `head` is TOML placed under
+/// `[server]` after `http_listen` (more keys, or tables of its own: `[limits]`,
+/// `[auth]`, ...); `route_extra` lines go into the route.
 pub struct Rig {
     pub primary: Mock,
     pub secondary: Mock,
@@ -435,8 +435,18 @@ pub struct Rig {
 
 impl Rig {
     pub async fn start(head: &str, route_extra: &str, env: &[(&str, &str)]) -> Rig {
-        let primary = Mock::start("openai", &[]).await;
-        let secondary = Mock::start("anthropic", &[]).await;
+        Self::start_with(head, route_extra, &[], env).await
+    }
+
+    /// [`Rig::start`] with arguments for both mocks.
+    pub async fn start_with(
+        head: &str,
+        route_extra: &str,
+        mock_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Rig {
+        let primary = Mock::start("openai", mock_args).await;
+        let secondary = Mock::start("anthropic", mock_args).await;
         let config = format!(
             "[server]\nhttp_listen = \"127.0.0.1:0\"\n{head}\n{}{}{}{route_extra}\n",
             provider("primary", "openai", &primary.base_url(), "gpt-4o-mini"),
