@@ -238,7 +238,17 @@ impl Dispatcher {
                 request: request.to_vec(),
             })
             .await
-            .map_err(RequestError::from)?;
+            .map_err(|e| {
+                if let crate::queue::QueueError::Unavailable(why) = &e {
+                    // Never "accepted" for a job that was not stored.
+                    tracing::warn!(request_id = %spec.request_id, error = %why, "shared state unavailable: the job was not stored");
+                    self.metrics
+                        .state_errors
+                        .get_or_create(&crate::telemetry::metrics::StateLabels { function: "jobs" })
+                        .inc();
+                }
+                RequestError::from(e)
+            })?;
         if let Some(recovery) = self.registry.recovery() {
             let _ = recovery.cast(RecoveryMsg::JobsWaiting);
         }
