@@ -384,8 +384,18 @@ targets = ["p/m"]
         mock: &MockHandle,
         within: Duration,
     ) -> (AttemptResult, EventSink, Vec<Event>) {
+        attempt_for(mock, within, true).await
+    }
+
+    /// [`attempt`]; `caller_stays: false` hangs the caller up first.
+    async fn attempt_for(
+        mock: &MockHandle,
+        within: Duration,
+        caller_stays: bool,
+    ) -> (AttemptResult, EventSink, Vec<Event>) {
         let ep = endpoint(mock);
-        let (tx, mut rx) = mpsc::channel(64);
+        let (tx, rx) = mpsc::channel(64);
+        let mut rx = caller_stays.then_some(rx);
         let mut sink = EventSink::new(tx, false);
         sink.begin_attempt(Started {
             provider: "p".into(),
@@ -406,7 +416,7 @@ targets = ["p/m"]
         )
         .await;
         let mut events = Vec::new();
-        while let Ok(Ok(e)) = rx.try_recv() {
+        while let Some(Ok(Ok(e))) = rx.as_mut().map(|rx| rx.try_recv()) {
             events.push(e);
         }
         (result, sink, events)
@@ -494,21 +504,7 @@ targets = ["p/m"]
         })
         .await
         .unwrap();
-        let ep = endpoint(&m);
-        let (tx, rx) = mpsc::channel(1);
-        let mut sink = EventSink::new(tx, false);
-        drop(rx);
-        let chat = chat();
-        let r = run(
-            AttemptInput {
-                endpoint: &ep,
-                chat: &chat,
-                deadline: Instant::now() + Duration::from_secs(5),
-                attempt: 1,
-            },
-            &mut sink,
-        )
-        .await;
+        let (r, _, _) = attempt_for(&m, Duration::from_secs(5), false).await;
         assert_eq!(r.end, AttemptEnd::ClientGone);
     }
 }

@@ -66,6 +66,8 @@ struct Call<'a> {
 /// What one request holds against its tenant's cap and has spent so far.
 struct Bill<'a> {
     tenant: &'a str,
+    /// The request's deadline (a hold outlives it by a margin).
+    deadline: Instant,
     held: Vec<Reservation>,
     spent: f64,
 }
@@ -78,7 +80,7 @@ struct Served {
 
 /// Returns an unused permit's ticket to its provider actor (not sent: it
 /// counts for nothing).
-fn report(
+fn return_unsent(
     entry: &ProviderEntry,
     candidate: &Candidate,
     ticket: Option<crate::policy::breaker::Ticket>,
@@ -192,7 +194,11 @@ impl Dispatcher {
                 })
             }));
         }
-        let mut bill = self.reserve(spec, &plan).await?;
+        // The whole request's deadline: every attempt and the cost hold fit it.
+        let deadline = spec
+            .deadline
+            .unwrap_or_else(|| Instant::now() + plan.deadline.unwrap_or(self.default_deadline));
+        let mut bill = self.reserve(spec, &plan, deadline).await?;
         let live = self.drive(spec, &plan, sink, &mut bill).await;
         self.settle(bill).await;
         match live {
@@ -268,9 +274,11 @@ impl Dispatcher {
         &self,
         spec: &'a RequestSpec,
         plan: &Plan,
+        deadline: Instant,
     ) -> Result<Bill<'a>, RequestError> {
         let mut bill = Bill {
             tenant: &spec.tenant,
+            deadline,
             held: Vec::new(),
             spent: 0.0,
         };
@@ -289,22 +297,15 @@ impl Dispatcher {
                 Some(model.price.cost(prompt, output))
             })
             .fold(0.0, f64::max);
-        self.hold(&mut bill, max_usd, spec.deadline).await?;
+        self.hold(&mut bill, max_usd).await?;
         Ok(bill)
     }
 
     /// Adds `usd` to what the request holds, or refuses with COST_CAP.
-    async fn hold(
-        &self,
-        bill: &mut Bill<'_>,
-        usd: f64,
-        deadline: Option<Instant>,
-    ) -> Result<(), RequestError> {
-        let left = deadline.map_or(self.default_deadline, |d| {
-            d.saturating_duration_since(Instant::now())
-        });
+    async fn hold(&self, bill: &mut Bill<'_>, usd: f64) -> Result<(), RequestError> {
         // Held past the deadline by a margin, so a live request never loses it.
-        let hold = left + Duration::from_secs(30);
+        let hold =
+            bill.deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(30);
         match self.cost.reserve(bill.tenant, usd, hold).await {
             Ok(Some(r)) => {
                 bill.held.push(r);
@@ -402,9 +403,7 @@ impl Dispatcher {
         sink: &mut EventSink,
         bill: &mut Bill<'_>,
     ) -> Result<(), RequestError> {
-        let deadline = spec
-            .deadline
-            .unwrap_or_else(|| Instant::now() + plan.deadline.unwrap_or(self.default_deadline));
+        let deadline = bill.deadline;
         let mut chat = spec.chat.clone();
         if chat.max_tokens.is_none() {
             chat.max_tokens = plan.default_max_tokens;
@@ -499,7 +498,7 @@ impl Dispatcher {
         // Only an attempt that will really be sent spends the budget: a
         // local refusal above cost nothing.
         if tried.needs_budget() && !self.withdraw(&call.plan.route).await {
-            report(&entry, candidate, permit.take_ticket(), traffic);
+            return_unsent(&entry, candidate, permit.take_ticket(), traffic);
             return Ok(Outcome::NoBudget);
         }
         tried.sent();
@@ -515,7 +514,7 @@ impl Dispatcher {
             // (an expensive fallback chain stops at the cap too).
             bill.spent += billed;
             if !bill.held.is_empty() {
-                self.hold(bill, billed, call.spec.deadline).await?;
+                self.hold(bill, billed).await?;
             }
         }
         self.record_attempt(candidate, &entry, &result);

@@ -71,6 +71,22 @@ impl Replica {
     async fn client(&self) -> proto::router_client::RouterClient<tonic::transport::Channel> {
         self.sy.client().await
     }
+
+    /// Submits the standard request as a job here.
+    async fn submit(&self) -> proto::Job {
+        self.client()
+            .await
+            .submit_job(authed(request("chat")))
+            .await
+            .unwrap()
+            .into_inner()
+    }
+}
+
+/// The same fault on both replicas' mocks.
+async fn slow_both(a: &Replica, b: &Replica, fault: serde_json::Value) {
+    a.mock.set_fault(fault.clone()).await;
+    b.mock.set_fault(fault).await;
 }
 
 fn authed(mut r: proto::CompletionRequest) -> tonic::Request<proto::CompletionRequest> {
@@ -122,19 +138,13 @@ async fn a_job_submitted_on_one_replica_is_read_and_watched_on_the_other() {
     let a = Replica::start("", &redis).await;
     let b = Replica::start("", &redis).await;
     // Slow enough that B's watch sees it before it ends.
-    a.mock
-        .set_fault(json!({"type": "slow_first_token", "delay_ms": 1500}))
-        .await;
-    b.mock
-        .set_fault(json!({"type": "slow_first_token", "delay_ms": 1500}))
-        .await;
-    let job = a
-        .client()
-        .await
-        .submit_job(authed(request("chat")))
-        .await
-        .unwrap()
-        .into_inner();
+    slow_both(
+        &a,
+        &b,
+        json!({"type": "slow_first_token", "delay_ms": 1500}),
+    )
+    .await;
+    let job = a.submit().await;
     let mut cb = b.client().await;
     let seen = cb.get_job(job_id(&job.id)).await.unwrap().into_inner();
     assert_eq!(seen.id, job.id, "replica B reads A's job");
@@ -161,18 +171,13 @@ async fn a_replica_killed_mid_job_loses_it_to_the_other_which_completes_it_once(
     };
     let a = Replica::start("", &redis).await;
     let b = Replica::start("", &redis).await;
-    for r in [&a, &b] {
-        r.mock
-            .set_fault(json!({"type": "slow_first_token", "delay_ms": 3000, "times": 1}))
-            .await;
-    }
-    let job = a
-        .client()
-        .await
-        .submit_job(authed(request("chat")))
-        .await
-        .unwrap()
-        .into_inner();
+    slow_both(
+        &a,
+        &b,
+        json!({"type": "slow_first_token", "delay_ms": 3000, "times": 1}),
+    )
+    .await;
+    let job = a.submit().await;
     // Whichever replica claimed it is sending it upstream now: kill that one.
     let a_runs = loop {
         if !a.mock.requests().await.is_empty() {
@@ -226,11 +231,12 @@ async fn idempotent_replay_and_concurrent_duplicates_across_replicas() {
     assert_eq!(attempts(&a.mock.requests().await), 1);
 
     // Two replicas, one key, at once: one runs, the other is ABORTED.
-    for r in [&a, &b] {
-        r.mock
-            .set_fault(json!({"type": "slow_first_token", "delay_ms": 1000}))
-            .await;
-    }
+    slow_both(
+        &a,
+        &b,
+        json!({"type": "slow_first_token", "delay_ms": 1000}),
+    )
+    .await;
     let (x, y) = tokio::join!(stream(&mut ca, keyed("k-2")), stream(&mut cb, keyed("k-2")));
     let served = [&x, &y].iter().filter(|c| c.finished.is_some()).count();
     let refused: Vec<_> = [&x, &y].iter().filter_map(|c| c.status.clone()).collect();
@@ -283,11 +289,12 @@ async fn a_cost_cap_holds_exactly_across_two_replicas() {
     };
     let a = Replica::start(CAPPED, &redis).await;
     let b = Replica::start(CAPPED, &redis).await;
-    for r in [&a, &b] {
-        r.mock
-            .set_fault(json!({"type": "slow_first_token", "delay_ms": 1000}))
-            .await;
-    }
+    slow_both(
+        &a,
+        &b,
+        json!({"type": "slow_first_token", "delay_ms": 1000}),
+    )
+    .await;
     cost_cap_holds(vec![a.client().await, b.client().await]).await;
 }
 

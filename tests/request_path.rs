@@ -201,30 +201,9 @@ async fn an_oversized_grpc_message_is_resource_exhausted_and_the_connection_live
 #[tokio::test]
 async fn meaningful_evidence_demotes_a_flaky_primary_visibly_and_keeps_a_trickle() {
     // Evidence after 4 calls each (a test-sized `min_calls`); no prior.
-    let health = "health = { prior_successes = 0, min_calls = 4 }\n  [[providers.models]]";
-    let with_health = |p: String| p.replace("  [[providers.models]]", health);
-    let primary = Mock::start("openai", &[]).await;
-    let secondary = Mock::start("anthropic", &[]).await;
-    let config = format!(
-        "{}{}{}",
-        with_health(provider(
-            "primary",
-            "openai",
-            &primary.base_url(),
-            "gpt-4o-mini"
-        )),
-        with_health(provider(
-            "secondary",
-            "anthropic",
-            &secondary.base_url(),
-            "claude-sonnet-4-5"
-        )),
-        route(
-            "chat",
-            &["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
-        )
-    );
-    let sy = Switchyard::start(&config).await;
+    let health = "health = { prior_successes = 0, min_calls = 4 }";
+    let rig = Rig::start_full("", health, "", &[], &[]).await;
+    let (primary, sy) = (&rig.primary, &rig.sy);
     let mut client = sy.client().await;
     // Every other call fails (never five in a row: the breaker stays closed).
     primary

@@ -19,15 +19,10 @@ use crate::error::RequestError;
 use crate::policy::token_bucket::TokenBucketConfig;
 use crate::proto;
 use crate::queue::jobs::Jobs;
-use crate::queue::{JobRecord, QueueError};
+use crate::queue::JobRecord;
 use crate::sink::Item;
 
 pub type JobStream = Pin<Box<dyn Stream<Item = Result<proto::Job, Status>> + Send>>;
-
-/// Maps a queue error to a request error.
-pub fn queue_error(e: QueueError) -> RequestError {
-    RequestError::from(e)
-}
 
 /// The API view of a job, with its place in the queue.
 pub async fn view(jobs: &Jobs, record: &JobRecord) -> proto::Job {
@@ -39,7 +34,7 @@ pub async fn get(jobs: &Jobs, id: &str) -> Result<proto::Job, Status> {
     match jobs.get(id).await {
         Ok(Some(record)) => Ok(view(jobs, &record).await),
         Ok(None) => Err(to_status(&RequestError::JobNotFound(id.to_string()))),
-        Err(e) => Err(to_status(&queue_error(e))),
+        Err(e) => Err(to_status(&RequestError::from(e))),
     }
 }
 

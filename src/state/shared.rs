@@ -20,8 +20,8 @@ use crate::sink::Event;
 use crate::telemetry::metrics::{Metrics, StateLabels};
 use crate::tenants::{TenantLimiter, TenantSlot};
 
-/// Counts a failed state call and logs it at WARN (at most once a second
-/// per function, so an outage does not flood the log).
+/// Counts a failed state call and logs it at WARN (at most one line a second
+/// for the process, so an outage does not flood the log).
 pub struct StateFaults {
     metrics: Arc<Metrics>,
     last_warn_ms: AtomicU64,

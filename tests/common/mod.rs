@@ -445,17 +445,39 @@ impl Rig {
         mock_args: &[&str],
         env: &[(&str, &str)],
     ) -> Rig {
+        Self::start_full(head, "", route_extra, mock_args, env).await
+    }
+
+    /// [`Rig::start_with`] plus `provider_extra` lines in both providers.
+    pub async fn start_full(
+        head: &str,
+        provider_extra: &str,
+        route_extra: &str,
+        mock_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Rig {
         let primary = Mock::start("openai", mock_args).await;
         let secondary = Mock::start("anthropic", mock_args).await;
+        let with_extra = |p: String| {
+            p.replace(
+                "  [[providers.models]]",
+                &format!("{provider_extra}\n  [[providers.models]]"),
+            )
+        };
         let config = format!(
             "[server]\nhttp_listen = \"127.0.0.1:0\"\n{head}\n{}{}{}{route_extra}\n",
-            provider("primary", "openai", &primary.base_url(), "gpt-4o-mini"),
-            provider(
+            with_extra(provider(
+                "primary",
+                "openai",
+                &primary.base_url(),
+                "gpt-4o-mini"
+            )),
+            with_extra(provider(
                 "secondary",
                 "anthropic",
                 &secondary.base_url(),
                 "claude-sonnet-4-5"
-            ),
+            )),
             route(
                 "chat",
                 &["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
