@@ -292,7 +292,11 @@ impl Core {
             dispatcher.clone(),
             stores.tenants,
             config.limits.clone(),
-            config.server.stream_buffer,
+            crate::sink::SendLimits {
+                buffer: config.server.stream_buffer,
+                send_timeout: config.server.send_timeout,
+                max_recorded_bytes: config.limits.max_recorded_bytes,
+            },
         );
         let recovery = match (&jobs, &config.queue) {
             (Some(jobs), Some(q)) => Some(RecoveryArgs {

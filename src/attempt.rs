@@ -2,6 +2,9 @@
 //! the body under first-token, idle and overall deadlines, decode it with the
 //! provider's adapter, pipe chunks into the sink as they arrive, and return
 //! exactly one classified end. It decides nothing and reports to no actor.
+//! Every byte it holds is bounded: the SSE line and event, the error and
+//! whole bodies, and the output forwarded (a stream that ignores `max_tokens`
+//! is cut as a protocol error, not passed on).
 
 use std::time::Duration;
 
@@ -21,6 +24,14 @@ use crate::upstream::{
 const MAX_ERROR_BODY: usize = 64 * 1024;
 /// Largest non-streamed response body accepted.
 const MAX_BODY: usize = 16 * 1024 * 1024;
+/// Most output one attempt may forward, whatever `max_tokens` says.
+pub const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
+/// Non-empty deltas past `max_tokens` tolerated before a stream is cut: a
+/// tool call's opening and closing fragments may come on their own.
+const DELTA_SLACK: u32 = 8;
+/// Bytes a token may take before a stream counts as past its `max_tokens`
+/// (no tokenizer's tokens come near it; only a runaway stream does).
+const MAX_BYTES_PER_TOKEN: usize = 64;
 
 /// How an attempt ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,10 +98,19 @@ fn expired(limit: Instant, deadline: Instant, what: &'static str) -> Expired {
 /// Runs one attempt to its end.
 pub async fn run(input: AttemptInput<'_>, sink: &mut EventSink) -> AttemptResult {
     let started = Instant::now();
+    let max_tokens = input.chat.max_tokens;
     let mut meta = Meta {
         started,
         ttft: None,
         upstream_request_id: None,
+        output: Output {
+            chunks: 0,
+            bytes: 0,
+            max_chunks: max_tokens,
+            max_bytes: max_tokens
+                .map_or(MAX_ANSWER_BYTES, |t| t as usize * MAX_BYTES_PER_TOKEN)
+                .clamp(4096, MAX_ANSWER_BYTES),
+        },
     };
     let end = run_inner(&input, sink, &mut meta).await;
     AttemptResult {
@@ -105,6 +125,59 @@ struct Meta {
     started: Instant,
     ttft: Option<Duration>,
     upstream_request_id: Option<String>,
+    output: Output,
+}
+
+/// What the attempt forwarded, against its bounds.
+struct Output {
+    chunks: u32,
+    bytes: usize,
+    /// `max_tokens` as sent: every non-empty delta carries at least one
+    /// token (less a few structural fragments, `DELTA_SLACK`).
+    max_chunks: Option<u32>,
+    max_bytes: usize,
+}
+
+impl Output {
+    /// Counts `chunk`; `Err` when forwarding it would pass a bound.
+    fn admit(&mut self, chunk: &crate::chat::Chunk) -> Result<(), Failure> {
+        let bytes = match chunk {
+            crate::chat::Chunk::Text(t) => t.len(),
+            crate::chat::Chunk::ToolCall { arguments, .. } => arguments.len(),
+        };
+        if bytes > 0 {
+            self.chunks += 1;
+        }
+        self.bytes += bytes;
+        if let Some(max) = self
+            .max_chunks
+            .filter(|max| self.chunks > max + DELTA_SLACK)
+        {
+            return Err(Failure::new(
+                OutcomeClass::Protocol,
+                format!(
+                    "the upstream sent more than max_tokens ({max}) deltas; the stream was cut"
+                ),
+            ));
+        }
+        if self.bytes > self.max_bytes {
+            return Err(Failure::new(
+                OutcomeClass::Protocol,
+                format!(
+                    "the upstream sent more than {} bytes of output for max_tokens {:?}; the stream was cut",
+                    self.max_bytes, self.max_chunks
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why forwarding stopped.
+enum Forward {
+    ClientGone,
+    /// The output passed its bound; nothing more is forwarded.
+    Cut(Failure),
 }
 
 async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Meta) -> AttemptEnd {
@@ -127,7 +200,7 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
         Ok(Err(e)) => return AttemptEnd::Failed(classify::classify_transport(&e)),
         Ok(Ok(r)) => r,
     };
-    meta.upstream_request_id = request_id(response.headers());
+    meta.upstream_request_id = request_id(response.headers()).map(|id| rt.upstream_id(&id));
     let status = response.status();
     if !status.is_success() {
         let headers = response.headers().clone();
@@ -135,11 +208,8 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
             _ = sink.closed() => return AttemptEnd::ClientGone,
             b = timeout_at(first_limit, read_capped(response, MAX_ERROR_BODY)) => b.unwrap_or_default(),
         };
-        let mut failure = classify::classify_http(rt.kind, status.as_u16(), &headers, &body);
-        failure.upstream_request_id = failure
-            .upstream_request_id
-            .or_else(|| meta.upstream_request_id.clone());
-        return AttemptEnd::Failed(failure);
+        let failure = classify::classify_http(rt.kind, status.as_u16(), &headers, &body);
+        return AttemptEnd::Failed(passed_on(failure, rt, meta));
     }
     // Anthropic is always streamed (its SDKs refuse long non-streamed calls);
     // the non-streaming path is OpenAI's.
@@ -149,14 +219,21 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
         whole_body(input, response, sink, meta, first_limit).await
     };
     match end {
-        AttemptEnd::Failed(mut f) => {
-            f.upstream_request_id = f
-                .upstream_request_id
-                .or_else(|| meta.upstream_request_id.clone());
-            AttemptEnd::Failed(f)
-        }
+        AttemptEnd::Failed(f) => AttemptEnd::Failed(passed_on(f, rt, meta)),
         other => other,
     }
+}
+
+/// A failure as it may travel on: the request id filled in, the endpoint's
+/// key redacted from anything the upstream wrote, its wait capped.
+fn passed_on(mut f: Failure, rt: &Endpoint, meta: &Meta) -> Failure {
+    f.upstream_request_id = f
+        .upstream_request_id
+        .map(|id| rt.upstream_id(&id))
+        .or_else(|| meta.upstream_request_id.clone());
+    f.message = rt.redact(&f.message);
+    f.retry_after = f.retry_after.map(|d| d.min(rt.max_retry_after));
+    f
 }
 
 fn timed_out(e: Expired) -> AttemptEnd {
@@ -253,25 +330,34 @@ async fn stream_body(
                 return AttemptEnd::Failed(f);
             }
             Ok(Some(Ok(bytes))) => {
-                last_activity = Instant::now();
-                parser.feed(&bytes, &mut events);
+                let parsed = parser.feed(&bytes, &mut events);
+                // Idle is measured in events, not bytes: one byte a second
+                // must not keep a dead stream alive.
+                if !events.is_empty() {
+                    last_activity = Instant::now();
+                }
+                if let Err(e) = parsed {
+                    return AttemptEnd::Failed(Failure::new(OutcomeClass::Protocol, e.to_string()));
+                }
                 false
             }
             Ok(None) => {
-                parser.finish(&mut events);
+                if let Err(e) = parser.finish(&mut events) {
+                    return AttemptEnd::Failed(Failure::new(OutcomeClass::Protocol, e.to_string()));
+                }
                 true
             }
         };
         for event in events.drain(..) {
-            if let Err(f) = decoder.on_event(&event, &mut chunks) {
-                // Forward what the frame carried before failing.
-                if forward(&mut chunks, sink, meta).await.is_err() {
-                    return AttemptEnd::ClientGone;
-                }
-                return AttemptEnd::Failed(f);
+            let decoded = decoder.on_event(&event, &mut chunks);
+            // Forward what the frame carried, even before failing.
+            match forward(&mut chunks, sink, meta).await {
+                Ok(()) => {}
+                Err(Forward::ClientGone) => return AttemptEnd::ClientGone,
+                Err(Forward::Cut(f)) => return AttemptEnd::Failed(f),
             }
-            if forward(&mut chunks, sink, meta).await.is_err() {
-                return AttemptEnd::ClientGone;
+            if let Err(f) = decoded {
+                return AttemptEnd::Failed(f);
             }
         }
         if eof {
@@ -287,12 +373,13 @@ async fn forward(
     chunks: &mut Vec<crate::chat::Chunk>,
     sink: &mut EventSink,
     meta: &mut Meta,
-) -> Result<(), crate::sink::ClientGone> {
+) -> Result<(), Forward> {
     for chunk in chunks.drain(..) {
+        meta.output.admit(&chunk).map_err(Forward::Cut)?;
         if meta.ttft.is_none() {
             meta.ttft = Some(meta.started.elapsed());
         }
-        sink.chunk(chunk).await?;
+        sink.chunk(chunk).await.map_err(|_| Forward::ClientGone)?;
     }
     Ok(())
 }
@@ -316,12 +403,11 @@ async fn whole_body(
         ));
     };
     match openai::decode_non_streaming(&body) {
-        Ok((mut chunks, completion)) => {
-            if forward(&mut chunks, sink, meta).await.is_err() {
-                return AttemptEnd::ClientGone;
-            }
-            AttemptEnd::Completed(completion)
-        }
+        Ok((mut chunks, completion)) => match forward(&mut chunks, sink, meta).await {
+            Ok(()) => AttemptEnd::Completed(completion),
+            Err(Forward::ClientGone) => AttemptEnd::ClientGone,
+            Err(Forward::Cut(f)) => AttemptEnd::Failed(f),
+        },
         Err(f) => AttemptEnd::Failed(f),
     }
 }

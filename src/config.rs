@@ -241,6 +241,9 @@ pub struct LimitsConfig {
     pub tenant_rate_per_sec: f64,
     /// Burst above the rate per tenant.
     pub tenant_burst: u32,
+    /// Largest answer kept for an idempotency record or the response cache;
+    /// a larger one is served but not kept.
+    pub max_recorded_bytes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -254,6 +257,7 @@ impl Default for LimitsConfig {
             tenant_max_concurrent: 0,
             tenant_rate_per_sec: 0.0,
             tenant_burst: 0,
+            max_recorded_bytes: 4 * 1024 * 1024,
         }
     }
 }
@@ -285,6 +289,11 @@ pub struct ServerConfig {
     pub default_deadline: Duration,
     /// Events buffered per stream between the upstream task and the client.
     pub stream_buffer: usize,
+    /// Longest a request waits for its caller to read (room in
+    /// `stream_buffer`) before it is dropped with SLOW_CONSUMER and its
+    /// upstream call and permit are released. The deadline bounds it too.
+    #[serde(with = "humantime_serde")]
+    pub send_timeout: Duration,
     /// On SIGTERM, how long in-flight streams may run before they are ended
     /// with UNAVAILABLE (SERVER_DRAINING).
     #[serde(with = "humantime_serde")]
@@ -313,6 +322,7 @@ impl Default for ServerConfig {
             log_format: LogFormat::Pretty,
             default_deadline: Duration::from_secs(120),
             stream_buffer: 64,
+            send_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(20),
             tls: None,
             watch_config: true,
@@ -657,6 +667,20 @@ impl Config {
 
     /// Semantic checks serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        // An empty or comment-only file parses into defaults: serving it
+        // would be a total outage, so it is not a config.
+        if self.providers.is_empty() {
+            return Err(ConfigError::new(
+                "providers",
+                "at least one [[providers]] entry is required",
+            ));
+        }
+        if self.routes.is_empty() {
+            return Err(ConfigError::new(
+                "routes",
+                "at least one [[routes]] entry is required",
+            ));
+        }
         self.validate_server()?;
         self.validate_state()?;
         for (i, p) in self.providers.iter().enumerate() {
@@ -697,6 +721,12 @@ impl Config {
             return Err(ConfigError::new(
                 "server.default_deadline",
                 "must be positive",
+            ));
+        }
+        if self.server.send_timeout < Duration::from_millis(10) {
+            return Err(ConfigError::new(
+                "server.send_timeout",
+                "must be at least 10ms",
             ));
         }
         Ok(())
@@ -1040,6 +1070,7 @@ fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
         ("connect_timeout", p.connect_timeout),
         ("first_token_timeout", p.first_token_timeout),
         ("idle_timeout", p.idle_timeout),
+        ("cooldown.max_retry_after", p.cooldown.max_retry_after),
     ] {
         if d.is_zero() {
             return Err(ConfigError::new(at(field), "must be positive"));

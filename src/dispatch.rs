@@ -198,6 +198,7 @@ impl Dispatcher {
         let deadline = spec
             .deadline
             .unwrap_or_else(|| Instant::now() + plan.deadline.unwrap_or(self.default_deadline));
+        sink.set_deadline(deadline);
         let mut bill = self.reserve(spec, &plan, deadline).await?;
         let live = self.drive(spec, &plan, sink, &mut bill).await;
         self.settle(bill).await;

@@ -25,6 +25,9 @@ pub enum RequestError {
     /// The caller's deadline passed.
     #[error("deadline exceeded after {attempts} upstream attempt(s)")]
     DeadlineExceeded { attempts: u32 },
+    /// The caller stopped reading its stream for longer than `server.send_timeout`.
+    #[error("the caller did not read the stream for {waited:?} (server.send_timeout); the request was dropped")]
+    SlowConsumer { waited: Duration },
     /// Every candidate refused locally (concurrency ceilings): shed, not queued.
     #[error("all targets of route `{route}` are at their concurrency ceiling")]
     Saturated { route: String },

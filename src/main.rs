@@ -213,7 +213,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             _ = shutdown_signal() => break ExitCode::SUCCESS,
             _ = hangups.next() => {
                 tracing::info!("SIGHUP: reloading the config");
-                let _ = running.reloader.reload().await;
+                let _ = running.reloader.reload(false).await;
             }
             _ = running.supervisor_exited() => {
                 tracing::error!("the actor supervisor stopped; exiting");

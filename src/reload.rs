@@ -32,8 +32,10 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    /// Reloads now; `Err` carries why the new file was rejected (the old one stays).
-    pub async fn reload(&self) -> Result<ReloadReport, String> {
+    /// Reloads now; `Err` carries why the new file was rejected (the old one
+    /// stays). A file that keeps none of the routes in force is refused
+    /// unless `force`.
+    pub async fn reload(&self, force: bool) -> Result<ReloadReport, String> {
         let path = self
             .path
             .as_ref()
@@ -43,7 +45,7 @@ impl Reloader {
         if let Ok(mut last) = self.last_seen.lock() {
             *last = Sha256::digest(&text).into();
         }
-        let result = self.apply(&text).await;
+        let result = self.apply(&text, force).await;
         match &result {
             Ok(report) => tracing::info!(file = %path.display(), "{}", report.summary()),
             Err(e) => {
@@ -53,9 +55,28 @@ impl Reloader {
         result
     }
 
-    async fn apply(&self, text: &[u8]) -> Result<ReloadReport, String> {
+    async fn apply(&self, text: &[u8], force: bool) -> Result<ReloadReport, String> {
         let text = std::str::from_utf8(text).map_err(|_| "the file is not UTF-8".to_string())?;
         let config = Config::from_toml_str(text).map_err(|e| e.to_string())?;
+        if !force {
+            if let Some(current) = self.config() {
+                let kept = current
+                    .routes
+                    .iter()
+                    .any(|old| config.routes.iter().any(|new| new.name == old.name));
+                if !kept {
+                    return Err(format!(
+                        "routes: the new file removes every route in force ({}); refused (reload with force to apply it)",
+                        current
+                            .routes
+                            .iter()
+                            .map(|r| r.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                }
+            }
+        }
         if let Some((path, env)) = config.missing_env().into_iter().next() {
             return Err(format!("{path}: environment variable {env} is not set"));
         }
@@ -108,7 +129,9 @@ impl Reloader {
     }
 
     /// Polls the file and reloads when its content changes (ConfigMap updates
-    /// swap symlinks, so content, not mtime, is compared).
+    /// swap symlinks, so content, not mtime, is compared) and has settled:
+    /// the same content twice, `SETTLE` apart, so a non-atomic write is not
+    /// read half-way.
     pub(crate) async fn watch(self: Arc<Self>, stop: CancellationToken) {
         let Some(path) = self.path.clone() else {
             return;
@@ -127,13 +150,26 @@ impl Reloader {
                 .lock()
                 .map(|last| *last != digest)
                 .unwrap_or(false);
-            if changed {
+            if !changed {
+                continue;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(SETTLE) => {}
+            }
+            let settled = std::fs::read(&path)
+                .map(|again| <[u8; 32]>::from(Sha256::digest(&again)) == digest)
+                .unwrap_or(false);
+            if settled {
                 tracing::info!(file = %path.display(), "config file changed; reloading");
-                let _ = self.reload().await;
+                let _ = self.reload(false).await;
             }
         }
     }
 }
+
+/// How long a changed config file must stay the same before it is read.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// One provider runtime per configured provider (keys read from the environment).
 pub(crate) fn runtimes(

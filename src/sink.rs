@@ -1,9 +1,18 @@
 //! The event sink: the request task's end of the bounded channel to the
 //! caller. It holds back `Started` until the first chunk of an attempt (so a
 //! failure before it stays invisible and can fail over), knows whether output
-//! was committed, and notices when the caller went away.
+//! was committed, notices when the caller went away, and gives up on a caller
+//! that stops reading (the request's deadline and `server.send_timeout` bound
+//! every send), so a slow consumer never holds a provider permit. `Events` is
+//! the door's end: it never ends without a terminal item.
+
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use crate::chat::{Chunk, FinishReason, Usage};
 use crate::error::RequestError;
@@ -92,10 +101,23 @@ pub type Item = Result<Event, RequestError>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientGone;
 
+/// Why the request task stopped sending to a caller that still holds its
+/// end: read by the door after the buffered events.
+type Abandoned = Arc<OnceLock<RequestError>>;
+
 /// The request task's side of the channel.
 pub struct EventSink {
     /// `None` for a sink that discards everything (synthetic probes).
     tx: Option<mpsc::Sender<Item>>,
+    /// Set once the sink gave up on the caller; every later send fails.
+    abandoned: Abandoned,
+    /// The request's deadline: no send waits past it.
+    deadline: Option<Instant>,
+    /// Longest one send may wait for the caller to make room.
+    send_timeout: Duration,
+    /// Bytes of the recording so far, and its cap.
+    recorded_bytes: usize,
+    max_recorded_bytes: usize,
     /// `Started` of the current attempt, sent with its first chunk.
     pending_start: Option<Started>,
     /// Chunks forwarded in the current attempt.
@@ -118,10 +140,87 @@ pub struct EventSink {
 pub type FinishHook =
     Box<dyn FnOnce(Vec<Event>) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
+/// The door's end of a request's channel. It yields the request task's items
+/// in order and, if the task gave up on this caller (it stopped reading past
+/// the deadline or `server.send_timeout`), that error last.
+pub struct Events {
+    rx: mpsc::Receiver<Item>,
+    abandoned: Abandoned,
+    ended: bool,
+}
+
+impl Events {
+    pub async fn recv(&mut self) -> Option<Item> {
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Item>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(None) if !self.ended => {
+                self.ended = true;
+                Poll::Ready(self.abandoned.get().cloned().map(Err))
+            }
+            other => other,
+        }
+    }
+}
+
+impl futures_util::Stream for Events {
+    type Item = Item;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
+        self.get_mut().poll_recv(cx)
+    }
+}
+
+/// How a sink's sends are bounded.
+#[derive(Debug, Clone, Copy)]
+pub struct SendLimits {
+    /// `server.stream_buffer`: events held for the caller.
+    pub buffer: usize,
+    /// `server.send_timeout`.
+    pub send_timeout: Duration,
+    /// `limits.max_recorded_bytes`: the largest answer kept for the
+    /// idempotency record and the response cache.
+    pub max_recorded_bytes: usize,
+}
+
+impl Default for SendLimits {
+    fn default() -> Self {
+        SendLimits {
+            buffer: 64,
+            send_timeout: Duration::from_secs(10),
+            max_recorded_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// A request's channel: the task's sink and the door's events.
+pub fn channel(limits: SendLimits, buffered: bool) -> (EventSink, Events) {
+    let (tx, rx) = mpsc::channel(limits.buffer.max(1));
+    let abandoned = Abandoned::default();
+    let mut sink = EventSink::new(tx, buffered);
+    sink.abandoned = abandoned.clone();
+    sink.send_timeout = limits.send_timeout;
+    sink.max_recorded_bytes = limits.max_recorded_bytes;
+    let events = Events {
+        rx,
+        abandoned,
+        ended: false,
+    };
+    (sink, events)
+}
+
 impl EventSink {
     pub fn new(tx: mpsc::Sender<Item>, buffered: bool) -> Self {
+        let limits = SendLimits::default();
         EventSink {
             tx: Some(tx),
+            abandoned: Abandoned::default(),
+            deadline: None,
+            send_timeout: limits.send_timeout,
+            recorded_bytes: 0,
+            max_recorded_bytes: limits.max_recorded_bytes,
             pending_start: None,
             attempt_chunks: 0,
             committed: false,
@@ -135,8 +234,14 @@ impl EventSink {
     /// A sink with no caller behind it: output is counted and dropped, and it
     /// never reports the caller gone.
     pub fn discard() -> Self {
+        let limits = SendLimits::default();
         EventSink {
             tx: None,
+            abandoned: Abandoned::default(),
+            deadline: None,
+            send_timeout: limits.send_timeout,
+            recorded_bytes: 0,
+            max_recorded_bytes: limits.max_recorded_bytes,
             pending_start: None,
             attempt_chunks: 0,
             committed: false,
@@ -145,6 +250,11 @@ impl EventSink {
             recording: None,
             on_finish: None,
         }
+    }
+
+    /// No send waits past `deadline` (the whole request's).
+    pub fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = Some(deadline);
     }
 
     /// Begins a new attempt; `Started` is sent with its first chunk.
@@ -186,8 +296,12 @@ impl EventSink {
 
     /// Keeps a copy of the answer's events (a `Reset` starts over) and hands
     /// it to `on_finish` right before the answer's `Finished` goes out.
+    /// An answer larger than `limits.max_recorded_bytes` is not kept: the
+    /// hook is dropped unrun (an idempotency claim is released, nothing is
+    /// cached) and the caller still gets the whole answer.
     pub fn record(&mut self, on_finish: FinishHook) {
         self.recording = Some(Vec::new());
+        self.recorded_bytes = 0;
         self.on_finish = Some(on_finish);
     }
 
@@ -202,10 +316,16 @@ impl EventSink {
         self.send(Event::Queued(job)).await
     }
 
-    /// Ends the request with an error.
+    /// Ends the request with an error (bounded like every send: a caller
+    /// that does not read gets it after its buffered events).
     pub async fn fail(&mut self, error: RequestError) {
+        if self.abandoned.get().is_some() {
+            return;
+        }
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Err(error)).await;
+            if let Err(SendFailed::GaveUp(_)) = self.bounded(tx.send(Err(error.clone()))).await {
+                let _ = self.abandoned.set(error);
+            }
         }
     }
 
@@ -228,8 +348,11 @@ impl EventSink {
         self.attempt_chars
     }
 
-    /// Resolves when the caller has gone away.
+    /// Resolves when the caller has gone away (or was given up on).
     pub async fn closed(&self) {
+        if self.abandoned.get().is_some() {
+            return;
+        }
         match &self.tx {
             Some(tx) => tx.closed().await,
             None => std::future::pending().await,
@@ -237,15 +360,51 @@ impl EventSink {
     }
 
     pub fn is_closed(&self) -> bool {
-        self.tx.as_ref().is_some_and(|tx| tx.is_closed())
+        self.abandoned.get().is_some() || self.tx.as_ref().is_some_and(|tx| tx.is_closed())
+    }
+
+    /// Waits for `send` no longer than `server.send_timeout` and never past
+    /// the deadline.
+    async fn bounded<T>(
+        &self,
+        send: impl std::future::Future<Output = Result<(), T>>,
+    ) -> Result<(), SendFailed> {
+        let stall = Instant::now() + self.send_timeout;
+        let (limit, error) = match self.deadline {
+            Some(d) if d <= stall => (d, RequestError::DeadlineExceeded { attempts: 0 }),
+            _ => (
+                stall,
+                RequestError::SlowConsumer {
+                    waited: self.send_timeout,
+                },
+            ),
+        };
+        match tokio::time::timeout_at(limit, send).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(SendFailed::Gone),
+            Err(_) => Err(SendFailed::GaveUp(error)),
+        }
     }
 
     async fn send(&mut self, event: Event) -> Result<(), ClientGone> {
+        if self.abandoned.get().is_some() {
+            return Err(ClientGone);
+        }
         if let Some(recording) = &mut self.recording {
             if matches!(event, Event::Reset { .. }) {
                 recording.clear();
+                self.recorded_bytes = 0;
             } else {
+                self.recorded_bytes += event_bytes(&event);
                 recording.push(event.clone());
+            }
+            if self.recorded_bytes > self.max_recorded_bytes {
+                tracing::warn!(
+                    limit = self.max_recorded_bytes,
+                    "the answer is larger than limits.max_recorded_bytes: it is not kept for idempotency or the cache"
+                );
+                self.recording = None;
+                self.on_finish = None;
             }
             if matches!(event, Event::Finished(_)) {
                 if let (Some(hook), Some(events)) = (self.on_finish.take(), self.recording.take()) {
@@ -254,11 +413,47 @@ impl EventSink {
             }
         }
         if let Some(tx) = &self.tx {
-            tx.send(Ok(event)).await.map_err(|_| ClientGone)?;
+            match self.bounded(tx.send(Ok(event))).await {
+                Ok(()) => {}
+                Err(SendFailed::Gone) => return Err(ClientGone),
+                Err(SendFailed::GaveUp(e)) => {
+                    tracing::warn!(error = %e, "the caller stopped reading; the request is dropped");
+                    let _ = self.abandoned.set(e);
+                    return Err(ClientGone);
+                }
+            }
         }
         self.committed = true;
         Ok(())
     }
+}
+
+/// Why a bounded send did not complete.
+enum SendFailed {
+    /// The caller hung up: nothing to tell it.
+    Gone,
+    /// The caller holds its end but did not make room in time.
+    GaveUp(RequestError),
+}
+
+/// About how much memory a recorded event holds.
+fn event_bytes(event: &Event) -> usize {
+    const OVERHEAD: usize = 64;
+    OVERHEAD
+        + match event {
+            Event::Chunk(Chunk::Text(t)) => t.len(),
+            Event::Chunk(Chunk::ToolCall {
+                id,
+                name,
+                arguments,
+                ..
+            }) => {
+                arguments.len()
+                    + id.as_ref().map_or(0, String::len)
+                    + name.as_ref().map_or(0, String::len)
+            }
+            _ => 0,
+        }
 }
 
 #[cfg(test)]

@@ -304,7 +304,7 @@ async fn reload_applies_valid_files_and_keeps_the_old_one_on_errors() {
     )
     .unwrap();
     let r = admin
-        .reload_config(proto::ReloadConfigRequest {})
+        .reload_config(proto::ReloadConfigRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -325,7 +325,7 @@ async fn reload_applies_valid_files_and_keeps_the_old_one_on_errors() {
     );
     std::fs::write(&path, &with_b).unwrap();
     let r = admin
-        .reload_config(proto::ReloadConfigRequest {})
+        .reload_config(proto::ReloadConfigRequest::default())
         .await
         .unwrap()
         .into_inner();

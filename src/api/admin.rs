@@ -231,9 +231,10 @@ impl proto::admin_server::Admin for AdminService {
 
     async fn reload_config(
         &self,
-        _request: Request<proto::ReloadConfigRequest>,
+        request: Request<proto::ReloadConfigRequest>,
     ) -> Result<Response<proto::ReloadConfigResponse>, Status> {
-        Ok(Response::new(match self.reloader.reload().await {
+        let force = request.into_inner().force;
+        Ok(Response::new(match self.reloader.reload(force).await {
             Ok(report) => proto::ReloadConfigResponse {
                 applied: true,
                 message: report.summary(),

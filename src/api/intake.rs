@@ -8,7 +8,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -18,7 +17,7 @@ use crate::dispatch::Dispatcher;
 use crate::error::RequestError;
 use crate::proto;
 use crate::request::RequestSpec;
-use crate::sink::{EventSink, Item};
+use crate::sink::{self, Events, SendLimits};
 use crate::state::shared::{Slot, TenantLimits};
 
 /// Which front door a request came through (span attribute, id prefix).
@@ -61,7 +60,7 @@ pub struct Arrival {
 /// A started request task, seen from its door.
 pub struct Started {
     pub request_id: String,
-    pub rx: mpsc::Receiver<Item>,
+    pub rx: Events,
     /// The caller's deadline, when it sent one.
     pub deadline: Option<Instant>,
 }
@@ -79,8 +78,8 @@ pub struct Intake {
     pub dispatcher: Arc<Dispatcher>,
     tenants: TenantLimits,
     limits: LimitsConfig,
-    /// Events buffered per request (`server.stream_buffer`).
-    buffer: usize,
+    /// How each request's sends to its caller are bounded.
+    send: SendLimits,
     /// Prefix unique to this process, so ids from replicas don't collide.
     id_prefix: String,
     next_id: AtomicU64,
@@ -91,14 +90,14 @@ impl Intake {
         dispatcher: Arc<Dispatcher>,
         tenants: TenantLimits,
         limits: LimitsConfig,
-        buffer: usize,
+        send: SendLimits,
     ) -> Arc<Self> {
         let prefix: u32 = rand::random();
         Arc::new(Intake {
             dispatcher,
             tenants,
             limits,
-            buffer,
+            send,
             id_prefix: format!("{prefix:08x}"),
             next_id: AtomicU64::new(1),
         })
@@ -166,11 +165,11 @@ impl Intake {
     pub fn spawn(&self, admitted: Admitted, buffered: bool, deadline: Option<Instant>) -> Started {
         let Admitted { spec, slot, span } = admitted;
         let request_id = spec.request_id.clone();
-        let (tx, rx) = mpsc::channel(self.buffer);
-        let run = self
-            .dispatcher
-            .clone()
-            .run(spec, EventSink::new(tx, buffered));
+        let (mut sink, rx) = sink::channel(self.send, buffered);
+        if let Some(deadline) = deadline {
+            sink.set_deadline(deadline);
+        }
+        let run = self.dispatcher.clone().run(spec, sink);
         tokio::spawn(
             async move {
                 run.await;

@@ -20,7 +20,7 @@ use crate::policy::token_bucket::TokenBucketConfig;
 use crate::proto;
 use crate::queue::jobs::Jobs;
 use crate::queue::JobRecord;
-use crate::sink::Item;
+use crate::sink::Events;
 
 pub type JobStream = Pin<Box<dyn Stream<Item = Result<proto::Job, Status>> + Send>>;
 
@@ -119,7 +119,7 @@ async fn run_one(jobs: &Jobs, intake: &Intake, drain: TokenBucketConfig) -> RunO
 }
 
 /// The stored request, started through the intake as a job run.
-async fn start(intake: &Intake, job: &JobRecord) -> Result<mpsc::Receiver<Item>, RequestError> {
+async fn start(intake: &Intake, job: &JobRecord) -> Result<Events, RequestError> {
     let request = <proto::CompletionRequest as prost::Message>::decode(job.request.as_slice())
         .map_err(|e| RequestError::JobCorrupt(format!("stored request unreadable: {e}")))?;
     let started = intake
@@ -143,7 +143,7 @@ async fn answer(
     jobs: &Jobs,
     id: &str,
     claim: &str,
-    mut rx: mpsc::Receiver<Item>,
+    mut rx: Events,
 ) -> Result<proto::CompletionResponse, RequestError> {
     let mut assembler = convert::Assembler::default();
     let mut renew = tokio::time::interval(jobs.lease / 3);

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use tokio::time::Instant;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::auth::Tenant;
@@ -177,7 +176,7 @@ impl proto::router_server::Router for RouterService {
             Some(Err(e)) => return Err(to_status(&e)),
             None => return Err(Status::internal("request ended without an answer")),
         };
-        let (id, rest) = (started.0.request_id, ReceiverStream::new(started.0.rx));
+        let (id, rest) = (started.0.request_id, started.0.rx);
         let stream = futures_util::stream::once(async move { Ok(first) })
             .chain(rest)
             .map(|item| item.map(convert::event).map_err(|e| to_status(&e)));

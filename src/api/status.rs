@@ -76,6 +76,10 @@ fn classify(err: &RequestError) -> (Code, &'static str, HashMap<String, String>)
             }
             (Code::DeadlineExceeded, "DEADLINE_EXCEEDED")
         }
+        RequestError::SlowConsumer { waited } => {
+            meta.insert("waited_ms".into(), waited.as_millis().to_string());
+            (Code::DeadlineExceeded, "SLOW_CONSUMER")
+        }
         RequestError::Saturated { route } => {
             meta.insert("route".into(), route.clone());
             (Code::ResourceExhausted, "CONCURRENCY_LIMIT")

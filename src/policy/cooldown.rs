@@ -22,6 +22,11 @@ pub struct CooldownConfig {
     /// seconds, and every hit costs a caller a failover. Default 300 s.
     #[serde(with = "humantime_serde")]
     pub quota_cooldown: Duration,
+    /// The longest wait an upstream may ask for (`Retry-After` and its
+    /// kin): a longer one is cut to this, in the cooldown and in what
+    /// callers are told. Default 120 s.
+    #[serde(with = "humantime_serde")]
+    pub max_retry_after: Duration,
 }
 
 impl Default for CooldownConfig {
@@ -29,6 +34,7 @@ impl Default for CooldownConfig {
         CooldownConfig {
             rate_limit_cooldown: Duration::from_secs(1),
             quota_cooldown: Duration::from_secs(300),
+            max_retry_after: Duration::from_secs(120),
         }
     }
 }
@@ -40,6 +46,7 @@ impl CooldownConfig {
         class: OutcomeClass,
         retry_after: Option<Duration>,
     ) -> Option<Duration> {
+        let retry_after = retry_after.map(|d| d.min(self.max_retry_after));
         match class {
             OutcomeClass::RateLimited => Some(retry_after.unwrap_or(self.rate_limit_cooldown)),
             OutcomeClass::Quota => Some(retry_after.unwrap_or_default().max(self.quota_cooldown)),
@@ -191,9 +198,29 @@ mod tests {
         advance(secs(299)).await;
         assert_eq!(c.active(Instant::now()), Some(secs(1)));
         let later = Instant::now();
+        // An upstream's hour is cut to max_retry_after (120 s), below the
+        // configured quota minimum, which then holds.
         assert_eq!(
             c.note(&cfg, OutcomeClass::Quota, Some(secs(3600)), later),
-            Some(later + secs(3600))
+            Some(later + secs(300))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upstream_wait_of_a_year_is_cut_to_max_retry_after() {
+        let cfg = CooldownConfig::default();
+        let mut c = Cooldown::default();
+        let now = Instant::now();
+        let year = secs(365 * 24 * 3600);
+        assert_eq!(
+            c.note(&cfg, OutcomeClass::RateLimited, Some(year), now),
+            Some(now + secs(120))
+        );
+        advance(secs(120)).await;
+        assert_eq!(
+            c.active(Instant::now()),
+            None,
+            "healthy again after the cap"
         );
     }
 

@@ -228,7 +228,7 @@ impl AnthropicDecoder {
         match kind {
             "message_start" => self.on_message_start(&v),
             "content_block_start" => self.on_block_start(&v, out),
-            "content_block_delta" => self.on_block_delta(&v, out),
+            "content_block_delta" => return self.on_block_delta(&v, out),
             "content_block_stop" => self.on_block_stop(&v, out),
             "message_delta" => return self.on_message_delta(&v),
             "message_stop" => self.stopped = true,
@@ -282,10 +282,33 @@ impl AnthropicDecoder {
         self.blocks.insert(index, state);
     }
 
-    fn on_block_delta(&mut self, v: &Value, out: &mut Vec<Chunk>) {
+    fn on_block_delta(&mut self, v: &Value, out: &mut Vec<Chunk>) -> Result<(), Failure> {
         let index = u32_field(v, "index").unwrap_or(0);
         let delta = v.get("delta").unwrap_or(&Value::Null);
-        match delta.get("type").and_then(Value::as_str) {
+        let kind = delta.get("type").and_then(Value::as_str);
+        let started = self.blocks.get(&index);
+        let fits = match (kind, started) {
+            (_, None) => false,
+            (Some("input_json_delta"), Some(b)) => matches!(b, Block::ToolUse { .. }),
+            _ => true,
+        };
+        if !fits {
+            // Dropping it would turn a broken stream into a "successful"
+            // answer with the wrong tool arguments.
+            return Err(in_body(
+                OutcomeClass::Protocol,
+                format!(
+                    "{} for content block {index} that no content_block_start opened{}",
+                    kind.unwrap_or("a delta"),
+                    if started.is_some() {
+                        " as tool_use"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+        match kind {
             Some("text_delta") => {
                 if let Some(text) = delta
                     .get("text")
@@ -309,6 +332,7 @@ impl AnthropicDecoder {
             }
             _ => {}
         }
+        Ok(())
     }
 
     fn on_block_stop(&mut self, v: &Value, out: &mut Vec<Chunk>) {
@@ -764,6 +788,21 @@ mod tests {
         let f = map_stop_reason("something_new").unwrap_err();
         assert_eq!(f.class, OutcomeClass::Protocol);
         assert!(!f.retry_same_target());
+    }
+
+    #[test]
+    fn a_delta_before_its_content_block_start_is_protocol_not_empty_arguments() {
+        let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n";
+        let orphan = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"a\\\":1}\"}}\n\n";
+        let rest = "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":{}}}\n\nevent: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        let (_, end) = decode(&format!("{start}{orphan}{rest}"));
+        let f = end.unwrap_err();
+        assert_eq!(f.class, OutcomeClass::Protocol, "{f:?}");
+        assert!(f.message.contains("input_json_delta"), "{}", f.message);
+        // Arguments for a text block are as wrong.
+        let text_block = "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n";
+        let (_, end) = decode(&format!("{start}{text_block}{orphan}{rest}"));
+        assert_eq!(end.unwrap_err().class, OutcomeClass::Protocol);
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub struct Endpoint {
     pub first_token_timeout: Duration,
     /// Longest silence inside a stream.
     pub idle_timeout: Duration,
+    /// Cap on an upstream's `Retry-After` (`cooldown.max_retry_after`).
+    pub max_retry_after: Duration,
     pub http: reqwest::Client,
 }
 
@@ -51,7 +53,34 @@ pub enum EndpointError {
     Http(#[from] reqwest::Error),
 }
 
+/// Longest upstream request id passed on.
+const MAX_UPSTREAM_ID: usize = 128;
+
 impl Endpoint {
+    /// What an upstream said, made safe to pass on: this endpoint's key
+    /// (whole, or its first 12 characters when an upstream echoes a
+    /// shortened form) is replaced by `[redacted]`.
+    pub fn redact(&self, text: &str) -> String {
+        let Some(key) = self.api_key.as_ref().map(Secret::expose) else {
+            return text.to_string();
+        };
+        let mut out = text.replace(key, "[redacted]");
+        if let Some(prefix) = key.get(..12).filter(|_| key.len() > 16) {
+            out = out.replace(prefix, "[redacted]");
+        }
+        out
+    }
+
+    /// An upstream request id as passed on: redacted, printable ASCII,
+    /// at most 128 bytes.
+    pub fn upstream_id(&self, id: &str) -> String {
+        self.redact(id)
+            .chars()
+            .filter(|c| c.is_ascii_graphic())
+            .take(MAX_UPSTREAM_ID)
+            .collect()
+    }
+
     /// Builds the endpoint from config, reading the API key from its environment variable.
     pub fn new(cfg: &ProviderConfig) -> Result<Self, EndpointError> {
         let api_key = match &cfg.api_key_env {
@@ -75,6 +104,7 @@ impl Endpoint {
             api_key,
             first_token_timeout: cfg.first_token_timeout,
             idle_timeout: cfg.idle_timeout,
+            max_retry_after: cfg.cooldown.max_retry_after,
             http,
         })
     }

@@ -175,6 +175,16 @@ impl OpenAiDecoder {
 
     fn on_choice(&mut self, c: &Value, out: &mut Vec<Chunk>) -> Result<(), Failure> {
         let index = u32_field(c, "index").unwrap_or(0);
+        if index != 0 {
+            // Switchyard asks for one choice; a second one would be merged
+            // into the first answer, so it is a protocol error, not output.
+            return Err(in_body(
+                OutcomeClass::Protocol,
+                format!(
+                    "stream carries choice index {index}; only one choice (n = 1) was asked for"
+                ),
+            ));
+        }
         self.choices.entry(index).or_insert(None);
         if let Some(delta) = c.get("delta") {
             self.on_delta(delta, out);
@@ -729,13 +739,16 @@ mod tests {
     }
 
     #[test]
-    fn every_choice_needs_a_finish_reason() {
+    fn a_second_choice_is_a_protocol_error_not_merged_output() {
         let text = concat!(
-            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\n",
             "data: {\"choices\":[{\"index\":1,\"delta\":{\"content\":\"b\"},\"finish_reason\":null}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
             "data: [DONE]\n\n"
         );
-        assert_eq!(class_of(text), OutcomeClass::Truncated);
+        let (chunks, end) = decode(text);
+        assert_eq!(text_of(&chunks), "a", "choice 1's text is never forwarded");
+        assert_eq!(end.unwrap_err().class, OutcomeClass::Protocol);
     }
 
     #[test]

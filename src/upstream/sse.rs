@@ -1,8 +1,10 @@
 //! Incremental WHATWG server-sent-events parser: bytes in, dispatched events out,
 //! identical results under any chunking of the same bytes.
 //! Owns line splitting (CR, LF, CRLF across feeds), field rules and the EOF flush.
-//! Knows nothing of JSON or providers, does no I/O, and never fails: odd input
-//! is skipped, except a non-standard `error:` field, which is surfaced.
+//! Knows nothing of JSON or providers and does no I/O. Odd input is skipped,
+//! except a non-standard `error:` field, which is surfaced; the one failure is
+//! size: a line or an event larger than its bound (an upstream that never
+//! sends a newline must not grow memory without end).
 
 /// One dispatched SSE event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -19,9 +21,28 @@ pub struct SseEvent {
     pub error: Option<String>,
 }
 
+/// Longest line accepted by default (a streamed delta is a few hundred bytes;
+/// a whole tool-call argument in one frame can be large).
+pub const MAX_LINE_BYTES: usize = 1024 * 1024;
+/// Largest event (all its fields) accepted by default.
+pub const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
+
+/// A line or an event went past its bound; the stream cannot be parsed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an SSE {what} exceeds {limit} bytes")]
+pub struct TooLarge {
+    pub what: &'static str,
+    pub limit: usize,
+}
+
 /// Incremental parser. Feed it bytes as they arrive, then call [`SseParser::finish`].
 #[derive(Debug, Default)]
 pub struct SseParser {
+    /// Bounds on a line and on an event.
+    max_line: usize,
+    max_event: usize,
+    /// Bytes held by the event being built.
+    event_bytes: usize,
     /// Bytes of the current, not yet terminated line.
     line: Vec<u8>,
     /// The previous feed ended on CR: a leading LF of the next feed belongs to it.
@@ -80,14 +101,31 @@ fn append_line(buf: &mut Option<String>, value: &str) {
 
 impl SseParser {
     pub fn new() -> Self {
+        Self::with_limits(MAX_LINE_BYTES, MAX_EVENT_BYTES)
+    }
+
+    /// A parser with its own bounds on a line and on an event.
+    pub fn with_limits(max_line: usize, max_event: usize) -> Self {
         SseParser {
             first_line: true,
+            max_line,
+            max_event,
             ..Default::default()
         }
     }
 
     /// Parses `bytes`, pushing every event completed by them onto `out`.
-    pub fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<SseEvent>) {
+    /// After `Err` the parser holds nothing and must not be fed again.
+    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), TooLarge> {
+        let fed = self.feed_inner(bytes, out);
+        if fed.is_err() {
+            let limits = (self.max_line, self.max_event);
+            *self = SseParser::with_limits(limits.0, limits.1);
+        }
+        fed
+    }
+
+    fn feed_inner(&mut self, mut bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), TooLarge> {
         if self.skip_lf {
             if let Some(rest) = bytes.strip_prefix(b"\n") {
                 bytes = rest;
@@ -97,8 +135,8 @@ impl SseParser {
             }
         }
         while let Some(pos) = bytes.iter().position(|&b| b == b'\r' || b == b'\n') {
-            self.line.extend_from_slice(&bytes[..pos]);
-            self.end_line(out);
+            self.extend_line(&bytes[..pos])?;
+            self.end_line(out)?;
             let is_cr = bytes[pos] == b'\r';
             bytes = &bytes[pos + 1..];
             if is_cr {
@@ -109,21 +147,44 @@ impl SseParser {
                 }
             }
         }
+        self.extend_line(bytes)
+    }
+
+    fn extend_line(&mut self, bytes: &[u8]) -> Result<(), TooLarge> {
+        if self.line.len() + bytes.len() > self.max_line {
+            return Err(TooLarge {
+                what: "line",
+                limit: self.max_line,
+            });
+        }
         self.line.extend_from_slice(bytes);
+        Ok(())
     }
 
     /// The body ended: flushes an unterminated last line and dispatches the
     /// pending event even without its blank line (llama.cpp sends a bare
     /// `data: [DONE]`). The parser is reset afterwards.
-    pub fn finish(&mut self, out: &mut Vec<SseEvent>) {
-        if !self.line.is_empty() {
-            self.end_line(out);
-        }
+    pub fn finish(&mut self, out: &mut Vec<SseEvent>) -> Result<(), TooLarge> {
+        let ended = if self.line.is_empty() {
+            Ok(())
+        } else {
+            self.end_line(out)
+        };
         out.extend(self.pending.take_event());
-        *self = SseParser::new();
+        *self = SseParser::with_limits(self.max_line, self.max_event);
+        ended
     }
 
-    fn end_line(&mut self, out: &mut Vec<SseEvent>) {
+    fn end_line(&mut self, out: &mut Vec<SseEvent>) -> Result<(), TooLarge> {
+        if !self.line.starts_with(b":") {
+            self.event_bytes += self.line.len();
+        }
+        if self.event_bytes > self.max_event {
+            return Err(TooLarge {
+                what: "event",
+                limit: self.max_event,
+            });
+        }
         let bytes = std::mem::take(&mut self.line);
         let mut line = String::from_utf8_lossy(&bytes);
         if self.first_line {
@@ -133,10 +194,12 @@ impl SseParser {
             }
         }
         self.process_line(&line, out);
+        Ok(())
     }
 
     fn process_line(&mut self, line: &str, out: &mut Vec<SseEvent>) {
         if line.is_empty() {
+            self.event_bytes = 0;
             out.extend(self.pending.take_event());
             return;
         }
@@ -207,14 +270,14 @@ pub(crate) mod transcript {
         let mut chunks = Vec::new();
         let mut events: Vec<SseEvent> = Vec::new();
         for piece in pieces {
-            parser.feed(piece, &mut events);
+            parser.feed(piece, &mut events).unwrap();
             for ev in events.drain(..) {
                 if let Err(f) = decoder.on_event(&ev, &mut chunks) {
                     return (chunks, Err(f));
                 }
             }
         }
-        parser.finish(&mut events);
+        parser.finish(&mut events).unwrap();
         for ev in events.drain(..) {
             if let Err(f) = decoder.on_event(&ev, &mut chunks) {
                 return (chunks, Err(f));
@@ -259,8 +322,8 @@ mod tests {
     fn parse(bytes: &[u8]) -> Vec<SseEvent> {
         let mut p = SseParser::new();
         let mut out = Vec::new();
-        p.feed(bytes, &mut out);
-        p.finish(&mut out);
+        p.feed(bytes, &mut out).unwrap();
+        p.finish(&mut out).unwrap();
         out
     }
 
@@ -268,9 +331,9 @@ mod tests {
         let mut p = SseParser::new();
         let mut out = Vec::new();
         for piece in pieces {
-            p.feed(piece, &mut out);
+            p.feed(piece, &mut out).unwrap();
         }
-        p.finish(&mut out);
+        p.finish(&mut out).unwrap();
         out
     }
 
@@ -429,6 +492,62 @@ mod tests {
             proptest::collection::vec(any::<u8>(), 0..4),
         ];
         proptest::collection::vec(token, 0..40).prop_map(|v| v.concat())
+    }
+
+    #[test]
+    fn a_line_without_end_stops_at_its_bound_under_any_chunking() {
+        let mut p = SseParser::with_limits(1024, 4096);
+        let mut out = Vec::new();
+        let piece = [b'x'; 100];
+        let mut fed = 0;
+        let err = loop {
+            match p.feed(&piece, &mut out) {
+                Ok(()) => fed += piece.len(),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(
+            err,
+            TooLarge {
+                what: "line",
+                limit: 1024
+            }
+        );
+        assert_eq!(fed, 1000, "refused at the piece that would pass 1024 bytes");
+        assert!(p.line.capacity() < 2048, "the held line was dropped");
+    }
+
+    #[test]
+    fn an_event_of_many_data_lines_stops_at_its_bound() {
+        let mut p = SseParser::with_limits(1024, 4096);
+        let mut out = Vec::new();
+        let line = format!("data: {}\n", "y".repeat(500));
+        let results: Vec<_> = (0..10).map(|_| p.feed(line.as_bytes(), &mut out)).collect();
+        assert!(results[..8].iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(
+            results[8],
+            Err(TooLarge {
+                what: "event",
+                limit: 4096
+            })
+        );
+        assert!(out.is_empty());
+        // Many small events of the same total are fine: the bound is per event.
+        let mut p = SseParser::with_limits(1024, 4096);
+        let event = format!("data: {}\n\n", "y".repeat(500));
+        for _ in 0..100 {
+            p.feed(event.as_bytes(), &mut out).unwrap();
+        }
+        assert_eq!(out.len(), 100);
+        // Comment lines (keep-alives) hold nothing and count for nothing.
+        let mut p = SseParser::with_limits(1024, 4096);
+        for _ in 0..100 {
+            p.feed(
+                b": keep-alive 0123456789012345678901234567890123456789\n",
+                &mut out,
+            )
+            .unwrap();
+        }
     }
 
     proptest! {

@@ -20,7 +20,6 @@ use axum::routing::{get, post};
 use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 use error::*;
 use request::*;
@@ -35,7 +34,7 @@ use crate::chat::{Chunk, FinishReason};
 use crate::error::RequestError;
 use crate::proto;
 use crate::reload::Reloader;
-use crate::sink::{Event, Item, QueuedJob};
+use crate::sink::{Event, Events, QueuedJob};
 
 /// What the front door's handlers share.
 pub struct HttpState {

@@ -9,7 +9,7 @@ use super::*;
 /// Holds the response until the first event (so a failure before the first
 /// token is a plain HTTP error), then streams SSE frames.
 pub(super) async fn stream(
-    mut rx: mpsc::Receiver<Item>,
+    mut rx: Events,
     ids: Ids,
     include_usage: bool,
     request_id: &str,
@@ -54,7 +54,7 @@ pub(super) async fn stream(
 
 /// The SSE side of one streaming answer.
 pub(super) struct Sse {
-    pub(super) rx: mpsc::Receiver<Item>,
+    pub(super) rx: Events,
     /// An event read before the headers went out, not yet framed.
     pub(super) pending: Option<Event>,
     pub(super) ids: Ids,
