@@ -14,7 +14,6 @@ use ractor::{Actor, ActorRef};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
 
 use crate::actors::recovery::RecoveryArgs;
 use crate::actors::registry::Registry;
@@ -23,6 +22,7 @@ use crate::api::admin::{AdminAccess, AdminService};
 use crate::api::admin_http::{self, AdminState};
 use crate::api::auth::Authenticator;
 use crate::api::intake::Intake;
+use crate::api::listener;
 use crate::api::openai::{self, HttpState};
 use crate::api::router_service::RouterService;
 use crate::api::tls::{self, TlsState};
@@ -72,8 +72,8 @@ pub struct Running {
     ready: Arc<AtomicBool>,
     health: tonic_health::server::HealthReporter,
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,
-    admin: JoinHandle<std::io::Result<()>>,
-    http: Option<JoinHandle<std::io::Result<()>>>,
+    admin: JoinHandle<()>,
+    http: Option<JoinHandle<()>>,
 }
 
 /// Whether some route has a target that can take traffic now.
@@ -150,7 +150,8 @@ async fn open_queue(
         ));
     }
     let path = q.path.clone();
-    let store = tokio::task::spawn_blocking(move || JobStore::open(&path, limits))
+    let accept_empty = q.accept_empty_file;
+    let store = tokio::task::spawn_blocking(move || JobStore::open(&path, limits, accept_empty))
         .await
         .map_err(|e| StartError::Queue(e.to_string()))?
         .map_err(|e| StartError::Queue(format!("{}: {e}", q.path.display())))?;
@@ -217,11 +218,26 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         jobs: core.jobs.clone(),
         metrics: core.metrics.clone(),
     });
-    let admin = tokio::spawn(serve_axum(listeners.admin, admin_router, stop.clone()));
-    let http = listeners.http.map(|listener| {
+    let bounds = |name, max_connections| listener::Bounds {
+        name,
+        max_connections,
+        header_read_timeout: config.server.header_read_timeout,
+        idle_timeout: config.server.connection_idle_timeout,
+        drain_timeout: config.server.drain_timeout,
+    };
+    let admin = tokio::spawn({
+        let (metrics, stop) = (core.metrics.clone(), stop.clone());
+        let bounds = bounds("admin", config.server.admin_max_connections);
+        async move { listener::serve_http(listeners.admin, admin_router, bounds, &metrics, stop).await }
+    });
+    let http = listeners.http.map(|http| {
         let state = HttpState::new(core.intake.clone(), auth, reloader.clone());
         let router = openai::router(Arc::new(state));
-        tokio::spawn(serve_axum(listener, router, stop.clone()))
+        let (metrics, stop) = (core.metrics.clone(), stop.clone());
+        let bounds = bounds("http", config.server.http_max_connections);
+        tokio::spawn(
+            async move { listener::serve_http(http, router, bounds, &metrics, stop).await },
+        )
     });
     if config.server.watch_config {
         tokio::spawn(reloader.clone().watch(stop.clone()));
@@ -429,8 +445,13 @@ async fn serve_grpc(
         move |req| admin_access.check(req),
     );
     let routes = tonic::transport::Server::builder()
+        // h2 accepts header blocks up to this; the limits layer answers a
+        // stream whose metadata is over `limits.max_metadata_bytes` with a
+        // status, so one bad call never costs the connection (GOAWAY).
+        .http2_max_header_list_size(Some(crate::api::grpc_limits::H2_MAX_HEADER_LIST))
         .layer(crate::api::grpc_limits::TooLargeLayer {
             limit: config.limits.max_request_bytes,
+            max_metadata: config.limits.max_metadata_bytes,
         })
         .add_service(health_service)
         .add_service(reflection)
@@ -438,31 +459,19 @@ async fn serve_grpc(
         .add_service(admin_service);
     let grpc_stop = stop.clone();
     let shutdown = async move { grpc_stop.cancelled().await };
+    let accepted = listener::capped(
+        listener,
+        config.server.max_connections,
+        &core.metrics,
+        stop.clone(),
+    );
     let task = match tls {
         Some(tls) => tokio::spawn(
-            routes.serve_with_incoming_shutdown(tls::incoming(listener, tls, stop), shutdown),
+            routes.serve_with_incoming_shutdown(tls::incoming(accepted, tls, stop), shutdown),
         ),
-        None => tokio::spawn(routes.serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )),
+        None => tokio::spawn(routes.serve_with_incoming_shutdown(accepted, shutdown)),
     };
     Ok((task, health))
-}
-
-/// Serves an axum router until `stop`, with TCP_NODELAY.
-async fn serve_axum(
-    listener: TcpListener,
-    router: axum::Router,
-    stop: CancellationToken,
-) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
 }
 
 impl Running {

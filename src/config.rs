@@ -157,6 +157,10 @@ pub struct QueueConfig {
     /// A job not finished within this after it was accepted expires.
     #[serde(with = "humantime_serde")]
     pub job_ttl: Duration,
+    /// Start even when `path` exists but holds no queue (a file truncated
+    /// to 0 bytes, or another file): an empty queue is made in it. Off by
+    /// default, so a damaged file is never silently taken for an empty queue.
+    pub accept_empty_file: bool,
 }
 
 impl Default for QueueConfig {
@@ -167,6 +171,7 @@ impl Default for QueueConfig {
             max_jobs_per_tenant: 1_000,
             drain: Default::default(),
             job_ttl: Duration::from_secs(24 * 3600),
+            accept_empty_file: false,
         }
     }
 }
@@ -187,6 +192,9 @@ pub struct IdempotencyConfig {
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
     pub max_entries: usize,
+    /// Most bytes of stored answers (embedded backend); the expired, then
+    /// the oldest-expiring, go first.
+    pub max_bytes: usize,
 }
 
 impl Default for IdempotencyConfig {
@@ -194,6 +202,7 @@ impl Default for IdempotencyConfig {
         IdempotencyConfig {
             ttl: Duration::from_secs(24 * 3600),
             max_entries: 100_000,
+            max_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -241,6 +250,13 @@ pub struct LimitsConfig {
     pub tenant_rate_per_sec: f64,
     /// Burst above the rate per tenant.
     pub tenant_burst: u32,
+    /// Largest metadata (all headers of one call, HPACK-counted: name +
+    /// value + 32 per entry) a gRPC call or HTTP request may carry; over it
+    /// the one call is refused (METADATA_TOO_LARGE / HTTP 431).
+    pub max_metadata_bytes: usize,
+    /// Longest caller-chosen identifier (tenant, idempotency key, route
+    /// name, request id).
+    pub max_id_bytes: usize,
     /// Largest answer kept for an idempotency record or the response cache;
     /// a larger one is served but not kept.
     pub max_recorded_bytes: usize,
@@ -258,6 +274,8 @@ impl Default for LimitsConfig {
             tenant_rate_per_sec: 0.0,
             tenant_burst: 0,
             max_recorded_bytes: 4 * 1024 * 1024,
+            max_metadata_bytes: 16 * 1024,
+            max_id_bytes: 256,
         }
     }
 }
@@ -300,6 +318,17 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// TLS for the gRPC listener (off when absent).
     pub tls: Option<TlsConfig>,
+    /// Open connections per listener; more are closed on accept (counted
+    /// in `switchyard_connections_refused_total`, with a WARN).
+    pub max_connections: usize,
+    pub http_max_connections: usize,
+    pub admin_max_connections: usize,
+    /// HTTP listeners: longest a client may take to send a request's headers.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// HTTP listeners: a connection with no request in flight this long is closed.
+    #[serde(with = "humantime_serde")]
+    pub connection_idle_timeout: Duration,
 }
 
 /// `[server.tls]`: PEM files, re-read on config reload.
@@ -326,6 +355,11 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(20),
             tls: None,
             watch_config: true,
+            max_connections: 4096,
+            http_max_connections: 1024,
+            admin_max_connections: 64,
+            header_read_timeout: Duration::from_secs(10),
+            connection_idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -722,6 +756,35 @@ impl Config {
                 "server.default_deadline",
                 "must be positive",
             ));
+        }
+        for (field, n) in [
+            ("server.max_connections", self.server.max_connections),
+            (
+                "server.http_max_connections",
+                self.server.http_max_connections,
+            ),
+            (
+                "server.admin_max_connections",
+                self.server.admin_max_connections,
+            ),
+        ] {
+            if n == 0 {
+                return Err(ConfigError::new(field, "must be at least 1"));
+            }
+        }
+        for (field, d) in [
+            (
+                "server.header_read_timeout",
+                self.server.header_read_timeout,
+            ),
+            (
+                "server.connection_idle_timeout",
+                self.server.connection_idle_timeout,
+            ),
+        ] {
+            if d < Duration::from_millis(100) {
+                return Err(ConfigError::new(field, "must be at least 100ms"));
+            }
         }
         if self.server.send_timeout < Duration::from_millis(10) {
             return Err(ConfigError::new(

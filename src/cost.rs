@@ -65,6 +65,9 @@ impl CostGuard {
         let reserved: f64 = mine.values().map(|(a, _)| a).sum();
         let spent = self.spent(tenant, now);
         if spent + reserved + usd > cap + 1e-9 {
+            if mine.is_empty() {
+                held.remove(tenant);
+            }
             return Err(OverCap {
                 spent_usd: spent + reserved,
                 cap_usd: cap,
@@ -120,6 +123,9 @@ impl CostGuard {
             return;
         }
         if let Ok(mut spend) = self.spend.lock() {
+            if spend.len() >= MAX_TENANTS && !spend.contains_key(tenant) {
+                make_room(&mut spend, now);
+            }
             let window = self.config.window;
             let buckets = spend
                 .entry(tenant.to_string())
@@ -135,6 +141,31 @@ impl CostGuard {
             .ok()
             .and_then(|s| s.get(tenant).map(|b| b.live(now).sum()))
             .unwrap_or(0.0)
+    }
+}
+
+/// Most tenants whose spend is tracked in process (tenant names come from
+/// callers in open auth mode).
+pub const MAX_TENANTS: usize = 10_000;
+
+/// Drops the tenants with nothing spent in the window; if every one has
+/// spent, the smallest spender (only a flood of new names gets here).
+fn make_room(spend: &mut HashMap<String, Buckets<f64>>, now: Instant) {
+    spend.retain(|_, b| b.live(now).sum::<f64>() > 0.0);
+    if spend.len() < MAX_TENANTS {
+        return;
+    }
+    let smallest = spend
+        .iter()
+        .map(|(k, b)| (k.clone(), b.live(now).sum::<f64>()))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(k, _)| k);
+    if let Some(k) = smallest {
+        tracing::warn!(
+            tenants = MAX_TENANTS,
+            "cost ledger full; forgetting the smallest spender"
+        );
+        spend.remove(&k);
     }
 }
 

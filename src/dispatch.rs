@@ -5,7 +5,7 @@
 //! an answer or one classified error. Policy comes from the actors and the
 //! pure policy structs; this module carries it out.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -125,12 +125,14 @@ impl Dispatcher {
     /// Runs the request to its end; the outcome reaches the caller through `sink`.
     pub async fn run(self: Arc<Self>, spec: RequestSpec, mut sink: EventSink) {
         self.active.fetch_add(1, Ordering::Relaxed);
+        // Set once the route is known to exist: only then may it label a metric.
+        let planned = AtomicBool::new(false);
         let result = tokio::select! {
-            r = self.serve(&spec, &mut sink) => r,
+            r = self.serve(&spec, &mut sink, &planned) => r,
             _ = self.abort.cancelled() => Err(RequestError::Draining),
         };
         if let Err(e) = result {
-            if let Some(reason) = e.shed_reason() {
+            if let Some(reason) = e.shed_reason().filter(|_| planned.load(Ordering::Relaxed)) {
                 self.metrics
                     .shed
                     .get_or_create(&ShedLabels {
@@ -146,7 +148,12 @@ impl Dispatcher {
 
     /// The whole request: cost cap, idempotency, fresh cache hits, the live
     /// targets, then the rest of the degradation ladder.
-    async fn serve(&self, spec: &RequestSpec, sink: &mut EventSink) -> Result<(), RequestError> {
+    async fn serve(
+        &self,
+        spec: &RequestSpec,
+        sink: &mut EventSink,
+        planned: &AtomicBool,
+    ) -> Result<(), RequestError> {
         let fingerprint = spec.fingerprint();
         let guard = match spec.scoped_key() {
             None => None,
@@ -165,6 +172,7 @@ impl Dispatcher {
             },
         };
         let plan = self.plan(spec).await?;
+        planned.store(true, Ordering::Relaxed);
         if let (Some(limit), Some(asked)) = (plan.max_tokens_limit, spec.chat.max_tokens) {
             if asked > limit {
                 return Err(RequestError::InvalidRequest(format!(

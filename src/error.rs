@@ -19,6 +19,9 @@ pub enum RequestError {
     /// The request message or body is larger than `limits.max_request_bytes`.
     #[error("request exceeds the limit of {limit} bytes (limits.max_request_bytes)")]
     RequestTooLarge { limit: usize },
+    /// The call's metadata (headers) is larger than `limits.max_metadata_bytes`.
+    #[error("request metadata of {size} bytes exceeds the limit of {limit} bytes (limits.max_metadata_bytes)")]
+    MetadataTooLarge { size: usize, limit: usize },
     /// No target of the route declares every needed capability.
     #[error("no target of route `{route}` has {}", missing.join(", "))]
     NoCapableTarget { route: String, missing: Vec<String> },
@@ -192,7 +195,9 @@ impl From<crate::queue::QueueError> for RequestError {
                 RequestError::QueueFull(e.to_string())
             }
             QueueError::KeyReused => RequestError::IdempotencyKeyReused,
-            QueueError::Storage(e) => RequestError::QueueUnavailable(e.to_string()),
+            QueueError::Storage(_) | QueueError::NotAQueue(_) => {
+                RequestError::QueueUnavailable(e.to_string())
+            }
             QueueError::Unavailable(e) => RequestError::StateUnavailable(e),
         }
     }

@@ -44,6 +44,13 @@ enum Entry {
 struct Inner {
     entries: HashMap<String, Entry>,
     next_claim: u64,
+    /// Bytes held by finished records (keys and answers).
+    bytes: usize,
+}
+
+/// About how many bytes a finished record holds.
+fn record_bytes(key: &str, events: &[Event]) -> usize {
+    key.len() + events.iter().map(crate::sink::event_bytes).sum::<usize>()
 }
 
 /// The store; share it behind an `Arc`.
@@ -53,17 +60,21 @@ pub struct IdempotencyStore {
     ttl: Duration,
     /// Most records kept; past it the expired, then the oldest-expiring, go.
     max_entries: usize,
+    /// Most bytes of finished records kept, the same way.
+    max_bytes: usize,
 }
 
 impl IdempotencyStore {
-    pub fn new(ttl: Duration, max_entries: usize) -> Arc<Self> {
+    pub fn new(ttl: Duration, max_entries: usize, max_bytes: usize) -> Arc<Self> {
         Arc::new(IdempotencyStore {
             inner: Mutex::new(Inner {
                 entries: HashMap::new(),
                 next_claim: 0,
+                bytes: 0,
             }),
             ttl,
             max_entries: max_entries.max(1),
+            max_bytes,
         })
     }
 
@@ -91,7 +102,7 @@ impl IdempotencyStore {
             _ => {}
         }
         if inner.entries.len() >= self.max_entries {
-            evict(&mut inner.entries, now, self.max_entries);
+            evict(&mut inner, now, |i| i.entries.len() < self.max_entries);
         }
         inner.next_claim += 1;
         let claim = inner.next_claim;
@@ -114,13 +125,29 @@ impl IdempotencyStore {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Bytes held by finished records.
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().map(|i| i.bytes).unwrap_or(0)
+    }
 }
 
-/// Makes room: drops expired records, then the ones expiring first.
-fn evict(entries: &mut HashMap<String, Entry>, now: Instant, max: usize) {
-    entries.retain(|_, e| !matches!(e, Entry::Done { expires, .. } if *expires <= now));
-    while entries.len() >= max {
-        let oldest = entries
+/// Makes room until `enough`: drops expired records, then the ones expiring first.
+fn evict(inner: &mut Inner, now: Instant, enough: impl Fn(&Inner) -> bool) {
+    let mut freed = 0;
+    inner.entries.retain(|k, e| match e {
+        Entry::Done {
+            expires, events, ..
+        } if *expires <= now => {
+            freed += record_bytes(k, events);
+            false
+        }
+        _ => true,
+    });
+    inner.bytes -= freed;
+    while !enough(inner) {
+        let oldest = inner
+            .entries
             .iter()
             .filter_map(|(k, e)| match e {
                 Entry::Done { expires, .. } => Some((k.clone(), *expires)),
@@ -128,11 +155,9 @@ fn evict(entries: &mut HashMap<String, Entry>, now: Instant, max: usize) {
             })
             .min_by_key(|(_, t)| *t)
             .map(|(k, _)| k);
-        match oldest {
-            Some(k) => {
-                entries.remove(&k);
-            }
-            None => break,
+        let Some(k) = oldest else { break };
+        if let Some(Entry::Done { events, .. }) = inner.entries.remove(&k) {
+            inner.bytes -= record_bytes(&k, &events);
         }
     }
 }
@@ -147,13 +172,22 @@ pub struct ClaimGuard {
 
 impl ClaimGuard {
     /// Stores the finished answer for replay.
+    /// An answer larger than the store's byte bound is not kept (the key
+    /// is released, as for a failure).
     pub fn complete(mut self, events: Vec<Event>, now: Instant) {
+        let size = record_bytes(&self.key, &events);
+        if size > self.store.max_bytes {
+            return;
+        }
         self.done = true;
         let expires = now + self.store.ttl;
+        let max_bytes = self.store.max_bytes;
         if let Ok(mut inner) = self.store.inner.lock() {
             if let Some(Entry::InFlight { fingerprint, claim }) = inner.entries.get(&self.key) {
                 if *claim == self.claim {
                     let fingerprint = *fingerprint;
+                    evict(&mut inner, now, |i| i.bytes + size <= max_bytes);
+                    inner.bytes += size;
                     inner.entries.insert(
                         self.key.clone(),
                         Entry::Done {
@@ -197,7 +231,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn replay_after_completion_then_expiry() {
-        let store = IdempotencyStore::new(Duration::from_secs(60), 100);
+        let store = IdempotencyStore::new(Duration::from_secs(60), 100, 1 << 20);
         let now = Instant::now();
         let Claim::Fresh(guard) = store.claim("t:k", A, now) else {
             panic!()
@@ -219,7 +253,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_request_releases_its_key() {
-        let store = IdempotencyStore::new(Duration::from_secs(60), 100);
+        let store = IdempotencyStore::new(Duration::from_secs(60), 100, 1 << 20);
         let now = Instant::now();
         let Claim::Fresh(guard) = store.claim("t:k", A, now) else {
             panic!()
@@ -231,7 +265,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn keys_are_scoped_and_the_store_is_bounded() {
-        let store = IdempotencyStore::new(Duration::from_secs(60), 3);
+        let store = IdempotencyStore::new(Duration::from_secs(60), 3, 1 << 20);
         let now = Instant::now();
         for i in 0..10 {
             let Claim::Fresh(g) = store.claim(&format!("t:{i}"), A, now + Duration::from_secs(i))

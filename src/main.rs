@@ -52,6 +52,10 @@ struct ServeArgs {
     /// Override `server.log_format`.
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
+    /// Set `queue.accept_empty_file`: begin an empty queue in a queue file
+    /// that exists but holds none (after a truncation the file is refused).
+    #[arg(long)]
+    accept_empty_queue: bool,
 }
 
 fn main() -> ExitCode {
@@ -164,6 +168,11 @@ async fn serve(args: ServeArgs) -> ExitCode {
     if let Some(f) = args.log_format {
         config.server.log_format = f;
     }
+    if args.accept_empty_queue {
+        if let Some(q) = config.queue.as_mut() {
+            q.accept_empty_file = true;
+        }
+    }
     let telemetry = switchyard::telemetry::tracing::init(config.server.log_format);
     if args.config.is_none() {
         if mocks.is_empty() {
@@ -182,6 +191,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             }
         }
     }
+    raise_descriptor_limit(&config);
     if let Some((path, env)) = config.missing_env().into_iter().next() {
         eprintln!("error: {path}: environment variable {env} is not set");
         telemetry.shutdown();
@@ -287,5 +297,24 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+/// Raises the open-file limit to the hard limit, so the listeners' connection
+/// caps (not the kernel's default of 1024) decide when to refuse; warns when
+/// even the hard limit is below what the caps allow.
+fn raise_descriptor_limit(config: &Config) {
+    let s = &config.server;
+    let wanted = (s.max_connections + s.http_max_connections + s.admin_max_connections) as u64
+        // Upstream connections, the queue file, Redis, logs.
+        + 1024;
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < wanted => tracing::warn!(
+            limit,
+            wanted,
+            "the open-file limit is below the listeners' connection caps plus upstream room; lower server.*max_connections or raise the hard limit"
+        ),
+        Ok(limit) => tracing::debug!(limit, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
     }
 }

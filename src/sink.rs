@@ -437,7 +437,7 @@ enum SendFailed {
 }
 
 /// About how much memory a recorded event holds.
-fn event_bytes(event: &Event) -> usize {
+pub(crate) fn event_bytes(event: &Event) -> usize {
     const OVERHEAD: usize = 64;
     OVERHEAD
         + match event {

@@ -25,17 +25,29 @@ pub struct TenantLimiter {
     tenants: Mutex<HashMap<String, TenantState>>,
 }
 
+/// Most tenants tracked at once (tenant names come from callers in open
+/// auth mode); past it, tenants with nothing in flight are forgotten.
+pub const MAX_TENANTS: usize = 10_000;
+
 /// A held concurrency slot; dropping it frees the slot.
 pub struct TenantSlot {
-    limiter: Arc<TenantLimiter>,
+    /// `None` when no limit is configured (nothing is tracked).
+    limiter: Option<Arc<TenantLimiter>>,
     tenant: String,
 }
 
 impl Drop for TenantSlot {
     fn drop(&mut self) {
-        if let Ok(mut tenants) = self.limiter.tenants.lock() {
+        let Some(limiter) = &self.limiter else {
+            return;
+        };
+        if let Ok(mut tenants) = limiter.tenants.lock() {
             if let Some(t) = tenants.get_mut(&self.tenant) {
                 t.active = t.active.saturating_sub(1);
+                // Without a rate there is nothing to remember of an idle tenant.
+                if t.active == 0 && t.bucket.is_none() {
+                    tenants.remove(&self.tenant);
+                }
             }
         }
     }
@@ -56,10 +68,21 @@ impl TenantLimiter {
 
     /// Admits one request of `tenant`, or says which limit refused it.
     pub fn admit(self: &Arc<Self>, tenant: &str, now: Instant) -> Result<TenantSlot, RequestError> {
+        if self.max_concurrent == 0 && self.rate.is_none() {
+            return Ok(TenantSlot {
+                limiter: None,
+                tenant: String::new(),
+            });
+        }
         let mut tenants = self
             .tenants
             .lock()
             .map_err(|_| RequestError::Unavailable("tenant limiter poisoned".into()))?;
+        if tenants.len() >= MAX_TENANTS && !tenants.contains_key(tenant) {
+            // A rate bucket forgotten starts full again: only a flood of
+            // distinct names gets here, and each name is still limited.
+            tenants.retain(|_, t| t.active > 0);
+        }
         let state = tenants.entry(tenant.to_string()).or_default();
         if self.max_concurrent > 0 && state.active >= self.max_concurrent {
             return Err(RequestError::TenantLimit {
@@ -82,7 +105,7 @@ impl TenantLimiter {
         }
         state.active += 1;
         Ok(TenantSlot {
-            limiter: self.clone(),
+            limiter: Some(self.clone()),
             tenant: tenant.to_string(),
         })
     }

@@ -31,8 +31,11 @@ pub fn request_spec(
     let source = std::sync::Arc::new(prost::Message::encode_to_vec(&req));
     check_sizes(&req, limits)?;
     check_sampling(&req)?;
-    if req.idempotency_key.len() > 255 {
-        return Err(invalid("idempotency_key: longer than 255 characters"));
+    if !(0..=proto::ResponseFormat::JsonObject as i32).contains(&req.response_format) {
+        return Err(invalid(format!(
+            "response_format: {} is not a ResponseFormat value",
+            req.response_format
+        )));
     }
     let messages = messages(req.messages)?;
     let tools = tools(req.tools)?;
@@ -77,6 +80,26 @@ pub fn request_spec(
 fn check_sizes(req: &proto::CompletionRequest, limits: &LimitsConfig) -> Result<(), RequestError> {
     if req.route.is_empty() {
         return Err(invalid("route: must not be empty"));
+    }
+    // Caller-chosen names become map keys, labels and log fields: bounded
+    // here, and never echoed back at length.
+    for (field, value) in [
+        ("route", &req.route),
+        ("tenant", &req.tenant),
+        ("idempotency_key", &req.idempotency_key),
+    ] {
+        if value.len() > limits.max_id_bytes {
+            return Err(invalid(format!(
+                "{field}: {} bytes exceed limits.max_id_bytes ({})",
+                value.len(),
+                limits.max_id_bytes
+            )));
+        }
+        if value.chars().any(char::is_control) {
+            return Err(invalid(format!(
+                "{field}: must not contain control characters"
+            )));
+        }
     }
     if req.messages.is_empty() {
         return Err(invalid("messages: at least one message is required"));

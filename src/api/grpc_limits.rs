@@ -1,9 +1,12 @@
-//! The gRPC message-size limit in the error table's terms: tonic refuses a
-//! request message over `limits.max_request_bytes` with OUT_OF_RANGE before
-//! any handler runs; this layer rewrites that one answer to RESOURCE_EXHAUSTED
+//! The gRPC size limits in the error table's terms. Metadata: h2 accepts
+//! header blocks up to [`H2_MAX_HEADER_LIST`] and this layer answers a call
+//! whose metadata is over `limits.max_metadata_bytes` with RESOURCE_EXHAUSTED
+//! (METADATA_TOO_LARGE) before any service runs; messages: tonic refuses a
+//! request message over `limits.max_request_bytes` with OUT_OF_RANGE, and
+//! this layer rewrites that one answer to RESOURCE_EXHAUSTED
 //! (REQUEST_TOO_LARGE, with ErrorInfo), as gRPC's status-code guide says for
-//! "message larger than configured max". The connection and its other
-//! streams are untouched.
+//! "message larger than configured max". Either way the connection and its
+//! other streams are untouched.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,10 +17,16 @@ use http::HeaderMap;
 use super::status::to_status;
 use crate::error::RequestError;
 
+/// The header block h2 itself accepts. Above it h2 protects the connection
+/// (it is reset); below it, a too-large call gets a status of its own.
+pub const H2_MAX_HEADER_LIST: u32 = 1024 * 1024;
+
 /// Wraps the gRPC services.
 #[derive(Debug, Clone, Copy)]
 pub struct TooLargeLayer {
     pub limit: usize,
+    /// `limits.max_metadata_bytes`.
+    pub max_metadata: usize,
 }
 
 impl<S> tower_layer::Layer<S> for TooLargeLayer {
@@ -27,6 +36,7 @@ impl<S> tower_layer::Layer<S> for TooLargeLayer {
         TooLarge {
             inner,
             limit: self.limit,
+            max_metadata: self.max_metadata,
         }
     }
 }
@@ -35,6 +45,15 @@ impl<S> tower_layer::Layer<S> for TooLargeLayer {
 pub struct TooLarge<S> {
     inner: S,
     limit: usize,
+    max_metadata: usize,
+}
+
+/// A header map's size as HTTP/2 counts it (RFC 9113 §6.5.2).
+pub fn metadata_size(headers: &HeaderMap) -> usize {
+    headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 32)
+        .sum()
 }
 
 type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
@@ -43,6 +62,7 @@ impl<S, Req, ResBody> tower_service::Service<http::Request<Req>> for TooLarge<S>
 where
     S: tower_service::Service<http::Request<Req>, Response = http::Response<ResBody>>,
     S::Future: Send + 'static,
+    ResBody: Default + Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -53,6 +73,14 @@ where
     }
 
     fn call(&mut self, request: http::Request<Req>) -> Self::Future {
+        let size = metadata_size(request.headers());
+        if size > self.max_metadata {
+            let status = to_status(&RequestError::MetadataTooLarge {
+                size,
+                limit: self.max_metadata,
+            });
+            return Box::pin(async move { Ok(status.into_http()) });
+        }
         let answer = self.inner.call(request);
         let limit = self.limit;
         Box::pin(async move {

@@ -9,6 +9,7 @@ pub mod convert;
 pub mod grpc_limits;
 pub mod intake;
 pub mod jobs;
+pub mod listener;
 pub mod openai;
 pub mod router_service;
 pub mod status;

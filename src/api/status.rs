@@ -16,12 +16,36 @@ pub const DOMAIN: &str = "switchyard.dev";
 
 /// Maps a request error to the status the caller receives.
 pub fn to_status(err: &RequestError) -> Status {
-    let (code, reason, meta) = classify(err);
+    let (code, reason, mut meta) = classify(err);
+    for value in meta.values_mut() {
+        truncate(value, MAX_META_VALUE);
+    }
     let mut details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
     if let Some(delay) = err.retry_after() {
         details.set_retry_info(Some(delay));
     }
-    Status::with_error_details(code, err.to_string(), details)
+    let mut message = err.to_string();
+    truncate(&mut message, MAX_MESSAGE);
+    Status::with_error_details(code, message, details)
+}
+
+/// Longest `grpc-message` sent: whatever a caller or upstream put into an
+/// error's text, the status itself always fits the response headers.
+pub const MAX_MESSAGE: usize = 1024;
+/// Longest ErrorInfo metadata value.
+const MAX_META_VALUE: usize = 256;
+
+/// Cuts `s` to at most `max` bytes on a character boundary, marking the cut.
+pub fn truncate(s: &mut String, max: usize) {
+    if s.len() <= max {
+        return;
+    }
+    let mut end = max.saturating_sub(3);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s.push_str("...");
 }
 
 /// The HTTP status and OpenAI-style error type an error is answered with on
@@ -37,6 +61,9 @@ pub fn http_status(err: &RequestError) -> (http::StatusCode, &'static str) {
         Code::PermissionDenied => (H::FORBIDDEN, "permission_error"),
         Code::ResourceExhausted if matches!(err, RequestError::RequestTooLarge { .. }) => {
             (H::PAYLOAD_TOO_LARGE, "invalid_request_error")
+        }
+        Code::ResourceExhausted if matches!(err, RequestError::MetadataTooLarge { .. }) => {
+            (H::REQUEST_HEADER_FIELDS_TOO_LARGE, "invalid_request_error")
         }
         Code::ResourceExhausted => (H::TOO_MANY_REQUESTS, "rate_limit_error"),
         Code::DeadlineExceeded => (H::GATEWAY_TIMEOUT, "timeout_error"),
@@ -60,6 +87,11 @@ fn classify(err: &RequestError) -> (Code, &'static str, HashMap<String, String>)
         RequestError::RequestTooLarge { limit } => {
             meta.insert("limit_bytes".into(), limit.to_string());
             (Code::ResourceExhausted, "REQUEST_TOO_LARGE")
+        }
+        RequestError::MetadataTooLarge { size, limit } => {
+            meta.insert("size_bytes".into(), size.to_string());
+            meta.insert("limit_bytes".into(), limit.to_string());
+            (Code::ResourceExhausted, "METADATA_TOO_LARGE")
         }
         RequestError::UnknownRoute(route) => {
             meta.insert("route".into(), route.clone());

@@ -6,17 +6,19 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use futures_util::{Stream, StreamExt};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use super::listener::Capped;
 use crate::config::TlsConfig;
 
 /// Reads the PEM files into a server config (h2 only).
@@ -89,24 +91,26 @@ impl TlsState {
     }
 }
 
-/// Accepts TCP connections (TCP_NODELAY), completes each handshake in its own
-/// task (a slow or failed handshake holds up no one) and yields TLS streams.
+/// Completes each accepted connection's handshake in its own task (a slow or
+/// failed handshake holds up no one) and yields TLS streams.
 pub fn incoming(
-    listener: TcpListener,
+    accepted: impl Stream<Item = std::io::Result<Capped<TcpStream>>> + Send + 'static,
     tls: Arc<TlsState>,
     stop: CancellationToken,
-) -> ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>> {
+) -> ReceiverStream<Result<TlsStream<Capped<TcpStream>>, std::io::Error>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
+        let mut accepted = std::pin::pin!(accepted);
         loop {
-            let accepted = tokio::select! {
+            let next = tokio::select! {
                 _ = stop.cancelled() => return,
-                a = listener.accept() => a,
+                a = accepted.next() => a,
             };
-            let Ok((tcp, peer)) = accepted else {
-                continue;
+            let tcp = match next {
+                None => return,
+                Some(Err(_)) => continue,
+                Some(Ok(tcp)) => tcp,
             };
-            let _ = tcp.set_nodelay(true);
             let Some(acceptor) = tls.acceptor() else {
                 continue;
             };
@@ -116,8 +120,8 @@ pub fn incoming(
                     Ok(Ok(stream)) => {
                         let _ = tx.send(Ok(stream)).await;
                     }
-                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!("TLS handshake timed out"),
                 }
             });
         }

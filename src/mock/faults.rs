@@ -119,6 +119,20 @@ pub enum Fault {
     },
     /// 200 then only `data: [DONE]` (Anthropic: an empty stream).
     EmptyDone,
+    /// Streams `tokens` tokens whatever the request's `max_tokens` says.
+    Flood { tokens: u32 },
+    /// After the prelude, one SSE line of `bytes` bytes that never ends.
+    HugeLine { bytes: u64 },
+    /// After `after_tokens` tokens, the next frame one byte every `byte_delay_ms`.
+    Trickle {
+        #[serde(default)]
+        after_tokens: u32,
+        byte_delay_ms: u64,
+    },
+    /// OpenAI: every token also as a second choice (`index: 1`).
+    SecondChoice,
+    /// Anthropic: an `input_json_delta` for a block no `content_block_start` opened.
+    OrphanDelta,
     /// llama.cpp legacy `error: {...}` line, then `data: [DONE]`.
     LegacyError {
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -145,6 +159,11 @@ impl Fault {
             Fault::Malformed { .. } => "malformed",
             Fault::EmptyDone => "empty_done",
             Fault::LegacyError { .. } => "legacy_error",
+            Fault::Flood { .. } => "flood",
+            Fault::HugeLine { .. } => "huge_line",
+            Fault::Trickle { .. } => "trickle",
+            Fault::SecondChoice => "second_choice",
+            Fault::OrphanDelta => "orphan_delta",
         }
     }
 
@@ -155,6 +174,7 @@ impl Fault {
             | Fault::Stall { after_tokens }
             | Fault::ErrorEvent { after_tokens, .. }
             | Fault::Refusal { after_tokens }
+            | Fault::Trickle { after_tokens, .. }
             | Fault::Malformed { after_tokens, .. } => Some(*after_tokens),
             _ => None,
         }
@@ -180,6 +200,9 @@ const KNOWN_KEYS: &[&str] = &[
     "then_done",
     "close",
     "code",
+    "tokens",
+    "bytes",
+    "byte_delay_ms",
 ];
 
 /// A fault plus when to apply it. `{}` means healthy.

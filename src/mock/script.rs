@@ -64,6 +64,23 @@ pub(crate) fn stream_steps(g: &Gen, fault: &Fault, token_delay: Duration) -> Vec
     }
     let data = |b: Bytes| Step::Data(b, 0);
     out.extend(wire::prelude(g).into_iter().map(data));
+    if let Fault::HugeLine { bytes } = fault {
+        // Shared 64 KiB pieces: the mock itself holds almost nothing.
+        const PIECE: usize = 64 * 1024;
+        let piece = Bytes::from(vec![b'x'; PIECE]);
+        out.push(data(Bytes::from_static(b"data: ")));
+        let mut left = *bytes as usize;
+        while left > 0 {
+            let n = left.min(PIECE);
+            out.push(data(piece.slice(..n)));
+            left -= n;
+        }
+        out.push(Step::Stall);
+        return out;
+    }
+    if *fault == Fault::OrphanDelta && g.dialect == MockKind::Anthropic {
+        out.push(data(wire::orphan_delta()));
+    }
     let cut = fault.after_tokens().map(|k| k.min(g.n));
     let mut i = 0;
     loop {
@@ -77,6 +94,9 @@ pub(crate) fn stream_steps(g: &Gen, fault: &Fault, token_delay: Duration) -> Vec
             out.push(Step::Sleep(token_delay));
         }
         out.push(Step::Data(wire::token(g, i), 1));
+        if *fault == Fault::SecondChoice && g.dialect == MockKind::Openai {
+            out.push(data(wire::second_choice(g, i)));
+        }
         i += 1;
     }
     let terminator = *fault != Fault::NoTerminator;
@@ -123,6 +143,15 @@ fn strike(g: &Gen, fault: &Fault, k: u32, out: &mut Vec<Step>) -> bool {
         Fault::Malformed { close, .. } => {
             out.push(Step::Data(wire::malformed_frame(g), 0));
             *close
+        }
+        Fault::Trickle { byte_delay_ms, .. } => {
+            let frame = wire::token(g, k);
+            for i in 0..frame.len() {
+                out.push(Step::Sleep(Duration::from_millis(*byte_delay_ms)));
+                out.push(Step::Data(frame.slice(i..i + 1), 0));
+            }
+            out.push(Step::Stall);
+            true
         }
         _ => false,
     }

@@ -472,7 +472,13 @@ async fn completion(State(s): State<Arc<Shared>>, dialect: MockKind, req: Reques
         &parsed,
     );
     let attempt = s.log.begin(record, cfg.max_concurrency);
-    let gen = Gen::new(dialect, parsed, attempt.seq(), cfg.tokens, unix_now());
+    let fault = lock(&s.faults).pick().unwrap_or(Fault::None);
+    let gen = match fault {
+        Fault::Flood { tokens } => {
+            Gen::ignoring_max_tokens(dialect, parsed, attempt.seq(), tokens, unix_now())
+        }
+        _ => Gen::new(dialect, parsed, attempt.seq(), cfg.tokens, unix_now()),
+    };
 
     if attempt.over_capacity() {
         let (status, body) = wire::over_capacity(dialect, &gen.request_id());
@@ -482,7 +488,6 @@ async fn completion(State(s): State<Arc<Shared>>, dialect: MockKind, req: Reques
         let (status, body) = wire::bad_json(dialect, &gen.request_id());
         return error_response(&gen, attempt, status, body, &BTreeMap::new(), None);
     }
-    let fault = lock(&s.faults).pick().unwrap_or(Fault::None);
     if fault != Fault::None {
         attempt.set_fault(Some(fault.name()));
     }

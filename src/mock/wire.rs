@@ -99,6 +99,24 @@ impl Gen {
         }
     }
 
+    /// An answer of `tokens` tokens whatever `max_tokens` asked (a runaway upstream).
+    pub(crate) fn ignoring_max_tokens(
+        dialect: MockKind,
+        req: Parsed,
+        seq: u64,
+        tokens: u32,
+        created: u64,
+    ) -> Gen {
+        Gen {
+            dialect,
+            req,
+            seq,
+            created,
+            n: tokens,
+            capped: false,
+        }
+    }
+
     fn model(&self) -> &str {
         self.req.model.as_deref().unwrap_or("mock-model")
     }
@@ -199,6 +217,24 @@ fn an_args(fragment: &str) -> Bytes {
         "content_block_delta",
         &json!({"type": "content_block_delta", "index": 0,
                 "delta": {"type": "input_json_delta", "partial_json": fragment}}),
+    )
+}
+
+/// Token `i` again, as choice 1 (a stream with `n > 1`).
+pub(crate) fn second_choice(g: &Gen, i: u32) -> Bytes {
+    sse_data(&json!({
+        "id": g.id(), "object": "chat.completion.chunk", "created": g.created,
+        "model": g.model(),
+        "choices": [{"index": 1, "delta": {"content": token_text(i)}, "finish_reason": null}],
+    }))
+}
+
+/// Tool-input JSON for a content block that was never started.
+pub(crate) fn orphan_delta() -> Bytes {
+    sse_event(
+        "content_block_delta",
+        &json!({"type": "content_block_delta", "index": 7,
+                "delta": {"type": "input_json_delta", "partial_json": "{\"x\": 1}"}}),
     )
 }
 

@@ -84,6 +84,9 @@ pub enum QueueError {
     KeyReused,
     #[error("queue storage: {0}")]
     Storage(#[from] rusqlite::Error),
+    /// The file exists but holds no Switchyard queue: refusing to start on it.
+    #[error("the file exists but holds no Switchyard queue ({0}); it may have been truncated or replaced. Refusing to start so its jobs are not silently forgotten: restore it, move it away, or set queue.accept_empty_file = true (--accept-empty-queue) to begin an empty queue in it")]
+    NotAQueue(String),
     /// The shared (Redis) queue could not be reached: nothing was stored.
     #[error("queue state unavailable: {0}")]
     Unavailable(String),
@@ -149,9 +152,29 @@ pub struct NewJob<'a> {
 }
 
 impl JobStore {
-    /// Opens (or creates) the queue file.
-    pub fn open(path: &Path, limits: Limits) -> Result<Self, QueueError> {
+    /// Opens the queue file, or creates it when there is none. An existing
+    /// file without the queue's marker is refused unless `accept_empty`.
+    pub fn open(path: &Path, limits: Limits, accept_empty: bool) -> Result<Self, QueueError> {
+        let existed = path.exists();
         let conn = Connection::open(path)?;
+        if existed {
+            let marked: bool = conn
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'jobs'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map(|n| n > 0)
+                .unwrap_or(false);
+            if !marked {
+                let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+                let what = format!("{size} bytes, no jobs table");
+                if !accept_empty {
+                    return Err(QueueError::NotAQueue(what));
+                }
+                tracing::warn!(file = %path.display(), found = %what, "queue.accept_empty_file: beginning an EMPTY queue in a file that held no queue");
+            }
+        }
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(Duration::from_secs(5))?;
@@ -375,6 +398,7 @@ mod tests {
                 max_per_tenant: per_tenant,
                 ttl: Duration::from_secs(3600),
             },
+            false,
         )
         .unwrap()
     }

@@ -36,6 +36,7 @@ pub fn build(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, String> 
             idempotency: Arc::new(Idempotency::Embedded(IdempotencyStore::new(
                 config.idempotency.ttl,
                 config.idempotency.max_entries,
+                config.idempotency.max_bytes,
             ))),
             cost: Arc::new(CostLedger::Embedded(CostGuard::new(config.cost.clone()))),
             tenants: TenantLimits::Embedded(TenantLimiter::new(limits)),

@@ -93,6 +93,12 @@ pub struct RouteTargetLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    /// `grpc`, `http` or `admin`.
+    pub listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
     /// The state function that failed: `jobs`, `idempotency`, `cost`, `tenant_limits`, `drain`.
     pub function: &'static str,
@@ -129,6 +135,8 @@ pub struct Metrics {
     pub queue_oldest_age: Gauge<f64, AtomicU64>,
     pub target_demoted: Family<RouteTargetLabels, Gauge>,
     pub state_errors: Family<StateLabels, Counter>,
+    pub connections: Family<ListenerLabels, Gauge>,
+    pub connections_refused: Family<ListenerLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -253,8 +261,22 @@ impl Metrics {
             "Calls to the shared state (Redis) that failed or timed out, by function",
             state_errors.clone(),
         );
+        let connections = Family::<ListenerLabels, Gauge>::default();
+        registry.register(
+            "switchyard_connections",
+            "Open client connections, by listener",
+            connections.clone(),
+        );
+        let connections_refused = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "switchyard_connections_refused",
+            "Connections closed on accept because the listener was at its connection limit",
+            connections_refused.clone(),
+        );
         Metrics {
             registry,
+            connections,
+            connections_refused,
             target_demoted,
             state_errors,
             operation_duration,

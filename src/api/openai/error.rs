@@ -39,9 +39,11 @@ impl HttpError {
                 .map(str::to_string),
             _ => None,
         };
+        let mut message = err.to_string();
+        crate::api::status::truncate(&mut message, crate::api::status::MAX_MESSAGE);
         HttpError {
             status,
-            message: err.to_string(),
+            message,
             kind,
             param,
             code: reason(err),

@@ -148,6 +148,14 @@ fn route_and_pin(s: &HttpState, model: &str) -> Result<(String, Option<String>),
 
 async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Response, HttpError> {
     let (parts, body) = request.into_parts();
+    let limit = s.intake.limits().max_metadata_bytes;
+    let size = crate::api::grpc_limits::metadata_size(&parts.headers);
+    if size > limit {
+        return Err(HttpError::from_request(&RequestError::MetadataTooLarge {
+            size,
+            limit,
+        }));
+    }
     let tenant = s.authenticate(&parts.headers)?;
     let bytes = read_body(body, s.intake.limits().max_request_bytes, &parts.headers).await?;
     let parsed = to_proto(parse(&bytes)?)?;
