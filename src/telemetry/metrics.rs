@@ -129,6 +129,8 @@ pub struct Metrics {
     pub queue_oldest_age: Gauge<f64, AtomicU64>,
     pub target_demoted: Family<RouteTargetLabels, Gauge>,
     pub state_errors: Family<StateLabels, Counter>,
+    pub concurrency_limit: Family<TrafficLabels, Gauge>,
+    pub ready: Gauge,
 }
 
 impl Default for Metrics {
@@ -253,8 +255,22 @@ impl Metrics {
             "Calls to the shared state (Redis) that failed or timed out, by function",
             state_errors.clone(),
         );
+        let concurrency_limit = Family::<TrafficLabels, Gauge>::default();
+        registry.register(
+            "switchyard_concurrency_limit",
+            "Configured ceiling per provider: traffic=\"all\" max_concurrency, \"failover\" failover_max_concurrency",
+            concurrency_limit.clone(),
+        );
+        let ready = Gauge::default();
+        registry.register(
+            "switchyard_ready",
+            "1 while /readyz answers 200 (started, not draining, some route can serve)",
+            ready.clone(),
+        );
         Metrics {
             registry,
+            concurrency_limit,
+            ready,
             target_demoted,
             state_errors,
             operation_duration,
