@@ -253,12 +253,12 @@ fn route_demand(route: &RouteShape, obs: &Observed) -> (f64, f64) {
                 .unwrap_or(0.0)
         })
         .sum();
+    // A fold from +0.0: an empty `sum` of floats is -0.0.
     let shed: f64 = obs
         .shed
         .iter()
         .filter(|((r, _), _)| *r == route.name)
-        .map(|(_, v)| v)
-        .sum();
+        .fold(0.0, |acc, (_, v)| acc + v);
     (served + shed, shed)
 }
 

@@ -1,0 +1,293 @@
+//! `switchyard plan` against the real binary after scripted traffic: a
+//! closed loop of callers on two routes, then `plan --admin` reads the
+//! running router. The route whose secondary's failover ceiling is 1 is
+//! flagged with numbers the test checks against its own measurement and the
+//! formula; the roomy route is not; exit codes 0, 1 and 2.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{provider, request, route, stream, Mock, Switchyard, BIN};
+use serde_json::Value;
+
+/// Callers kept busy on route `tight` (primary `pa`, secondary `pb` with a
+/// failover ceiling of 1) and on `roomy` (`pc`, then `pd` with 64).
+const TIGHT_CALLERS: usize = 4;
+const ROOMY_CALLERS: usize = 2;
+
+fn with_ceilings(block: String, max: u32, failover: u32) -> String {
+    block.replace(
+        "  [[providers.models]]",
+        &format!("max_concurrency = {max}\nfailover_max_concurrency = {failover}\n  [[providers.models]]"),
+    )
+}
+
+fn config(mock: &Mock) -> String {
+    let url = mock.base_url();
+    let p = |id: &str, max: u32, failover: u32| {
+        with_ceilings(provider(id, "openai", &url, "m"), max, failover)
+    };
+    format!(
+        "{}{}{}{}{}{}",
+        p("pa", 64, 16),
+        p("pb", 64, 1),
+        p("pc", 64, 16),
+        p("pd", 64, 64),
+        route("tight", &["pa/m", "pb/m"]),
+        route("roomy", &["pc/m", "pd/m"]),
+    )
+}
+
+/// Completed requests per route while the callers run.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    done: Vec<(String, Arc<AtomicU64>)>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Traffic {
+    async fn start(sy: &Switchyard, routes: &[(&str, usize)]) -> Traffic {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut done = Vec::new();
+        let mut tasks = Vec::new();
+        for (name, callers) in routes {
+            let count = Arc::new(AtomicU64::new(0));
+            done.push((name.to_string(), count.clone()));
+            for _ in 0..*callers {
+                let mut client = sy.client().await;
+                let (stop, count, name) = (stop.clone(), count.clone(), name.to_string());
+                tasks.push(tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let got = stream(&mut client, request(&name)).await;
+                        assert!(got.finished.is_some(), "{name}: {:?}", got.status);
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }));
+            }
+        }
+        Traffic { stop, done, tasks }
+    }
+
+    fn count(&self, route: &str) -> u64 {
+        self.done
+            .iter()
+            .find(|(n, _)| n == route)
+            .map_or(0, |(_, c)| c.load(Ordering::Relaxed))
+    }
+
+    async fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+    }
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn plan(args: &[&str]) -> Run {
+    let out = tokio::process::Command::new(BIN)
+        .arg("plan")
+        .args(args)
+        .output()
+        .await
+        .expect("run switchyard plan");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn json(run: &Run) -> Value {
+    serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", run.stdout, run.stderr))
+}
+
+fn route_plan<'a>(plan: &'a Value, name: &str) -> &'a Value {
+    plan["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("no route {name}: {plan:#}"))
+}
+
+fn row<'a>(route: &'a Value, provider: &str) -> &'a Value {
+    route["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["provider"] == provider)
+        .unwrap_or_else(|| panic!("no row for {provider}: {route:#}"))
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+fn close(a: f64, b: f64, what: &str) {
+    assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{what}: {a} != {b}");
+}
+
+/// `min(max_attempts - 1, ratio + min_per_sec / demand)` with the defaults 3, 0.1 and 1.0/s.
+fn budget_multiplier(demand: f64) -> f64 {
+    (0.1 + 1.0 / demand).min(2.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_flags_the_low_failover_ceiling_with_its_numbers_and_passes_the_roomy_route() {
+    // ~200 ms per answer: 5 tokens, 40 ms apart.
+    let mock = Mock::start("openai", &["--tokens", "5", "--token-delay-ms", "40"]).await;
+    let sy = Switchyard::start(&config(&mock)).await;
+    let file = sy.config_file.as_ref().unwrap().path().to_str().unwrap();
+    let traffic = Traffic::start(
+        &sy,
+        &[("tight", TIGHT_CALLERS), ("roomy", ROOMY_CALLERS)],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let (before, t0) = (traffic.count("tight"), Instant::now());
+    let flagged = plan(&["--config", file, "--admin", &sy.admin, "--window", "3s", "--json"]).await;
+    let measured_rate = (traffic.count("tight") - before) as f64 / t0.elapsed().as_secs_f64();
+    assert_eq!(flagged.code, 1, "{}\n{}", flagged.stdout, flagged.stderr);
+    let p = json(&flagged);
+    assert_eq!(p["exceeded"], true);
+    println!("{}", flagged.stdout);
+
+    let tight = route_plan(&p, "tight");
+    let primary = row(tight, "pa");
+    let secondary = row(tight, "pb");
+    // The router's rate matches the callers' own count (same traffic, windows
+    // a few hundred ms apart).
+    let rate = f(&primary["rate_per_sec"]);
+    assert!(
+        (rate - measured_rate).abs() <= 0.25 * measured_rate,
+        "plan says {rate}/s, the callers completed {measured_rate}/s"
+    );
+    // Little's law: four closed-loop callers keep about four in flight (a
+    // little less: the caller's share of each request is outside the attempt;
+    // up to one request per caller more or less falls inside the window).
+    let l = f(&primary["concurrency_now"]);
+    assert!(
+        (0.6 * TIGHT_CALLERS as f64..=1.15 * TIGHT_CALLERS as f64).contains(&l),
+        "primary concurrency {l}"
+    );
+    close(l, rate * f(&primary["mean_duration_ms"]) / 1000.0, "L = rate x W");
+    assert_eq!(primary["failover"]["verdict"], "ok");
+    assert_eq!(primary["total"]["verdict"], "ok");
+
+    // The secondary with the primary down: all of the route's traffic at the
+    // route's mean duration (it never served), against a failover ceiling of 1.
+    assert_eq!(secondary["down"], serde_json::json!(["pa"]));
+    assert_eq!(secondary["duration_estimated"], true);
+    close(f(&secondary["rate_per_sec"]), 0.0, "secondary rate now");
+    close(f(&secondary["rate_after_per_sec"]), rate, "moved rate");
+    close(f(&secondary["moved_concurrency"]), l, "moved concurrency");
+    let burst = f(&secondary["failover"]["burst"]);
+    close(burst, l, "failover burst");
+    let demand = f(&tight["demand_per_sec"]);
+    close(demand, rate, "demand (nothing shed)");
+    let m = budget_multiplier(demand);
+    close(f(&tight["retry_multiplier"]), m, "retry multiplier bound");
+    let peak = f(&secondary["failover"]["peak"]);
+    close(peak, burst * (1.0 + m), "peak = burst x (1 + m)");
+    assert_eq!(secondary["failover"]["ceiling"], 1);
+    close(f(&secondary["failover"]["headroom"]), 1.0 - peak, "headroom");
+    assert_eq!(secondary["failover"]["verdict"], "exceeded");
+    assert_eq!(secondary["total"]["verdict"], "ok");
+    let want = (peak * 1.25).ceil() as u64;
+    assert_eq!(
+        secondary["suggestions"],
+        serde_json::json!([format!(
+            "providers.pb.failover_max_concurrency = 1 -> {want}: it sheds failover traffic the provider's total ceiling has room for"
+        )])
+    );
+
+    // The roomy route: the same shape with a ceiling of 64 fits.
+    let roomy = route_plan(&p, "roomy");
+    let pd = row(roomy, "pd");
+    assert!(f(&pd["failover"]["burst"]) > 0.5, "{pd:#}");
+    for r in roomy["rows"].as_array().unwrap() {
+        assert_eq!(r["failover"]["verdict"], "ok", "{r:#}");
+        assert_eq!(r["total"]["verdict"], "ok", "{r:#}");
+        assert_eq!(r["suggestions"], serde_json::json!([]), "{r:#}");
+    }
+
+    // What if only the roomy primary fails: everything fits, exit 0.
+    let fits = plan(&[
+        "--config", file, "--admin", &sy.admin, "--window", "2s", "--json", "--what-if", "pc=down",
+    ])
+    .await;
+    assert_eq!(fits.code, 0, "{}\n{}", fits.stdout, fits.stderr);
+    let p = json(&fits);
+    assert_eq!(p["what_if"], serde_json::json!(["pc"]));
+    let pd = row(route_plan(&p, "roomy"), "pd");
+    assert_eq!(pd["down"], serde_json::json!(["pc"]));
+    assert!(f(&pd["moved_concurrency"]) > 0.5, "{pd:#}");
+    let pb = row(route_plan(&p, "tight"), "pb");
+    close(f(&pb["failover"]["burst"]), 0.0, "pb untouched by pc");
+
+    // The text report of the named failure that does not fit.
+    let text = plan(&[
+        "--config", file, "--admin", &sy.admin, "--window", "1s", "--what-if", "pa=down",
+    ])
+    .await;
+    assert_eq!(text.code, 1, "{}\n{}", text.stdout, text.stderr);
+    println!("{}", text.stdout);
+    assert!(text.stdout.contains("what if down: pa"), "{}", text.stdout);
+    assert!(text.stdout.contains("route tight:"), "{}", text.stdout);
+    assert!(
+        text.stdout
+            .contains("suggest: providers.pb.failover_max_concurrency = 1 -> "),
+        "{}",
+        text.stdout
+    );
+    assert!(text.stdout.contains("plan: EXCEEDED: 1 row(s)"), "{}", text.stdout);
+
+    traffic.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_exits_2_when_it_cannot_run() {
+    let mock = Mock::start("openai", &[]).await;
+    let sy = Switchyard::start(&config(&mock)).await;
+    let file = sy.config_file.as_ref().unwrap().path().to_str().unwrap();
+
+    let unknown = plan(&["--config", file, "--admin", &sy.admin, "--what-if", "nope=down"]).await;
+    assert_eq!(unknown.code, 2, "{}", unknown.stderr);
+    assert!(unknown.stderr.contains("no provider `nope`"), "{}", unknown.stderr);
+
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let unreachable = plan(&["--config", file, "--admin", &addr, "--window", "1s"]).await;
+    assert_eq!(unreachable.code, 2, "{}", unreachable.stderr);
+    assert!(
+        unreachable.stderr.contains("cannot read the figures"),
+        "{}",
+        unreachable.stderr
+    );
+
+    let bad = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(bad.path(), "[server]\nnope = 1\n").unwrap();
+    let invalid = plan(&[
+        "--config",
+        bad.path().to_str().unwrap(),
+        "--admin",
+        &sy.admin,
+    ])
+    .await;
+    assert_eq!(invalid.code, 2, "{}", invalid.stderr);
+    assert!(invalid.stderr.contains("server.nope"), "{}", invalid.stderr);
+}
