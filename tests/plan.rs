@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -135,7 +136,10 @@ fn f(v: &Value) -> f64 {
 }
 
 fn close(a: f64, b: f64, what: &str) {
-    assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{what}: {a} != {b}");
+    assert!(
+        (a - b).abs() <= 1e-9 * b.abs().max(1.0),
+        "{what}: {a} != {b}"
+    );
 }
 
 /// `min(max_attempts - 1, ratio + min_per_sec / demand)` with the defaults 3, 0.1 and 1.0/s.
@@ -143,21 +147,26 @@ fn budget_multiplier(demand: f64) -> f64 {
     (0.1 + 1.0 / demand).min(2.0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plan_flags_the_low_failover_ceiling_with_its_numbers_and_passes_the_roomy_route() {
+/// The mock, the router on both routes, and the callers, warmed up for a second.
+async fn busy_router() -> (Mock, Switchyard, Traffic) {
     // ~200 ms per answer: 5 tokens, 40 ms apart.
     let mock = Mock::start("openai", &["--tokens", "5", "--token-delay-ms", "40"]).await;
     let sy = Switchyard::start(&config(&mock)).await;
-    let file = sy.config_file.as_ref().unwrap().path().to_str().unwrap();
-    let traffic = Traffic::start(
-        &sy,
-        &[("tight", TIGHT_CALLERS), ("roomy", ROOMY_CALLERS)],
-    )
-    .await;
+    let traffic = Traffic::start(&sy, &[("tight", TIGHT_CALLERS), ("roomy", ROOMY_CALLERS)]).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
+    (mock, sy, traffic)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_flags_the_low_failover_ceiling_with_its_numbers_and_passes_the_roomy_route() {
+    let (_mock, sy, traffic) = busy_router().await;
+    let file = sy.config_file.as_ref().unwrap().path().to_str().unwrap();
 
     let (before, t0) = (traffic.count("tight"), Instant::now());
-    let flagged = plan(&["--config", file, "--admin", &sy.admin, "--window", "3s", "--json"]).await;
+    let flagged = plan(&[
+        "--config", file, "--admin", &sy.admin, "--window", "3s", "--json",
+    ])
+    .await;
     let measured_rate = (traffic.count("tight") - before) as f64 / t0.elapsed().as_secs_f64();
     assert_eq!(flagged.code, 1, "{}\n{}", flagged.stdout, flagged.stderr);
     let p = json(&flagged);
@@ -182,7 +191,11 @@ async fn plan_flags_the_low_failover_ceiling_with_its_numbers_and_passes_the_roo
         (0.6 * TIGHT_CALLERS as f64..=1.15 * TIGHT_CALLERS as f64).contains(&l),
         "primary concurrency {l}"
     );
-    close(l, rate * f(&primary["mean_duration_ms"]) / 1000.0, "L = rate x W");
+    close(
+        l,
+        rate * f(&primary["mean_duration_ms"]) / 1000.0,
+        "L = rate x W",
+    );
     assert_eq!(primary["failover"]["verdict"], "ok");
     assert_eq!(primary["total"]["verdict"], "ok");
 
@@ -202,7 +215,11 @@ async fn plan_flags_the_low_failover_ceiling_with_its_numbers_and_passes_the_roo
     let peak = f(&secondary["failover"]["peak"]);
     close(peak, burst * (1.0 + m), "peak = burst x (1 + m)");
     assert_eq!(secondary["failover"]["ceiling"], 1);
-    close(f(&secondary["failover"]["headroom"]), 1.0 - peak, "headroom");
+    close(
+        f(&secondary["failover"]["headroom"]),
+        1.0 - peak,
+        "headroom",
+    );
     assert_eq!(secondary["failover"]["verdict"], "exceeded");
     assert_eq!(secondary["total"]["verdict"], "ok");
     let want = (peak * 1.25).ceil() as u64;
@@ -225,7 +242,15 @@ async fn plan_flags_the_low_failover_ceiling_with_its_numbers_and_passes_the_roo
 
     // What if only the roomy primary fails: everything fits, exit 0.
     let fits = plan(&[
-        "--config", file, "--admin", &sy.admin, "--window", "2s", "--json", "--what-if", "pc=down",
+        "--config",
+        file,
+        "--admin",
+        &sy.admin,
+        "--window",
+        "2s",
+        "--json",
+        "--what-if",
+        "pc=down",
     ])
     .await;
     assert_eq!(fits.code, 0, "{}\n{}", fits.stdout, fits.stderr);
@@ -239,7 +264,14 @@ async fn plan_flags_the_low_failover_ceiling_with_its_numbers_and_passes_the_roo
 
     // The text report of the named failure that does not fit.
     let text = plan(&[
-        "--config", file, "--admin", &sy.admin, "--window", "1s", "--what-if", "pa=down",
+        "--config",
+        file,
+        "--admin",
+        &sy.admin,
+        "--window",
+        "1s",
+        "--what-if",
+        "pa=down",
     ])
     .await;
     assert_eq!(text.code, 1, "{}\n{}", text.stdout, text.stderr);
@@ -252,7 +284,11 @@ async fn plan_flags_the_low_failover_ceiling_with_its_numbers_and_passes_the_roo
         "{}",
         text.stdout
     );
-    assert!(text.stdout.contains("plan: EXCEEDED: 1 row(s)"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("plan: EXCEEDED: 1 row(s)"),
+        "{}",
+        text.stdout
+    );
 
     traffic.stop().await;
 }
@@ -263,9 +299,21 @@ async fn plan_exits_2_when_it_cannot_run() {
     let sy = Switchyard::start(&config(&mock)).await;
     let file = sy.config_file.as_ref().unwrap().path().to_str().unwrap();
 
-    let unknown = plan(&["--config", file, "--admin", &sy.admin, "--what-if", "nope=down"]).await;
+    let unknown = plan(&[
+        "--config",
+        file,
+        "--admin",
+        &sy.admin,
+        "--what-if",
+        "nope=down",
+    ])
+    .await;
     assert_eq!(unknown.code, 2, "{}", unknown.stderr);
-    assert!(unknown.stderr.contains("no provider `nope`"), "{}", unknown.stderr);
+    assert!(
+        unknown.stderr.contains("no provider `nope`"),
+        "{}",
+        unknown.stderr
+    );
 
     // A port nothing listens on.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -290,4 +338,174 @@ async fn plan_exits_2_when_it_cannot_run() {
     .await;
     assert_eq!(invalid.code, 2, "{}", invalid.stderr);
     assert!(invalid.stderr.contains("server.nope"), "{}", invalid.stderr);
+}
+
+/// A real Prometheus server scraping `admin` every second, with the rules
+/// loaded; killed on drop.
+struct Prometheus {
+    child: tokio::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    /// Starts one, or returns `None` after a loud SKIPPED line (a failure under CI).
+    async fn start(test: &str, admin: &str) -> Option<Prometheus> {
+        let found = std::process::Command::new("prometheus")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI is set but prometheus is not installed ({test}); .ci/run installs the Debian package prometheus");
+            }
+            eprintln!(
+                "\n*** SKIPPED {test}: prometheus not installed (apt-get install prometheus) ***\n"
+            );
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/prometheus/rules.yaml");
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [\"{rules}\"]\n\
+                 scrape_configs:\n  - job_name: switchyard\n    static_configs:\n      - targets: [\"{admin}\"]\n"
+            ),
+        )
+        .unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = tokio::process::Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn prometheus");
+        let url = format!("http://127.0.0.1:{port}");
+        for _ in 0..300 {
+            if let Ok(r) = reqwest::get(format!("{url}/-/ready")).await {
+                if r.status().is_success() {
+                    return Some(Prometheus {
+                        child,
+                        url,
+                        _dir: dir,
+                    });
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("prometheus did not become ready");
+    }
+
+    async fn query(&self, promql: &str) -> Vec<Value> {
+        let v: Value = reqwest::Client::new()
+            .get(format!("{}/api/v1/query", self.url))
+            .query(&[("query", promql)])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["status"], "success", "{promql}: {v}");
+        v["data"]["result"].as_array().unwrap().clone()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_reads_the_same_from_a_real_prometheus_and_the_recording_rules_evaluate() {
+    let (_mock, sy, traffic) = busy_router().await;
+    let Some(mut prom) = Prometheus::start(
+        "plan_reads_the_same_from_a_real_prometheus_and_the_recording_rules_evaluate",
+        &sy.admin,
+    )
+    .await
+    else {
+        traffic.stop().await;
+        return;
+    };
+    // Prometheus' first scrape comes a few seconds after it is ready (target
+    // discovery); then the callers' own rate over the ten seconds its window covers.
+    let mut scraped = false;
+    for _ in 0..200 {
+        scraped = !prom.query(r#"up{job="switchyard"} == 1"#).await.is_empty();
+        if scraped {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(scraped, "prometheus never scraped {}", sy.admin);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (before, t0) = (traffic.count("tight"), Instant::now());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let measured = (traffic.count("tight") - before) as f64 / t0.elapsed().as_secs_f64();
+    let file = sy.config_file.as_ref().unwrap().path().to_str().unwrap();
+    let run = plan(&[
+        "--config",
+        file,
+        "--prometheus",
+        &prom.url,
+        "--window",
+        "10s",
+        "--json",
+    ])
+    .await;
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let p = json(&run);
+    assert_eq!(p["replicas"], 1.0);
+    let tight = route_plan(&p, "tight");
+    let primary = row(tight, "pa");
+    let secondary = row(tight, "pb");
+    let rate = f(&primary["rate_per_sec"]);
+    assert!(
+        (rate - measured).abs() <= 0.3 * measured,
+        "prometheus says {rate}/s, the callers completed {measured}/s"
+    );
+    let l = f(&primary["concurrency_now"]);
+    assert!(
+        (0.6 * TIGHT_CALLERS as f64..=1.15 * TIGHT_CALLERS as f64).contains(&l),
+        "primary concurrency {l}"
+    );
+    assert_eq!(secondary["failover"]["verdict"], "exceeded");
+    assert_eq!(secondary["failover"]["ceiling"], 1);
+    close(f(&secondary["failover"]["burst"]), l, "failover burst");
+    for r in route_plan(&p, "roomy")["rows"].as_array().unwrap() {
+        assert_eq!(r["failover"]["verdict"], "ok", "{r:#}");
+        assert_eq!(r["total"]["verdict"], "ok", "{r:#}");
+    }
+
+    // The recording rules, evaluated by Prometheus on the real series.
+    let answered = prom.query("switchyard:route_answered:ratio_rate5m").await;
+    let routes: BTreeSet<&str> = answered
+        .iter()
+        .map(|s| s["metric"]["route"].as_str().unwrap())
+        .collect();
+    assert_eq!(routes, BTreeSet::from(["roomy", "tight"]), "{answered:?}");
+    for s in &answered {
+        assert_eq!(s["value"][1], "1", "nothing was shed: {s}");
+    }
+    let ratio = prom.query("switchyard:in_flight:ratio").await;
+    assert_eq!(ratio.len(), 4, "one per provider: {ratio:?}");
+    let ttft = prom.query("switchyard:ttft_seconds:p95_5m").await;
+    assert!(
+        ttft.iter().any(|s| s["metric"]["provider"] == "pa"),
+        "{ttft:?}"
+    );
+    // Nothing is wrong, so nothing fires.
+    let alerts = prom.query("ALERTS").await;
+    assert!(alerts.is_empty(), "{alerts:?}");
+    traffic.stop().await;
+    prom.child.kill().await.unwrap();
 }

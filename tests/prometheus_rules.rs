@@ -16,7 +16,9 @@ use common::{provider, request, route, stream, Rig, Switchyard};
 use serde_json::{json, Value};
 
 fn deploy(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy").join(path)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy")
+        .join(path)
 }
 
 fn read(path: &str) -> String {
@@ -31,7 +33,9 @@ fn promtool(test: &str) -> Option<&'static str> {
             if std::env::var_os("CI").is_some() {
                 panic!("CI is set but promtool is not installed ({test}); .ci/run installs the Debian package prometheus");
             }
-            eprintln!("\n*** SKIPPED {test}: promtool not installed (apt-get install prometheus) ***\n");
+            eprintln!(
+                "\n*** SKIPPED {test}: promtool not installed (apt-get install prometheus) ***\n"
+            );
             None
         }
     }
@@ -141,7 +145,10 @@ fn every_alert_has_a_firing_and_a_silent_case_that_promtool_enforces() {
         assert!(mine.contains(&false), "{a}: no case where it fires");
     }
     for (n, _) in &cases {
-        assert!(alerts.contains(n), "rules_test.yaml tests an unknown alert {n}");
+        assert!(
+            alerts.contains(n),
+            "rules_test.yaml tests an unknown alert {n}"
+        );
     }
     let Some(promtool) =
         promtool("every_alert_has_a_firing_and_a_silent_case_that_promtool_enforces")
@@ -174,7 +181,10 @@ fn the_dashboard_loads_with_a_query_in_every_panel() {
     let mut ids = BTreeSet::new();
     let mut titles = Vec::new();
     for p in panels {
-        assert!(ids.insert(p["id"].as_u64().expect("id")), "duplicate id: {p}");
+        assert!(
+            ids.insert(p["id"].as_u64().expect("id")),
+            "duplicate id: {p}"
+        );
         for k in ["x", "y", "w", "h"] {
             assert!(p["gridPos"][k].is_u64(), "gridPos.{k}: {p}");
         }
@@ -210,7 +220,9 @@ fn the_dashboard_loads_with_a_query_in_every_panel() {
         "Tokens",
     ] {
         assert!(
-            titles.iter().any(|t| t.to_lowercase().contains(&want.to_lowercase())),
+            titles
+                .iter()
+                .any(|t| t.to_lowercase().contains(&want.to_lowercase())),
             "no panel for {want}: {titles:?}"
         );
     }
@@ -259,7 +271,9 @@ fn selectors(expr: &str) -> Vec<Selector> {
     let mut i = 0;
     let ident = |i: &mut usize| {
         let start = *i;
-        while *i < chars.len() && (chars[*i].is_ascii_alphanumeric() || matches!(chars[*i], '_' | ':')) {
+        while *i < chars.len()
+            && (chars[*i].is_ascii_alphanumeric() || matches!(chars[*i], '_' | ':'))
+        {
             *i += 1;
         }
         chars[start..*i].iter().collect::<String>()
@@ -315,7 +329,9 @@ fn selectors(expr: &str) -> Vec<Selector> {
             }
             i += 1;
         } else if c.is_ascii_digit() || c == '.' {
-            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || matches!(chars[i], '.' | '-' | '+')) {
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric() || matches!(chars[i], '.' | '-' | '+'))
+            {
                 if matches!(chars[i], '-' | '+') && !matches!(chars[i - 1], 'e' | 'E') {
                     break;
                 }
@@ -496,8 +512,12 @@ async fn every_metric_the_rules_the_dashboard_and_plan_name_is_exported() {
         stream(&mut client, request("chat")).await;
     }
     // Both down: breakers open, then requests are shed.
-    primary.set_fault(json!({"type": "status", "status": 500})).await;
-    secondary.set_fault(json!({"type": "status", "status": 500})).await;
+    primary
+        .set_fault(json!({"type": "status", "status": 500}))
+        .await;
+    secondary
+        .set_fault(json!({"type": "status", "status": 500}))
+        .await;
     for _ in 0..8 {
         stream(&mut client, request("chat")).await;
     }

@@ -103,7 +103,11 @@ pub async fn run_to(args: PlanArgs, out: &mut (dyn Write + Send)) -> Result<bool
                 })
                 .collect();
             let reading = source::admin(addr, window, &routes).await?;
-            (reading.observed, format!("admin {addr}"), reading.mismatches)
+            (
+                reading.observed,
+                format!("admin {addr}"),
+                reading.mismatches,
+            )
         }
         (None, Some(url)) => {
             let window = args.window.unwrap_or(Duration::from_secs(300));

@@ -321,7 +321,10 @@ fn flow(route: &RouteShape, obs: &Observed, down: &BTreeSet<String>) -> RouteFlo
     let route_mean = if rate > 0.0 {
         Some(weighted / rate)
     } else {
-        route.targets.iter().find_map(|t| obs.duration.get(t).copied())
+        route
+            .targets
+            .iter()
+            .find_map(|t| obs.duration.get(t).copied())
     };
     let duration = route
         .targets
@@ -451,7 +454,11 @@ fn row(
         duration_estimated: duration.is_some_and(|(_, est)| est),
         concurrency_now: f.now[position] * w,
         moved_concurrency: (f.after[position] - f.now[position]) * w,
-        failover: CeilingCheck::new(load.failover, load.failover_peak, c.failover_max_concurrency),
+        failover: CeilingCheck::new(
+            load.failover,
+            load.failover_peak,
+            c.failover_max_concurrency,
+        ),
         total: CeilingCheck::new(
             load.own + load.failover,
             load.own_peak + load.failover_peak,
@@ -713,7 +720,10 @@ mod tests {
 
     #[test]
     fn measured_multiplier_is_attempts_per_answer() {
-        assert!(close(measured_retry_multiplier(&observed()), 65.0 / 60.0 - 1.0));
+        assert!(close(
+            measured_retry_multiplier(&observed()),
+            65.0 / 60.0 - 1.0
+        ));
         assert!(close(measured_retry_multiplier(&Observed::default()), 0.0));
     }
 }

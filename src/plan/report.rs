@@ -5,7 +5,7 @@
 
 use crate::drill::report::table;
 
-use super::model::{CeilingCheck, Plan, Row, RoutePlan, Verdict};
+use super::model::{CeilingCheck, Plan, RoutePlan, Row, Verdict};
 
 fn num(x: f64) -> String {
     if x.abs() >= 100.0 {

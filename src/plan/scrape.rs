@@ -171,7 +171,11 @@ pub fn observe(before: &Scrape, after: &Scrape, secs: f64) -> Observed {
             !limited || x.label("outcome") == "rate_limited"
         })
     };
-    let attempts = rates(&attempts_by(before, false), &attempts_by(after, false), secs);
+    let attempts = rates(
+        &attempts_by(before, false),
+        &attempts_by(after, false),
+        secs,
+    );
     let limited = rates(&attempts_by(before, true), &attempts_by(after, true), secs);
     // Mean duration over the window; a target without attempts in it keeps
     // its mean since start, so a secondary that served once is still known.
