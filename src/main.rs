@@ -83,30 +83,31 @@ fn main() -> ExitCode {
         }
         Command::Serve(args) => runtime.block_on(serve(args)),
         // No log subscriber: the in-process router's logs would interleave with the report.
-        Command::Drill(args) => match runtime.block_on(switchyard::drill::run(args)) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(1),
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(e.exit_code())
-            }
-        },
-        Command::Plan(args) => match runtime.block_on(switchyard::plan::run(args)) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(1),
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(e.exit_code())
-            }
-        },
-        Command::Bench(args) => match runtime.block_on(switchyard::bench::run(args)) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(1),
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(e.exit_code())
-            }
-        },
+        Command::Drill(args) => verdict(
+            runtime.block_on(switchyard::drill::run(args)),
+            switchyard::drill::DrillError::exit_code,
+        ),
+        Command::Plan(args) => verdict(
+            runtime.block_on(switchyard::plan::run(args)),
+            switchyard::plan::PlanError::exit_code,
+        ),
+        Command::Bench(args) => verdict(
+            runtime.block_on(switchyard::bench::run(args)),
+            switchyard::bench::BenchError::exit_code,
+        ),
+    }
+}
+
+/// Exit 0 when a drill, bench or plan passed, 1 when it ran and failed, and
+/// the error's own code when it could not run.
+fn verdict<E: std::fmt::Display>(result: Result<bool, E>, code: fn(&E) -> u8) -> ExitCode {
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(code(&e))
+        }
     }
 }
 

@@ -113,22 +113,22 @@ fn json(run: &Run) -> Value {
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", run.stdout, run.stderr))
 }
 
-fn route_plan<'a>(plan: &'a Value, name: &str) -> &'a Value {
-    plan["routes"]
+/// The element of `parent[list]` whose `key` is `value`.
+fn find<'a>(parent: &'a Value, list: &str, key: &str, value: &str) -> &'a Value {
+    parent[list]
         .as_array()
         .unwrap()
         .iter()
-        .find(|r| r["name"] == name)
-        .unwrap_or_else(|| panic!("no route {name}: {plan:#}"))
+        .find(|r| r[key] == value)
+        .unwrap_or_else(|| panic!("no {list} with {key} {value}: {parent:#}"))
+}
+
+fn route_plan<'a>(plan: &'a Value, name: &str) -> &'a Value {
+    find(plan, "routes", "name", name)
 }
 
 fn row<'a>(route: &'a Value, provider: &str) -> &'a Value {
-    route["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["provider"] == provider)
-        .unwrap_or_else(|| panic!("no row for {provider}: {route:#}"))
+    find(route, "rows", "provider", provider)
 }
 
 fn f(v: &Value) -> f64 {
@@ -157,6 +157,34 @@ async fn busy_router() -> (Mock, Switchyard, Traffic) {
     (mock, sy, traffic)
 }
 
+/// The tight route's primary row against the callers' own count: its rate
+/// within `tolerance`, and Little's law: four closed-loop callers keep about
+/// four in flight (a little less: the caller's share of each request is
+/// outside the attempt; a request per caller more or less falls in the
+/// window). Returns the rate and the concurrency.
+fn primary_matches_the_callers(primary: &Value, measured: f64, tolerance: f64) -> (f64, f64) {
+    let rate = f(&primary["rate_per_sec"]);
+    assert!(
+        (rate - measured).abs() <= tolerance * measured,
+        "plan says {rate}/s, the callers completed {measured}/s"
+    );
+    let l = f(&primary["concurrency_now"]);
+    assert!(
+        (0.6 * TIGHT_CALLERS as f64..=1.15 * TIGHT_CALLERS as f64).contains(&l),
+        "primary concurrency {l}"
+    );
+    (rate, l)
+}
+
+/// Every row of the route fits both ceilings and suggests nothing.
+fn fits(route: &Value) {
+    for r in route["rows"].as_array().unwrap() {
+        assert_eq!(r["failover"]["verdict"], "ok", "{r:#}");
+        assert_eq!(r["total"]["verdict"], "ok", "{r:#}");
+        assert_eq!(r["suggestions"], serde_json::json!([]), "{r:#}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_flags_the_low_failover_ceiling_with_its_numbers_and_passes_the_roomy_route() {
     let (_mock, sy, traffic) = busy_router().await;
@@ -176,21 +204,8 @@ async fn plan_flags_the_low_failover_ceiling_with_its_numbers_and_passes_the_roo
     let tight = route_plan(&p, "tight");
     let primary = row(tight, "pa");
     let secondary = row(tight, "pb");
-    // The router's rate matches the callers' own count (same traffic, windows
-    // a few hundred ms apart).
-    let rate = f(&primary["rate_per_sec"]);
-    assert!(
-        (rate - measured_rate).abs() <= 0.25 * measured_rate,
-        "plan says {rate}/s, the callers completed {measured_rate}/s"
-    );
-    // Little's law: four closed-loop callers keep about four in flight (a
-    // little less: the caller's share of each request is outside the attempt;
-    // up to one request per caller more or less falls inside the window).
-    let l = f(&primary["concurrency_now"]);
-    assert!(
-        (0.6 * TIGHT_CALLERS as f64..=1.15 * TIGHT_CALLERS as f64).contains(&l),
-        "primary concurrency {l}"
-    );
+    // Same traffic, windows a few hundred ms apart.
+    let (rate, l) = primary_matches_the_callers(primary, measured_rate, 0.25);
     close(
         l,
         rate * f(&primary["mean_duration_ms"]) / 1000.0,
@@ -234,11 +249,7 @@ async fn plan_flags_the_low_failover_ceiling_with_its_numbers_and_passes_the_roo
     let roomy = route_plan(&p, "roomy");
     let pd = row(roomy, "pd");
     assert!(f(&pd["failover"]["burst"]) > 0.5, "{pd:#}");
-    for r in roomy["rows"].as_array().unwrap() {
-        assert_eq!(r["failover"]["verdict"], "ok", "{r:#}");
-        assert_eq!(r["total"]["verdict"], "ok", "{r:#}");
-        assert_eq!(r["suggestions"], serde_json::json!([]), "{r:#}");
-    }
+    fits(roomy);
 
     // What if only the roomy primary fails: everything fits, exit 0.
     let fits = plan(&[
@@ -468,23 +479,11 @@ async fn plan_reads_the_same_from_a_real_prometheus_and_the_recording_rules_eval
     let tight = route_plan(&p, "tight");
     let primary = row(tight, "pa");
     let secondary = row(tight, "pb");
-    let rate = f(&primary["rate_per_sec"]);
-    assert!(
-        (rate - measured).abs() <= 0.3 * measured,
-        "prometheus says {rate}/s, the callers completed {measured}/s"
-    );
-    let l = f(&primary["concurrency_now"]);
-    assert!(
-        (0.6 * TIGHT_CALLERS as f64..=1.15 * TIGHT_CALLERS as f64).contains(&l),
-        "primary concurrency {l}"
-    );
+    let (_, l) = primary_matches_the_callers(primary, measured, 0.3);
     assert_eq!(secondary["failover"]["verdict"], "exceeded");
     assert_eq!(secondary["failover"]["ceiling"], 1);
     close(f(&secondary["failover"]["burst"]), l, "failover burst");
-    for r in route_plan(&p, "roomy")["rows"].as_array().unwrap() {
-        assert_eq!(r["failover"]["verdict"], "ok", "{r:#}");
-        assert_eq!(r["total"]["verdict"], "ok", "{r:#}");
-    }
+    fits(route_plan(&p, "roomy"));
 
     // The recording rules, evaluated by Prometheus on the real series.
     let answered = prom.query("switchyard:route_answered:ratio_rate5m").await;

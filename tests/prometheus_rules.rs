@@ -53,22 +53,22 @@ fn run(cmd: &mut Command) -> (bool, String) {
     )
 }
 
-/// `- alert: NAME` lines of rules.yaml.
-fn alert_names(rules: &str) -> Vec<String> {
+/// The NAMEs of `- KIND: NAME` lines of rules.yaml (`alert` or `record`).
+fn rule_names<C: FromIterator<String>>(rules: &str, kind: &str) -> C {
+    let prefix = format!("- {kind}: ");
     rules
         .lines()
-        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .filter_map(|l| l.trim().strip_prefix(prefix.as_str()))
         .map(|n| n.trim().to_string())
         .collect()
 }
 
-/// `- record: NAME` lines of rules.yaml.
+fn alert_names(rules: &str) -> Vec<String> {
+    rule_names(rules, "alert")
+}
+
 fn record_names(rules: &str) -> BTreeSet<String> {
-    rules
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("- record: "))
-        .map(|n| n.trim().to_string())
-        .collect()
+    rule_names(rules, "record")
 }
 
 /// Every `expr:` of rules.yaml, one-line or `|` block.

@@ -116,7 +116,8 @@ fn rates(
         .collect()
 }
 
-fn pairs(m: BTreeMap<Vec<String>, f64>) -> BTreeMap<(String, String), f64> {
+/// Two-label keys as pairs (other keys cannot occur: every `sum_by` here has two).
+fn pairs<V>(m: BTreeMap<Vec<String>, V>) -> BTreeMap<(String, String), V> {
     m.into_iter()
         .filter_map(|(k, v)| match k.as_slice() {
             [a, b] => Some(((a.clone(), b.clone()), v)),
@@ -216,17 +217,8 @@ pub fn observe(before: &Scrape, after: &Scrape, secs: f64) -> Observed {
         duration: pairs(duration),
         attempts: pairs(attempts),
         rate_limited: pairs(limited),
-        breakers: pairs_str(breakers),
+        breakers: pairs(breakers),
     }
-}
-
-fn pairs_str(m: BTreeMap<Vec<String>, String>) -> BTreeMap<(String, String), String> {
-    m.into_iter()
-        .filter_map(|(k, v)| match k.as_slice() {
-            [a, b] => Some(((a.clone(), b.clone()), v)),
-            _ => None,
-        })
-        .collect()
 }
 
 #[cfg(test)]

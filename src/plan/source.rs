@@ -21,17 +21,19 @@ fn client() -> Result<reqwest::Client, PlanError> {
         .map_err(|e| PlanError::Fetch(format!("cannot build an HTTP client: {e}")))
 }
 
-async fn get_text(http: &reqwest::Client, url: &str) -> Result<String, PlanError> {
-    let r = http
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| PlanError::Fetch(format!("GET {url}: {e}")))?;
+/// Sends a GET of `url` and reads the whole body.
+async fn send(
+    request: reqwest::RequestBuilder,
+    url: &str,
+) -> Result<(reqwest::StatusCode, String), PlanError> {
+    let fail = |e: reqwest::Error| PlanError::Fetch(format!("GET {url}: {e}"));
+    let r = request.send().await.map_err(fail)?;
     let status = r.status();
-    let body = r
-        .text()
-        .await
-        .map_err(|e| PlanError::Fetch(format!("GET {url}: {e}")))?;
+    Ok((status, r.text().await.map_err(fail)?))
+}
+
+async fn get_text(http: &reqwest::Client, url: &str) -> Result<String, PlanError> {
+    let (status, body) = send(http.get(url), url).await?;
     if !status.is_success() {
         return Err(PlanError::Fetch(format!("GET {url}: {status}: {body}")));
     }
@@ -190,17 +192,7 @@ async fn query(
     promql: &str,
 ) -> Result<Vec<VectorSample>, PlanError> {
     let url = format!("{base}/api/v1/query");
-    let r = http
-        .get(&url)
-        .query(&[("query", promql)])
-        .send()
-        .await
-        .map_err(|e| PlanError::Fetch(format!("GET {url}: {e}")))?;
-    let status = r.status();
-    let text = r
-        .text()
-        .await
-        .map_err(|e| PlanError::Fetch(format!("GET {url}: {e}")))?;
+    let (status, text) = send(http.get(&url).query(&[("query", promql)]), &url).await?;
     let answer: QueryAnswer = serde_json::from_str(&text)
         .map_err(|e| PlanError::Fetch(format!("{url} ({status}): {e}: {text}")))?;
     match (answer.status.as_str(), answer.data) {
