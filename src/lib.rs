@@ -12,7 +12,7 @@
 //! | actors | [`actors`] | supervisor, provider, router and recovery actors: policy wired to messages |
 //! | request task | [`dispatch`], [`request`] | one per request: plan, admission, attempts as [`policy::next`] says, the ladder |
 //! | api | [`api`] | the one intake ([`api::intake`]), gRPC services, the OpenAI HTTP door, jobs, the error table ([`api::status`]) |
-//! | app / cli | [`app`], [`reload`], [`mock`], [`drill`], [`bench`](mod@bench), [`telemetry`] | assembly, config reload, subcommands, metrics and tracing |
+//! | app / cli | [`app`], [`reload`], [`mock`], [`drill`], [`bench`](mod@bench), [`plan`], [`telemetry`] | assembly, config reload, subcommands, metrics and tracing |
 
 pub mod actors;
 pub mod api;
@@ -28,6 +28,7 @@ pub mod drill;
 pub mod error;
 pub mod idempotency;
 pub mod mock;
+pub mod plan;
 pub mod policy;
 pub mod queue;
 pub mod reload;

@@ -1,4 +1,5 @@
-//! The `switchyard` command: `serve`, `check-config` and `mock-upstream`.
+//! The `switchyard` command: `serve`, `check-config`, `mock-upstream`, `drill`,
+//! `bench` and `plan`.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -36,6 +37,9 @@ enum Command {
     Drill(switchyard::drill::DrillArgs),
     /// Run a benchmark scenario (or all) and write bench.json and bench.md.
     Bench(switchyard::bench::BenchArgs),
+    /// Failover capacity per route from a running Switchyard (or Prometheus) and
+    /// the config: exit 0 all fits, 1 a ceiling would be exceeded, 2 could not run.
+    Plan(switchyard::plan::PlanArgs),
 }
 
 #[derive(clap::Args)]
@@ -83,22 +87,31 @@ fn main() -> ExitCode {
         }
         Command::Serve(args) => runtime.block_on(serve(args)),
         // No log subscriber: the in-process router's logs would interleave with the report.
-        Command::Drill(args) => match runtime.block_on(switchyard::drill::run(args)) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(1),
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(e.exit_code())
-            }
-        },
-        Command::Bench(args) => match runtime.block_on(switchyard::bench::run(args)) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(1),
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(e.exit_code())
-            }
-        },
+        Command::Drill(args) => verdict(
+            runtime.block_on(switchyard::drill::run(args)),
+            switchyard::drill::DrillError::exit_code,
+        ),
+        Command::Plan(args) => verdict(
+            runtime.block_on(switchyard::plan::run(args)),
+            switchyard::plan::PlanError::exit_code,
+        ),
+        Command::Bench(args) => verdict(
+            runtime.block_on(switchyard::bench::run(args)),
+            switchyard::bench::BenchError::exit_code,
+        ),
+    }
+}
+
+/// Exit 0 when a drill, bench or plan passed, 1 when it ran and failed, and
+/// the error's own code when it could not run.
+fn verdict<E: std::fmt::Display>(result: Result<bool, E>, code: fn(&E) -> u8) -> ExitCode {
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(code(&e))
+        }
     }
 }
 

@@ -34,11 +34,15 @@ pub fn router(state: AdminState) -> axum::Router {
         .with_state(state)
 }
 
-async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
-    if s.ready.load(Ordering::Relaxed)
+/// What `/readyz` answers and `switchyard_ready` shows.
+fn is_ready(s: &AdminState) -> bool {
+    s.ready.load(Ordering::Relaxed)
         && s.routable.load(Ordering::Relaxed)
         && s.registry.router().is_some()
-    {
+}
+
+async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
+    if is_ready(&s) {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
@@ -50,8 +54,22 @@ async fn status(State(s): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
-    // In-flight gauges are read from the semaphores at scrape time.
+    // In-flight gauges are read from the semaphores at scrape time, with
+    // the ceilings they count against.
+    s.metrics.ready.set(i64::from(is_ready(&s)));
     for p in s.registry.providers() {
+        for (traffic, n) in [
+            ("all", p.runtime.max_concurrency),
+            ("failover", p.runtime.failover_max_concurrency),
+        ] {
+            s.metrics
+                .concurrency_limit
+                .get_or_create(&TrafficLabels {
+                    provider: p.runtime.id.clone(),
+                    traffic,
+                })
+                .set(i64::from(n));
+        }
         let failover = p.runtime.failover_in_flight();
         let own = p.runtime.in_flight().saturating_sub(failover);
         for (traffic, n) in [("own", own), ("failover", failover)] {

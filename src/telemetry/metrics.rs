@@ -137,6 +137,8 @@ pub struct Metrics {
     pub state_errors: Family<StateLabels, Counter>,
     pub connections: Family<ListenerLabels, Gauge>,
     pub connections_refused: Family<ListenerLabels, Counter>,
+    pub concurrency_limit: Family<TrafficLabels, Gauge>,
+    pub ready: Gauge,
 }
 
 impl Default for Metrics {
@@ -273,10 +275,24 @@ impl Metrics {
             "Connections closed on accept because the listener was at its connection limit",
             connections_refused.clone(),
         );
+        let concurrency_limit = Family::<TrafficLabels, Gauge>::default();
+        registry.register(
+            "switchyard_concurrency_limit",
+            "Configured ceiling per provider: traffic=\"all\" max_concurrency, \"failover\" failover_max_concurrency",
+            concurrency_limit.clone(),
+        );
+        let ready = Gauge::default();
+        registry.register(
+            "switchyard_ready",
+            "1 while /readyz answers 200 (started, not draining, some route can serve)",
+            ready.clone(),
+        );
         Metrics {
             registry,
             connections,
             connections_refused,
+            concurrency_limit,
+            ready,
             target_demoted,
             state_errors,
             operation_duration,
