@@ -570,6 +570,8 @@ impl Dispatcher {
         } else {
             0
         };
+        self.metrics
+            .count_attempt(&call.candidate.provider, model, result.end.class().as_str());
         let _ = entry.actor.cast(ProviderMsg::Report(OutcomeReport {
             model: model.clone(),
             ticket: permit.take_ticket(),

@@ -10,8 +10,12 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 const SCENARIOS: &[&str] = switchyard::bench::SCENARIOS;
 
+/// The bench runs load: one at a time, so neither starves the other's checks.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn bench_quick_runs_every_scenario_correctly() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)
         .args(["bench", "--scenario", "all", "--quick", "--out"])
@@ -72,4 +76,39 @@ fn bench_quick_runs_every_scenario_correctly() {
     assert_eq!(json["correctness_passed"], true);
     assert!(out.status.success(), "stderr:\n{stderr}");
     assert!(json["machine"]["cores"].as_u64().unwrap() >= 1);
+}
+
+/// The chaos soak in quick mode: seeded faults, reloads and provider actor
+/// kills under mixed load, and every invariant holds at the end.
+#[test]
+fn bench_soak_quick_keeps_every_invariant() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "--scenario", "soak", "--quick", "--out"])
+        .arg(dir.path())
+        .output()
+        .expect("run switchyard bench");
+    let text = std::fs::read_to_string(dir.path().join("bench.json")).unwrap_or_else(|e| {
+        panic!(
+            "no bench.json ({e}); stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let json: Value = serde_json::from_str(&text).unwrap();
+    let soak = &json["scenarios"][0];
+    assert_eq!(soak["name"], "soak");
+    let checks = soak["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), 7, "{checks:?}");
+    for c in checks {
+        assert_eq!(c["pass"], true, "{c}");
+    }
+    let data = &soak["data"];
+    assert!(data["kills"].as_u64().unwrap() > 0, "{data}");
+    assert!(data["faults"].as_u64().unwrap() > 0, "{data}");
+    assert_eq!(
+        data["attempts"].as_f64().unwrap() as u64,
+        data["mock_requests"].as_u64().unwrap()
+    );
+    assert!(out.status.success());
 }

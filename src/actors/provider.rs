@@ -436,14 +436,6 @@ impl ProviderState {
         } else if r.class.is_success() {
             m.auth_until = None;
         }
-        self.metrics
-            .attempts
-            .get_or_create(&crate::telemetry::metrics::AttemptLabels {
-                provider: self.runtime.id.clone(),
-                model: r.model.clone(),
-                outcome: r.class.as_str(),
-            })
-            .inc();
         if r.failed_output_tokens > 0 {
             self.metrics
                 .failed_stream_tokens
@@ -676,10 +668,12 @@ fn probe(state: &mut ProviderState, myself: &ActorRef<ProviderMsg>, model: &str,
     match m.breaker.admit(now) {
         Ok(ticket) => {
             let runtime = state.runtime.clone();
+            let metrics = state.metrics.clone();
             let actor = myself.clone();
             let model = model.to_string();
             tokio::spawn(async move {
                 let report = synthetic_probe(&runtime, &model, ticket).await;
+                metrics.count_attempt(&runtime.id, &model, report.class.as_str());
                 let _ = actor.cast(ProviderMsg::Report(report));
             });
         }

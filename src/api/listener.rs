@@ -3,8 +3,8 @@
 //! listeners (OpenAI door, admin) a header-read timeout, an idle timeout
 //! measured in requests (a connection with no request in flight for
 //! `connection_idle_timeout` is closed, however many bytes it trickles), and
-//! a shutdown bounded by the drain timeout (a half-sent request does not
-//! hold SIGTERM). The gRPC listener gets the cap through [`capped`].
+//! a shutdown bounded by the drain timeout plus a 2 s grace (a half-sent
+//! request does not hold SIGTERM). The gRPC listener gets the cap through [`capped`].
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -51,6 +51,9 @@ struct Gate {
     /// When the last WARN went out, and how many were refused since.
     warned: Arc<Mutex<(Option<Instant>, u64)>>,
 }
+
+/// How long after the drain timeout open connections are cut.
+const CUT_GRACE: Duration = Duration::from_secs(2);
 
 /// How often a refused connection is logged at most.
 const WARN_EVERY: Duration = Duration::from_secs(10);
@@ -155,7 +158,9 @@ pub async fn serve_http(
         connections.spawn(connection(tcp, router.clone(), bounds, stop.clone(), slot));
     }
     drop(listener);
-    let drained = tokio::time::timeout(bounds.drain_timeout, async {
+    // The calls still running when the drain timeout passes are ended with
+    // their error first (`Running::shutdown`); this grace lets that reach them.
+    let drained = tokio::time::timeout(bounds.drain_timeout + CUT_GRACE, async {
         while connections.join_next().await.is_some() {}
     })
     .await;

@@ -27,12 +27,15 @@ pub const SCENARIOS: &[&str] = &[
     "state",
 ];
 /// Scenarios run only when named (not part of `all`).
-pub const EXTRA_SCENARIOS: &[&str] = &["peers"];
+pub const EXTRA_SCENARIOS: &[&str] = &["peers", "soak"];
 
 /// Arguments of `switchyard bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// overhead | blackout | burst | amplification | streams | all | peers.
+    /// overhead | blackout | burst | amplification | streams | state | all |
+    /// peers | soak. `soak` (15 minutes of mixed load under seeded random
+    /// faults, reloads and actor kills, with invariants checked at the end)
+    /// is NOT part of `all`.
     /// `peers` (LiteLLM proxy and Portkey gateway side by side with Switchyard)
     /// is NOT part of `all`: it installs them with scripts/install-peers.sh into
     /// $SWITCHYARD_PEERS_DIR (default ~/.cache/switchyard-peers) when missing.

@@ -119,8 +119,13 @@ pub enum Fault {
     },
     /// 200 then only `data: [DONE]` (Anthropic: an empty stream).
     EmptyDone,
-    /// Streams `tokens` tokens whatever the request's `max_tokens` says.
-    Flood { tokens: u32 },
+    /// Streams `tokens` tokens whatever the request's `max_tokens` says,
+    /// each padded to `token_bytes` bytes.
+    Flood {
+        tokens: u32,
+        #[serde(default)]
+        token_bytes: usize,
+    },
     /// After the prelude, one SSE line of `bytes` bytes that never ends.
     HugeLine { bytes: u64 },
     /// After `after_tokens` tokens, the next frame one byte every `byte_delay_ms`.
@@ -203,6 +208,7 @@ const KNOWN_KEYS: &[&str] = &[
     "tokens",
     "bytes",
     "byte_delay_ms",
+    "token_bytes",
 ];
 
 /// A fault plus when to apply it. `{}` means healthy.

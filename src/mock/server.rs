@@ -474,9 +474,11 @@ async fn completion(State(s): State<Arc<Shared>>, dialect: MockKind, req: Reques
     let attempt = s.log.begin(record, cfg.max_concurrency);
     let fault = lock(&s.faults).pick().unwrap_or(Fault::None);
     let gen = match fault {
-        Fault::Flood { tokens } => {
-            Gen::ignoring_max_tokens(dialect, parsed, attempt.seq(), tokens, unix_now())
-        }
+        Fault::Flood {
+            tokens,
+            token_bytes,
+        } => Gen::ignoring_max_tokens(dialect, parsed, attempt.seq(), tokens, unix_now())
+            .padded(token_bytes),
         _ => Gen::new(dialect, parsed, attempt.seq(), cfg.tokens, unix_now()),
     };
 

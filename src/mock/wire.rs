@@ -81,6 +81,8 @@ pub(crate) struct Gen {
     pub n: u32,
     /// `n` was cut by the request's `max_tokens`.
     pub capped: bool,
+    /// Streamed tokens are padded to this many bytes.
+    pub pad: usize,
 }
 
 impl Gen {
@@ -96,6 +98,7 @@ impl Gen {
             created,
             n,
             capped,
+            pad: 0,
         }
     }
 
@@ -114,7 +117,14 @@ impl Gen {
             created,
             n: tokens,
             capped: false,
+            pad: 0,
         }
+    }
+
+    /// Each token padded to `bytes` bytes.
+    pub(crate) fn padded(mut self, bytes: usize) -> Gen {
+        self.pad = bytes;
+        self
     }
 
     fn model(&self) -> &str {
@@ -288,7 +298,10 @@ pub(crate) fn prelude(g: &Gen) -> Vec<Bytes> {
 
 /// The frame carrying token `i`.
 pub(crate) fn token(g: &Gen, i: u32) -> Bytes {
-    let t = token_text(i);
+    let mut t = token_text(i);
+    if t.len() < g.pad {
+        t.extend(std::iter::repeat_n('x', g.pad - t.len()));
+    }
     match (g.dialect, g.req.tool.is_some()) {
         (MockKind::Openai, false) => oa_chunk(g, json!({"content": t}), None),
         (MockKind::Openai, true) => oa_args(g, &t),

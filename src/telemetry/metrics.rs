@@ -314,6 +314,18 @@ impl Metrics {
         }
     }
 
+    /// Counts one upstream attempt that was sent, where it was sent (the
+    /// request task or a probe), so a provider actor's restart loses none.
+    pub fn count_attempt(&self, provider: &str, model: &str, outcome: &'static str) {
+        self.attempts
+            .get_or_create(&AttemptLabels {
+                provider: provider.to_string(),
+                model: model.to_string(),
+                outcome,
+            })
+            .inc();
+    }
+
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();

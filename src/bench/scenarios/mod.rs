@@ -8,6 +8,7 @@ mod blackout;
 mod burst;
 mod overhead;
 mod peers;
+mod soak;
 mod state;
 mod streams;
 
@@ -25,6 +26,7 @@ pub async fn run(name: &str, ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "streams" => streams::run(ctx).await,
         "state" => state::run(ctx).await,
         "peers" => peers::run(ctx).await,
+        "soak" => soak::run(ctx).await,
         other => Err(BenchError::Usage(format!("unknown scenario `{other}`"))),
     }
 }
