@@ -656,12 +656,14 @@ impl Config {
         let de =
             toml::Deserializer::parse(text).map_err(|e| ConfigError::new("", e.to_string()))?;
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
+            // The root is the empty path; a key named `.` or `` is not the root.
+            let path = match e.path().to_string() {
+                _ if e.path().iter().next().is_none() => String::new(),
+                p if p.is_empty() => "\"\"".to_string(),
+                p => p,
+            };
             let inner = e.into_inner();
-            ConfigError::new(
-                if path == "." { String::new() } else { path },
-                inner.message().to_string(),
-            )
+            ConfigError::new(path, inner.message().to_string())
         })?;
         config.validate()?;
         Ok(config)

@@ -22,6 +22,8 @@ pub mod bench;
 pub mod cache;
 pub mod chat;
 pub mod config;
+#[cfg(test)]
+mod config_fuzz;
 pub mod cost;
 pub mod dispatch;
 pub mod drill;

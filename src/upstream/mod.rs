@@ -6,6 +6,8 @@
 pub mod anthropic;
 pub mod classify;
 pub mod endpoint;
+#[cfg(test)]
+pub(crate) mod fuzz;
 pub mod openai;
 pub mod sse;
 

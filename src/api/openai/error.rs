@@ -16,7 +16,9 @@ pub(super) struct HttpError {
 }
 
 impl HttpError {
-    pub(super) fn invalid(message: String, param: Option<String>) -> Self {
+    pub(super) fn invalid(mut message: String, param: Option<String>) -> Self {
+        // Values from the body are echoed here: cut like every other refusal.
+        crate::api::status::truncate(&mut message, crate::api::status::MAX_MESSAGE);
         HttpError {
             status: StatusCode::BAD_REQUEST,
             message,

@@ -5,6 +5,8 @@
 //! route. Errors use OpenAI's error JSON with the `ErrorInfo` reason as `code`.
 
 mod error;
+#[cfg(test)]
+mod fuzz;
 mod request;
 mod response;
 mod stream;

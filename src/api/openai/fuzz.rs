@@ -1,0 +1,328 @@
+//! Property-based fuzzing of the OpenAI door's request body: `parse`,
+//! `to_proto` and `convert::request_spec`, on JSON trees with the real
+//! top-level keys and random types, and on mutated or arbitrary bytes.
+//! Properties: no panic; a refusal names the parameter and stays short.
+//! Cases follow `PROPTEST_CASES` (long mode: `--release` with 100000).
+
+use proptest::collection::vec;
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+use super::error::HttpError;
+use super::request::{parse, to_proto};
+use crate::api::convert::request_spec;
+use crate::api::status::MAX_MESSAGE;
+use crate::config::LimitsConfig;
+use crate::upstream::fuzz::{field, json_value, mutated, object, text};
+
+const KEYS: &[&str] = &[
+    "model",
+    "messages",
+    "role",
+    "content",
+    "type",
+    "text",
+    "tool_calls",
+    "id",
+    "function",
+    "name",
+    "arguments",
+    "tool_call_id",
+    "description",
+    "parameters",
+    "include_usage",
+];
+
+/// Mostly short text, sometimes far longer than any error should echo.
+fn name() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        6 => text(),
+        1 => (MAX_MESSAGE..4 * MAX_MESSAGE).prop_map(|n| "é".repeat(n / 2)),
+    ]
+    .prop_map(Value::from)
+}
+
+fn role() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        4 => proptest::sample::select(vec!["system", "developer", "user", "assistant", "tool"]),
+        1 => Just("robot"),
+    ]
+    .prop_map(Value::from)
+    .boxed()
+    .prop_union(name().boxed())
+}
+
+fn content() -> impl Strategy<Value = Value> {
+    let part = (
+        field(
+            prop_oneof![Just(json!("text")), Just(json!("image_url")), name()],
+            KEYS,
+        ),
+        field(text().prop_map(Value::from), KEYS),
+    )
+        .prop_map(|(kind, text)| object(vec![("type", kind), ("text", text)]));
+    prop_oneof![
+        3 => text().prop_map(Value::from),
+        1 => vec(part, 0..3).prop_map(Value::Array),
+        1 => Just(Value::Null),
+    ]
+}
+
+fn tool_call() -> impl Strategy<Value = Value> {
+    let function = (
+        field(text().prop_map(Value::from), KEYS),
+        field(text().prop_map(Value::from), KEYS),
+    )
+        .prop_map(|(name, arguments)| object(vec![("name", name), ("arguments", arguments)]));
+    (
+        field(text().prop_map(Value::from), KEYS),
+        field(function, KEYS),
+    )
+        .prop_map(|(id, function)| object(vec![("id", id), ("function", function)]))
+}
+
+fn message() -> impl Strategy<Value = Value> {
+    (
+        field(role(), KEYS),
+        field(content(), KEYS),
+        prop_oneof![3 => Just(None), 1 => field(vec(tool_call(), 0..3).prop_map(Value::Array), KEYS)],
+        prop_oneof![3 => Just(None), 1 => field(text().prop_map(Value::from), KEYS)],
+    )
+        .prop_map(|(role, content, calls, id)| {
+            object(vec![
+                ("role", role),
+                ("content", content),
+                ("tool_calls", calls),
+                ("tool_call_id", id),
+            ])
+        })
+}
+
+fn tool() -> impl Strategy<Value = Value> {
+    let function = (
+        field(
+            prop_oneof!["[a-z_]{1,8}".prop_map(Value::from), name()],
+            KEYS,
+        ),
+        field(text().prop_map(Value::from), KEYS),
+        field(
+            prop_oneof![Just(json!({"type": "object"})), json_value(KEYS)],
+            KEYS,
+        ),
+    )
+        .prop_map(|(name, description, parameters)| {
+            object(vec![
+                ("name", name),
+                ("description", description),
+                ("parameters", parameters),
+            ])
+        });
+    (
+        field(
+            prop_oneof![Just(json!("function")), Just(json!("retrieval")), name()],
+            KEYS,
+        ),
+        field(function, KEYS),
+    )
+        .prop_map(|(kind, function)| object(vec![("type", kind), ("function", function)]))
+}
+
+/// A number where the body wants one: mostly `typical`, else at the edges or absurd.
+fn number<S: Strategy<Value = Value> + 'static>(typical: S) -> BoxedStrategy<Option<Value>> {
+    let wild = prop_oneof![
+        any::<u64>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>().prop_map(Value::from),
+        Just(json!(1e39)),
+    ];
+    prop_oneof![
+        4 => Just(None),
+        4 => typical.prop_map(Some),
+        1 => field(wild, KEYS),
+    ]
+    .boxed()
+}
+
+fn tokens() -> BoxedStrategy<Option<Value>> {
+    number((1u32..300).prop_map(Value::from))
+}
+
+fn fraction() -> BoxedStrategy<Option<Value>> {
+    number((0.05f64..1.0).prop_map(Value::from))
+}
+
+/// A body with ChatBody's keys, each realistic, random or absent, plus a stray key.
+fn body() -> impl Strategy<Value = Value> {
+    let head = (
+        field(
+            prop_oneof![Just(json!("chat")), Just(json!("primary/m")), name()],
+            KEYS,
+        ),
+        field(vec(message(), 0..4).prop_map(Value::Array), KEYS),
+        tokens(),
+        tokens(),
+        fraction(),
+        fraction(),
+        field(
+            prop_oneof![
+                text().prop_map(Value::from),
+                vec(text(), 0..3).prop_map(|v| json!(v))
+            ],
+            KEYS,
+        ),
+    );
+    let tail = (
+        field(vec(tool(), 0..3).prop_map(Value::Array), KEYS),
+        field(
+            prop_oneof![Just(json!("auto")), Just(json!("none")), name()],
+            KEYS,
+        ),
+        field(
+            prop_oneof![
+                Just(json!({"type": "text"})),
+                Just(json!({"type": "json_object"})),
+                Just(json!({"type": "json_schema"})),
+                name().prop_map(|k| json!({ "type": k }))
+            ],
+            KEYS,
+        ),
+        field(any::<bool>().prop_map(Value::from), KEYS),
+        field(
+            any::<bool>().prop_map(|b| json!({ "include_usage": b })),
+            KEYS,
+        ),
+        number(Just(json!(1))),
+        prop_oneof![3 => Just(None), 1 => field(json_value(KEYS), KEYS)],
+    );
+    (head, tail).prop_map(
+        |(
+            (model, messages, max_tokens, max_completion, temperature, top_p, stop),
+            (tools, tool_choice, response_format, stream, stream_options, n, stray),
+        )| {
+            object(vec![
+                ("model", model),
+                ("messages", messages),
+                ("max_tokens", max_tokens),
+                ("max_completion_tokens", max_completion),
+                ("temperature", temperature),
+                ("top_p", top_p),
+                ("stop", stop),
+                ("tools", tools),
+                ("tool_choice", tool_choice),
+                ("response_format", response_format),
+                ("stream", stream),
+                ("stream_options", stream_options),
+                ("n", n),
+                ("user", stray),
+            ])
+        },
+    )
+}
+
+const TOP_KEYS: &[&str] = &[
+    "model",
+    "messages",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "stream",
+    "stream_options",
+    "n",
+];
+
+/// A valid body, with at most one top-level value replaced by any JSON.
+fn valid_body() -> impl Strategy<Value = Value> {
+    let message = (
+        proptest::sample::select(vec!["system", "developer", "user", "assistant"]),
+        "[a-z ]{1,20}",
+    )
+        .prop_map(|(role, content)| json!({"role": role, "content": content}));
+    let tool = "[a-z_]{1,8}".prop_map(|name| {
+        json!({"type": "function", "function": {"name": name, "parameters": {"type": "object"}}})
+    });
+    (
+        "[a-z]{1,8}",
+        vec(message, 1..4),
+        1u32..300,
+        0.0f64..2.0,
+        vec(tool, 0..3),
+        any::<bool>(),
+        proptest::option::of((proptest::sample::select(TOP_KEYS), json_value(KEYS))),
+    )
+        .prop_map(
+            |(model, messages, max_tokens, temperature, tools, stream, edit)| {
+                let mut body = json!({
+                    "model": model, "messages": messages, "max_tokens": max_tokens,
+                    "temperature": temperature, "tools": tools, "stream": stream,
+                });
+                if let Some((key, value)) = edit {
+                    body[key] = value;
+                }
+                body
+            },
+        )
+}
+
+/// The door's whole path from bytes to a routable spec; the refusal if any.
+fn intake(bytes: &[u8]) -> Result<(), HttpError> {
+    let parsed = to_proto(parse(bytes)?)?;
+    request_spec(
+        parsed.request,
+        "fuzz".into(),
+        None,
+        &LimitsConfig::default(),
+    )
+    .map(drop)
+    .map_err(|e| HttpError::from_request(&e))
+}
+
+/// A refusal names a parameter (unless the bytes are not JSON at all) and
+/// does not echo the caller's input at length.
+fn check(bytes: &[u8], json_object: bool) -> Result<(), TestCaseError> {
+    let Err(e) = intake(bytes) else {
+        return Ok(());
+    };
+    prop_assert_eq!(e.status, http::StatusCode::BAD_REQUEST, "{}", e.message);
+    let named = e.param.as_deref().is_some_and(|p| !p.is_empty());
+    if json_object {
+        prop_assert!(named, "no parameter named: {}", e.message);
+    } else {
+        prop_assert!(
+            named || e.message.starts_with("invalid JSON body"),
+            "{}",
+            e.message
+        );
+    }
+    prop_assert!(
+        e.message.len() <= MAX_MESSAGE,
+        "{} bytes of message",
+        e.message.len()
+    );
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { ..ProptestConfig::default() })]
+
+    #[test]
+    fn fuzz_openai_request_json_trees(body in prop_oneof![valid_body(), body()]) {
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        check(&bytes, true)?;
+    }
+
+    #[test]
+    fn fuzz_openai_request_mutated_bytes(
+        bytes in prop_oneof![
+            3 => prop_oneof![valid_body(), body()]
+                .prop_map(|b| serde_json::to_vec(&b).unwrap_or_default())
+                .prop_flat_map(mutated),
+            1 => vec(any::<u8>(), 0..256),
+        ],
+    ) {
+        check(&bytes, false)?;
+    }
+}
