@@ -320,7 +320,10 @@ async fn stream_body(
             _ = sink.closed() => return AttemptEnd::ClientGone,
             n = timeout_at(limit, body.next()) => n,
         };
-        let eof = match next {
+        // A line or event past its bound ends the stream, after the events
+        // completed before it are decoded and forwarded (as they would have
+        // been had the bytes arrived in smaller pieces).
+        let (eof, too_large) = match next {
             Err(_) => return timed_out(expired(limit, input.deadline, what)),
             Ok(Some(Err(e))) => {
                 let mut f = classify::classify_transport(&e);
@@ -336,17 +339,9 @@ async fn stream_body(
                 if !events.is_empty() {
                     last_activity = Instant::now();
                 }
-                if let Err(e) = parsed {
-                    return AttemptEnd::Failed(Failure::new(OutcomeClass::Protocol, e.to_string()));
-                }
-                false
+                (false, parsed.err())
             }
-            Ok(None) => {
-                if let Err(e) = parser.finish(&mut events) {
-                    return AttemptEnd::Failed(Failure::new(OutcomeClass::Protocol, e.to_string()));
-                }
-                true
-            }
+            Ok(None) => (true, parser.finish(&mut events).err()),
         };
         for event in events.drain(..) {
             let decoded = decoder.on_event(&event, &mut chunks);
@@ -359,6 +354,9 @@ async fn stream_body(
             if let Err(f) = decoded {
                 return AttemptEnd::Failed(f);
             }
+        }
+        if let Some(e) = too_large {
+            return AttemptEnd::Failed(Failure::new(OutcomeClass::Protocol, e.to_string()));
         }
         if eof {
             return match decoder.finish() {

@@ -38,6 +38,8 @@ impl HttpError {
                 .split_once(": ")
                 .map(|(field, _)| field)
                 .filter(|f| !f.is_empty() && !f.contains(' '))
+                // The gRPC contract's `route` is this door's `model`.
+                .map(|f| if f == "route" { "model" } else { f })
                 .map(str::to_string),
             _ => None,
         };
