@@ -317,7 +317,6 @@ impl Core {
         let recovery = match (&jobs, &config.queue) {
             (Some(jobs), Some(q)) => Some(RecoveryArgs {
                 runner: crate::api::jobs::runner(jobs.clone(), intake.clone(), q.drain.clone()),
-                shared: jobs.shared().is_some(),
                 drain: q.drain.clone(),
                 max_running: (q.drain.burst as usize).max(1),
             }),

@@ -49,10 +49,6 @@ pub struct RecoveryArgs {
     pub drain: TokenBucketConfig,
     /// Runs at once, at most.
     pub max_running: usize,
-    /// The queue is shared by a fleet: other replicas add jobs (and lose
-    /// leases) without telling this one, so an idle queue is looked at again
-    /// every second.
-    pub shared: bool,
 }
 
 pub struct RecoveryActor;
@@ -68,14 +64,17 @@ pub struct RecoveryState {
     paused_until: Option<Instant>,
     /// The queue looked empty: wait for a new job (or a tick) before claiming.
     idle: bool,
-    /// When a shared queue was last looked at while idle.
+    /// When the queue was last looked at while idle.
     looked: Instant,
 }
 
 /// How long a no-capacity pause lasts without a breaker-closed event.
 const PAUSE: Duration = Duration::from_secs(1);
-/// How often an idle shared queue is looked at again.
-const SHARED_LOOK: Duration = Duration::from_secs(1);
+/// How often an idle queue is looked at again. No wake-up may be relied on
+/// alone: in a fleet other replicas add jobs (and lose leases) without
+/// telling this one, and here a run that put its job back can end after
+/// another run found the queue empty.
+const IDLE_LOOK: Duration = Duration::from_secs(1);
 /// Tick period.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -139,7 +138,7 @@ impl Actor for RecoveryActor {
             }
             RecoveryMsg::JobsWaiting => state.idle = false,
             RecoveryMsg::Tick => {
-                if state.args.shared && state.idle && now - state.looked >= SHARED_LOOK {
+                if state.idle && now - state.looked >= IDLE_LOOK {
                     state.idle = false;
                     state.looked = now;
                 }

@@ -75,14 +75,21 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         MockProc::start(ctx, "soak-secondary", &MockSpec::new("anthropic", 16, 5)).await?;
     let queue = ctx.path("soak-queue.sqlite3");
     let _ = std::fs::remove_file(&queue);
+    // Breakers reopen for seconds, not minutes: once the chaos stops, the
+    // jobs' drain must not wait out a 300 s backoff the faults earned.
+    let breaker = "breaker = { open_for = \"1s\", max_open_for = \"3s\" }";
     let providers = [
         Provider {
             timeout: "1s",
-            ..Provider::new("primary", "openai", &primary).caps(32, 32)
+            ..Provider::new("primary", "openai", &primary)
+                .caps(32, 32)
+                .extra(breaker)
         },
         Provider {
             timeout: "1s",
-            ..Provider::new("secondary", "anthropic", &secondary).caps(32, 32)
+            ..Provider::new("secondary", "anthropic", &secondary)
+                .caps(32, 32)
+                .extra(breaker)
         },
     ];
     let text = config_text(
@@ -206,11 +213,12 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "every job done exactly once",
         keys_once && finished.lost == 0 && finished.failed == 0,
         format!(
-            "{} jobs: {} succeeded, {} failed, {} not done; duplicate submits {} the same job",
+            "{} jobs: {} succeeded, {} failed, {} not done {:?}; duplicate submits {} the same job",
             jobs.len(),
             finished.succeeded,
             finished.failed,
             finished.lost,
+            finished.lost_states,
             if keys_once {
                 "returned"
             } else {
@@ -350,6 +358,8 @@ struct JobsDone {
     succeeded: usize,
     failed: usize,
     lost: usize,
+    /// The last state seen of each job not done.
+    lost_states: Vec<String>,
 }
 
 /// Polls every job until it is terminal or `secs` pass.
@@ -358,13 +368,22 @@ async fn wait_for_jobs(grpc: &Grpc, jobs: &[(String, String)], secs: u64) -> Job
     let mut client = grpc.client(0);
     let mut pending: Vec<&str> = jobs.iter().map(|(a, _)| a.as_str()).collect();
     let mut done = JobsDone::default();
+    let mut last = std::collections::HashMap::new();
     while !pending.is_empty() && Instant::now() < until {
         let mut still = Vec::new();
         for id in pending {
-            let state = client
+            let job = client
                 .get_job(proto::GetJobRequest { id: id.to_string() })
                 .await
-                .map(|r| r.into_inner().state);
+                .map(|r| r.into_inner());
+            let state = job.as_ref().map(|j| j.state).map_err(|e| e.code());
+            last.insert(
+                id,
+                match &job {
+                    Ok(j) => format!("{:?} after {} runs", j.state(), j.attempts),
+                    Err(e) => format!("{:?}", e.code()),
+                },
+            );
             match state {
                 Ok(s) if s == proto::JobState::Succeeded as i32 => done.succeeded += 1,
                 Ok(s)
@@ -382,6 +401,10 @@ async fn wait_for_jobs(grpc: &Grpc, jobs: &[(String, String)], secs: u64) -> Job
         }
     }
     done.lost = pending.len();
+    done.lost_states = pending
+        .iter()
+        .map(|id| format!("{id}: {}", last.get(id).map_or("?", |s| s.as_str())))
+        .collect();
     done
 }
 
