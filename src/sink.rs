@@ -213,9 +213,19 @@ pub fn channel(limits: SendLimits, buffered: bool) -> (EventSink, Events) {
 
 impl EventSink {
     pub fn new(tx: mpsc::Sender<Item>, buffered: bool) -> Self {
+        Self::with(Some(tx), buffered)
+    }
+
+    /// A sink with no caller behind it: output is counted and dropped, and it
+    /// never reports the caller gone.
+    pub fn discard() -> Self {
+        Self::with(None, true)
+    }
+
+    fn with(tx: Option<mpsc::Sender<Item>>, buffered: bool) -> Self {
         let limits = SendLimits::default();
         EventSink {
-            tx: Some(tx),
+            tx,
             abandoned: Abandoned::default(),
             deadline: None,
             send_timeout: limits.send_timeout,
@@ -226,27 +236,6 @@ impl EventSink {
             committed: false,
             attempt_chars: 0,
             buffered,
-            recording: None,
-            on_finish: None,
-        }
-    }
-
-    /// A sink with no caller behind it: output is counted and dropped, and it
-    /// never reports the caller gone.
-    pub fn discard() -> Self {
-        let limits = SendLimits::default();
-        EventSink {
-            tx: None,
-            abandoned: Abandoned::default(),
-            deadline: None,
-            send_timeout: limits.send_timeout,
-            recorded_bytes: 0,
-            max_recorded_bytes: limits.max_recorded_bytes,
-            pending_start: None,
-            attempt_chunks: 0,
-            committed: false,
-            attempt_chars: 0,
-            buffered: true,
             recording: None,
             on_finish: None,
         }
@@ -557,6 +546,92 @@ mod tests {
         assert!(matches!(events[2], Event::Finished(_)));
         let rest = drain(&mut rx.lock().unwrap());
         assert!(matches!(rest.as_slice(), [Event::Finished(_)]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_stops_reading_is_given_up_on_and_told_why_last() {
+        let limits = SendLimits {
+            buffer: 2,
+            send_timeout: Duration::from_secs(10),
+            max_recorded_bytes: 1 << 20,
+        };
+        let (mut sink, mut events) = channel(limits, false);
+        sink.set_deadline(Instant::now() + Duration::from_secs(60));
+        sink.begin_attempt(started(1));
+        sink.chunk(Chunk::Text("a".into())).await.unwrap(); // Started + chunk fill the buffer
+        let t0 = Instant::now();
+        assert_eq!(sink.chunk(Chunk::Text("b".into())).await, Err(ClientGone));
+        assert_eq!(
+            t0.elapsed(),
+            Duration::from_secs(10),
+            "exactly send_timeout"
+        );
+        assert!(
+            sink.is_closed(),
+            "given up on: the attempt sees the caller gone"
+        );
+        // Later sends fail at once; the error is not queued behind the events.
+        sink.fail(RequestError::Draining).await;
+        assert_eq!(t0.elapsed(), Duration::from_secs(10));
+        drop(sink);
+        assert!(matches!(events.recv().await, Some(Ok(Event::Started(_)))));
+        assert!(matches!(events.recv().await, Some(Ok(Event::Chunk(_)))));
+        assert!(matches!(
+            events.recv().await,
+            Some(Err(RequestError::SlowConsumer { waited })) if waited == Duration::from_secs(10)
+        ));
+        assert_eq!(events.recv().await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_bounds_a_send_before_send_timeout_does() {
+        let limits = SendLimits {
+            buffer: 1,
+            ..SendLimits::default()
+        };
+        let (mut sink, mut events) = channel(limits, false);
+        sink.set_deadline(Instant::now() + Duration::from_secs(2));
+        sink.begin_attempt(started(1));
+        let t0 = Instant::now();
+        assert_eq!(sink.chunk(Chunk::Text("a".into())).await, Err(ClientGone));
+        assert_eq!(t0.elapsed(), Duration::from_secs(2));
+        drop(sink);
+        assert!(matches!(events.recv().await, Some(Ok(Event::Started(_)))));
+        assert!(matches!(
+            events.recv().await,
+            Some(Err(RequestError::DeadlineExceeded { .. }))
+        ));
+        // A task that ends normally adds nothing after its last item.
+        let (mut sink, mut events) = channel(SendLimits::default(), false);
+        sink.fail(RequestError::Draining).await;
+        drop(sink);
+        assert_eq!(events.recv().await, Some(Err(RequestError::Draining)));
+        assert_eq!(events.recv().await, None);
+    }
+
+    #[tokio::test]
+    async fn an_answer_over_the_recording_bound_is_served_but_not_kept() {
+        let limits = SendLimits {
+            max_recorded_bytes: 1000,
+            ..SendLimits::default()
+        };
+        let (mut sink, mut events) = channel(limits, false);
+        let kept = Arc::new(Mutex::new(false));
+        let flag = kept.clone();
+        sink.record(Box::new(move |_| {
+            Box::pin(async move {
+                *flag.lock().unwrap() = true;
+            })
+        }));
+        sink.begin_attempt(started(1));
+        for _ in 0..20 {
+            sink.chunk(Chunk::Text("x".repeat(100))).await.unwrap();
+            while let Ok(Some(_)) =
+                tokio::time::timeout(Duration::from_millis(1), events.recv()).await
+            {}
+        }
+        sink.finish(finished()).await.unwrap();
+        assert!(!*kept.lock().unwrap(), "2 KB recorded against a 1 KB bound");
     }
 
     #[tokio::test]

@@ -34,6 +34,11 @@
 //! {"type":"malformed","after_tokens":1,"close":false}
 //! {"type":"empty_done"}
 //! {"type":"legacy_error","code":400}
+//! {"type":"flood","tokens":100000,"token_bytes":0}   // ignores max_tokens; tokens padded to token_bytes
+//! {"type":"huge_line","bytes":160000000}             // one SSE line that never ends, then a stall
+//! {"type":"trickle","after_tokens":2,"byte_delay_ms":1000}  // the next frame one byte at a time
+//! {"type":"second_choice"}                           // OpenAI: every token again as choice 1
+//! {"type":"orphan_delta"}                            // Anthropic: input_json_delta for an unopened block
 //! ```
 //! Non-streaming requests: `error_event` becomes the matching HTTP error
 //! (529/503 overloaded by default), `refusal` a `content_filter`/`refusal`

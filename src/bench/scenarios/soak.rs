@@ -401,8 +401,10 @@ async fn wait_for_jobs(grpc: &Grpc, jobs: &[(String, String)], secs: u64) -> Job
         }
     }
     done.lost = pending.len();
+    // The first few: enough to find them in the logs.
     done.lost_states = pending
         .iter()
+        .take(5)
         .map(|id| format!("{id}: {}", last.get(id).map_or("?", |s| s.as_str())))
         .collect();
     done
