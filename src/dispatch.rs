@@ -78,6 +78,41 @@ struct Served {
     upstream_request_id: Option<String>,
 }
 
+/// How long past its deadline a request task may run before it is ended.
+const OVERRUN_GRACE: Duration = Duration::from_secs(5);
+
+/// What a request task has reached, for `Dispatcher::run`.
+struct Progress {
+    /// The route is known to exist: only then may it label a metric.
+    planned: AtomicBool,
+    /// The whole request's deadline, once computed.
+    deadline: tokio::sync::watch::Sender<Option<Instant>>,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress {
+            planned: AtomicBool::new(false),
+            deadline: tokio::sync::watch::Sender::new(None),
+        }
+    }
+}
+
+impl Progress {
+    /// Resolves `OVERRUN_GRACE` after the deadline (never before it is known).
+    async fn overrun(&self) {
+        let mut rx = self.deadline.subscribe();
+        let deadline = match rx.wait_for(Option::is_some).await {
+            Ok(d) => *d,
+            Err(_) => None,
+        };
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d + OVERRUN_GRACE).await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
 /// Returns an unused permit's ticket to its provider actor (not sent: it
 /// counts for nothing).
 fn return_unsent(
@@ -125,14 +160,20 @@ impl Dispatcher {
     /// Runs the request to its end; the outcome reaches the caller through `sink`.
     pub async fn run(self: Arc<Self>, spec: RequestSpec, mut sink: EventSink) {
         self.active.fetch_add(1, Ordering::Relaxed);
-        // Set once the route is known to exist: only then may it label a metric.
-        let planned = AtomicBool::new(false);
+        let progress = Progress::default();
         let result = tokio::select! {
-            r = self.serve(&spec, &mut sink, &planned) => r,
+            r = self.serve(&spec, &mut sink, &progress) => r,
             _ = self.abort.cancelled() => Err(RequestError::Draining),
+            _ = progress.overrun() => {
+                // Every wait inside has its own timer; this is the net under
+                // them, so no task (and no permit it holds) outlives its deadline.
+                tracing::error!(request_id = %spec.request_id, route = %spec.route, grace = ?OVERRUN_GRACE, "request still running past its deadline: ended");
+                Err(RequestError::DeadlineExceeded { attempts: 0 })
+            }
         };
+        let planned = progress.planned.load(Ordering::Relaxed);
         if let Err(e) = result {
-            if let Some(reason) = e.shed_reason().filter(|_| planned.load(Ordering::Relaxed)) {
+            if let Some(reason) = e.shed_reason().filter(|_| planned) {
                 self.metrics
                     .shed
                     .get_or_create(&ShedLabels {
@@ -152,7 +193,7 @@ impl Dispatcher {
         &self,
         spec: &RequestSpec,
         sink: &mut EventSink,
-        planned: &AtomicBool,
+        progress: &Progress,
     ) -> Result<(), RequestError> {
         let fingerprint = spec.fingerprint();
         let guard = match spec.scoped_key() {
@@ -172,7 +213,7 @@ impl Dispatcher {
             },
         };
         let plan = self.plan(spec).await?;
-        planned.store(true, Ordering::Relaxed);
+        progress.planned.store(true, Ordering::Relaxed);
         if let (Some(limit), Some(asked)) = (plan.max_tokens_limit, spec.chat.max_tokens) {
             if asked > limit {
                 return Err(RequestError::InvalidRequest(format!(
@@ -207,6 +248,7 @@ impl Dispatcher {
             .deadline
             .unwrap_or_else(|| Instant::now() + plan.deadline.unwrap_or(self.default_deadline));
         sink.set_deadline(deadline);
+        progress.deadline.send_replace(Some(deadline));
         let mut bill = self.reserve(spec, &plan, deadline).await?;
         let live = self.drive(spec, &plan, sink, &mut bill).await;
         self.settle(bill).await;
@@ -890,5 +932,29 @@ fn estimate_usage(chat: &ChatRequest, output_chars: usize) -> Usage {
     Usage {
         input_tokens: (prompt_chars / 4).max(1) as u32,
         output_tokens: output_chars.div_ceil(4) as u32,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_net_under_every_timer_fires_its_grace_after_the_deadline() {
+        let progress = Progress::default();
+        let t0 = Instant::now();
+        // Before the deadline is known (planning), it never fires.
+        assert!(
+            tokio::time::timeout(Duration::from_secs(3600), progress.overrun())
+                .await
+                .is_err()
+        );
+        let deadline = Instant::now() + Duration::from_secs(3);
+        progress.deadline.send_replace(Some(deadline));
+        let start = Instant::now();
+        progress.overrun().await;
+        assert_eq!(start.elapsed(), Duration::from_secs(3) + OVERRUN_GRACE);
+        assert!(t0.elapsed() > Duration::from_secs(3600));
     }
 }
