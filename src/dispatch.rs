@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::actors::provider::{OutcomeReport, Permit, ProviderMsg, Refusal, TrafficClass};
+use crate::actors::provider::{self, Permit, ProviderMsg, Refusal, TrafficClass};
 use crate::actors::recovery::RecoveryMsg;
 use crate::actors::registry::{ProviderEntry, Registry};
 use crate::actors::router::{Candidate, Plan, PlanError, RouterMsg};
@@ -27,7 +27,6 @@ use crate::cost::{CostLedger, Reservation};
 use crate::error::RequestError;
 use crate::policy::backoff::Backoff;
 use crate::policy::next::{next, Next, Outcome, Tried, View};
-use crate::policy::outcome::OutcomeClass;
 use crate::queue::jobs::{Jobs, OwnedJob};
 use crate::request::RequestSpec;
 use crate::sink::{Event, EventSink, Finished, QueuedJob, Started, Tier};
@@ -111,26 +110,6 @@ impl Progress {
             None => std::future::pending().await,
         }
     }
-}
-
-/// Returns an unused permit's ticket to its provider actor (not sent: it
-/// counts for nothing).
-fn return_unsent(
-    entry: &ProviderEntry,
-    candidate: &Candidate,
-    ticket: Option<crate::policy::breaker::Ticket>,
-    traffic: TrafficClass,
-) {
-    let _ = entry.actor.cast(ProviderMsg::Report(OutcomeReport {
-        model: candidate.model.clone(),
-        ticket,
-        class: OutcomeClass::Cancelled,
-        retry_after: None,
-        traffic,
-        elapsed: Duration::ZERO,
-        ttft: None,
-        failed_output_tokens: 0,
-    }));
 }
 
 impl Dispatcher {
@@ -549,16 +528,18 @@ impl Dispatcher {
         // Only an attempt that will really be sent spends the budget: a
         // local refusal above cost nothing.
         if tried.needs_budget() && !self.withdraw(&call.plan.route).await {
-            return_unsent(&entry, candidate, permit.take_ticket(), traffic);
+            // Dropped unsent: it reports itself cancelled.
+            drop(permit);
             return Ok(Outcome::NoBudget);
         }
         tried.sent();
+        permit.mark_sent();
         chat.model = candidate.model.clone();
         chat.stream = candidate.streams;
         let result = self
             .send(call, &entry, chat, tried.attempts(), traffic, sink)
             .await;
-        let billed = self.report(call, &entry, permit, traffic, &result, sink);
+        let billed = self.report(call, &entry, permit, &result, sink);
         if billed > 0.0 {
             // Output before a failure is billed all the same; the next
             // attempt may cost the maximum again, so hold that much more
@@ -597,34 +578,19 @@ impl Dispatcher {
         &self,
         call: &Call<'_>,
         entry: &ProviderEntry,
-        mut permit: Permit,
-        traffic: TrafficClass,
+        permit: Permit,
         result: &attempt::AttemptResult,
         sink: &EventSink,
     ) -> f64 {
         let model = &call.candidate.model;
-        let failure = match &result.end {
-            AttemptEnd::Failed(f) => Some(f),
-            _ => None,
-        };
-        let failed_output_tokens = if failure.is_some() {
+        let failed_output_tokens = if matches!(result.end, AttemptEnd::Failed(_)) {
             sink.attempt_chars().div_ceil(4) as u32
         } else {
             0
         };
         self.metrics
             .count_attempt(&call.candidate.provider, model, result.end.class().as_str());
-        let _ = entry.actor.cast(ProviderMsg::Report(OutcomeReport {
-            model: model.clone(),
-            ticket: permit.take_ticket(),
-            class: result.end.class(),
-            retry_after: failure.and_then(|f| f.retry_after),
-            traffic,
-            elapsed: result.elapsed,
-            ttft: result.ttft,
-            failed_output_tokens,
-        }));
-        drop(permit);
+        permit.report(provider::Outcome::of(result, failed_output_tokens));
         price(entry, model).cost(0, failed_output_tokens)
     }
 

@@ -95,10 +95,17 @@ fn main() -> ExitCode {
             runtime.block_on(switchyard::plan::run(args)),
             switchyard::plan::PlanError::exit_code,
         ),
-        Command::Bench(args) => verdict(
-            runtime.block_on(switchyard::bench::run(args)),
-            switchyard::bench::BenchError::exit_code,
-        ),
+        Command::Bench(args) => {
+            // The in-process router's logs only when asked for (RUST_LOG set):
+            // they interleave with the progress lines.
+            let telemetry = std::env::var_os("RUST_LOG")
+                .map(|_| switchyard::telemetry::tracing::init(LogFormat::Pretty));
+            let result = runtime.block_on(switchyard::bench::run(args));
+            if let Some(t) = telemetry {
+                t.shutdown();
+            }
+            verdict(result, switchyard::bench::BenchError::exit_code)
+        }
     }
 }
 

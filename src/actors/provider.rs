@@ -197,20 +197,80 @@ impl ProviderRuntime {
 }
 
 /// Admission to send one attempt. Dropping it frees the concurrency slot, so
-/// it must live as long as the upstream stream; its breaker ticket goes back
-/// with the outcome report.
+/// it must live as long as the upstream stream. Its outcome goes back to the
+/// actor that admitted it through [`Permit::report`]; a permit dropped
+/// without a report (a refusal after admission, a cancelled task, a reply
+/// nobody waited for) reports `cancelled` itself, so a half-open probe slot
+/// is never held by a ticket that no one will return.
 #[derive(Debug)]
 pub struct Permit {
     _total: OwnedSemaphorePermit,
     _failover: Option<OwnedSemaphorePermit>,
     pub class: TrafficClass,
     ticket: Option<Ticket>,
+    /// The admitting incarnation and the model, once handed out.
+    home: Option<(ActorRef<ProviderMsg>, String)>,
+    /// The attempt went upstream: a drop before its report still counts it.
+    sent: bool,
+    reported: bool,
 }
 
 impl Permit {
-    /// The breaker ticket, to send back in the [`OutcomeReport`].
-    pub fn take_ticket(&mut self) -> Option<Ticket> {
-        self.ticket.take()
+    fn new(
+        total: OwnedSemaphorePermit,
+        failover: Option<OwnedSemaphorePermit>,
+        class: TrafficClass,
+        ticket: Ticket,
+    ) -> Self {
+        Permit {
+            _total: total,
+            _failover: failover,
+            class,
+            ticket: Some(ticket),
+            home: None,
+            sent: false,
+            reported: false,
+        }
+    }
+
+    /// Where the outcome (or the drop) is reported.
+    fn home(mut self, actor: ActorRef<ProviderMsg>, model: String) -> Self {
+        self.home = Some((actor, model));
+        self
+    }
+
+    /// The attempt is about to go upstream.
+    pub fn mark_sent(&mut self) {
+        self.sent = true;
+    }
+
+    /// Sends the attempt's one outcome to the admitting actor (with the
+    /// breaker ticket) and frees the permit.
+    pub fn report(mut self, outcome: Outcome) {
+        self.reported = true;
+        self.send(outcome, false);
+    }
+
+    fn send(&mut self, outcome: Outcome, dropped_in_flight: bool) {
+        let Some((actor, model)) = self.home.take() else {
+            return;
+        };
+        let _ = actor.cast(ProviderMsg::Report(OutcomeReport {
+            model,
+            ticket: self.ticket.take(),
+            outcome,
+            traffic: self.class,
+            dropped_in_flight,
+        }));
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if !self.reported {
+            let sent = self.sent;
+            self.send(Outcome::cancelled(), sent);
+        }
     }
 }
 
@@ -253,19 +313,55 @@ impl Refusal {
     }
 }
 
-/// One attempt's classified outcome, reported once by whoever ran it.
-#[derive(Debug)]
-pub struct OutcomeReport {
-    pub model: String,
-    pub ticket: Option<Ticket>,
+/// How one attempt ended, as whoever ran it saw it.
+#[derive(Debug, Clone)]
+pub struct Outcome {
     pub class: OutcomeClass,
     /// What the upstream asked for (429/503), if anything.
     pub retry_after: Option<Duration>,
-    pub traffic: TrafficClass,
     pub elapsed: Duration,
     pub ttft: Option<Duration>,
     /// Output tokens the upstream produced before a failure (billed anyway).
     pub failed_output_tokens: u32,
+}
+
+impl Outcome {
+    /// An attempt's result, and the output tokens a failure still billed.
+    pub fn of(result: &crate::attempt::AttemptResult, failed_output_tokens: u32) -> Self {
+        Outcome {
+            class: result.end.class(),
+            retry_after: match &result.end {
+                crate::attempt::AttemptEnd::Failed(f) => f.retry_after,
+                _ => None,
+            },
+            elapsed: result.elapsed,
+            ttft: result.ttft,
+            failed_output_tokens,
+        }
+    }
+
+    /// Not sent, or given up on by its caller: counts for nothing.
+    pub fn cancelled() -> Self {
+        Outcome {
+            class: OutcomeClass::Cancelled,
+            retry_after: None,
+            elapsed: Duration::ZERO,
+            ttft: None,
+            failed_output_tokens: 0,
+        }
+    }
+}
+
+/// One attempt's outcome as its provider actor receives it, once per permit.
+#[derive(Debug)]
+pub struct OutcomeReport {
+    pub model: String,
+    pub ticket: Option<Ticket>,
+    pub outcome: Outcome,
+    pub traffic: TrafficClass,
+    /// Its permit was dropped while the attempt was upstream: the attempt
+    /// is counted here (a reported one was counted by its runner).
+    pub dropped_in_flight: bool,
 }
 
 /// An admin override of one target's breaker.
@@ -368,12 +464,7 @@ impl ProviderState {
                 let _ = m.breaker.record(ticket, OutcomeClass::Cancelled, now);
                 return Err(Refusal::Breaker(BreakerRefusal::HalfOpenBusy));
             }
-            Ok(Permit {
-                _total: total,
-                _failover: failover,
-                class,
-                ticket: Some(ticket),
-            })
+            Ok(Permit::new(total, failover, class, ticket))
         })();
         if let Some(t) = transition {
             self.on_transition(model, &t);
@@ -393,21 +484,31 @@ impl ProviderState {
 
     fn report(&mut self, r: OutcomeReport, now: Instant) -> Option<Transition> {
         let cfg = &self.runtime.config;
+        if r.dropped_in_flight {
+            self.metrics.count_attempt(
+                &self.runtime.id,
+                &r.model,
+                OutcomeClass::Cancelled.as_str(),
+            );
+        }
         let m = self.models.get_mut(&r.model)?;
         m.health.record(
             Sample {
-                class: r.class,
-                latency: Some(r.elapsed),
-                ttft: r.ttft,
+                class: r.outcome.class,
+                latency: Some(r.outcome.elapsed),
+                ttft: r.outcome.ttft,
             },
             now,
         );
         m.traffic.record(r.traffic == TrafficClass::Failover, now);
         let transition = match r.ticket {
-            Some(ticket) => m.breaker.record(ticket, r.class, now),
+            Some(ticket) => m.breaker.record(ticket, r.outcome.class, now),
             None => m.breaker.tick(now),
         };
-        if let Some(until) = m.cooldown.note(&cfg.cooldown, r.class, r.retry_after, now) {
+        if let Some(until) =
+            m.cooldown
+                .note(&cfg.cooldown, r.outcome.class, r.outcome.retry_after, now)
+        {
             let kind = m
                 .cooldown
                 .kind(now)
@@ -422,7 +523,7 @@ impl ProviderState {
                 })
                 .inc();
         }
-        if r.class == OutcomeClass::Auth {
+        if r.outcome.class == OutcomeClass::Auth {
             m.auth_until = Some(now + cfg.auth_cooldown);
             tracing::error!(provider = %self.runtime.id, model = %r.model, skip_for = ?cfg.auth_cooldown, "upstream rejected the router's credentials: target skipped until reload or cooldown end");
             self.metrics
@@ -433,14 +534,14 @@ impl ProviderState {
                     reason: "auth",
                 })
                 .inc();
-        } else if r.class.is_success() {
+        } else if r.outcome.class.is_success() {
             m.auth_until = None;
         }
-        if r.failed_output_tokens > 0 {
+        if r.outcome.failed_output_tokens > 0 {
             self.metrics
                 .failed_stream_tokens
                 .get_or_create(&self.labels(&r.model))
-                .inc_by(u64::from(r.failed_output_tokens));
+                .inc_by(u64::from(r.outcome.failed_output_tokens));
         }
         transition
     }
@@ -587,8 +688,11 @@ impl Actor for ProviderActor {
                 class,
                 reply,
             } => {
-                let answer = state.admit(&model, class, now);
-                // The requester may have given up; a dropped reply drops the permit.
+                let answer = state
+                    .admit(&model, class, now)
+                    .map(|permit| permit.home(myself.clone(), model));
+                // The requester may have given up: the dropped permit reports
+                // itself cancelled, returning its ticket.
                 let _ = reply.send(answer);
             }
             ProviderMsg::Report(report) => {
@@ -673,7 +777,7 @@ fn probe(state: &mut ProviderState, myself: &ActorRef<ProviderMsg>, model: &str,
             let model = model.to_string();
             tokio::spawn(async move {
                 let report = synthetic_probe(&runtime, &model, ticket).await;
-                metrics.count_attempt(&runtime.id, &model, report.class.as_str());
+                metrics.count_attempt(&runtime.id, &model, report.outcome.class.as_str());
                 let _ = actor.cast(ProviderMsg::Report(report));
             });
         }
@@ -728,14 +832,8 @@ async fn synthetic_probe(
     OutcomeReport {
         model: model.to_string(),
         ticket: Some(ticket),
-        class,
-        retry_after: match &result.end {
-            crate::attempt::AttemptEnd::Failed(f) => f.retry_after,
-            _ => None,
-        },
+        outcome: Outcome::of(&result, 0),
         traffic: TrafficClass::Own,
-        elapsed: result.elapsed,
-        ttft: result.ttft,
-        failed_output_tokens: 0,
+        dropped_in_flight: false,
     }
 }

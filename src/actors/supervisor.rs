@@ -440,6 +440,30 @@ targets = ["a/m"]
     }
 
     #[tokio::test]
+    async fn a_permit_dropped_without_a_report_returns_its_probe_slot() {
+        let (sup, registry) = start().await;
+        let old = registry.provider("a").unwrap();
+        old.actor.cast(ProviderMsg::Crash).unwrap();
+        wait_for_new_incarnation(&registry, old.actor.get_id()).await;
+        // Half-open after the restart: one probe at a time.
+        let probe = admit(&registry, TrafficClass::Own)
+            .await
+            .expect("the probe");
+        assert!(
+            admit(&registry, TrafficClass::Own).await.is_none(),
+            "one probe is out"
+        );
+        // Its task is cancelled: no report is sent, only the permit dropped.
+        drop(probe);
+        let again = admit(&registry, TrafficClass::Own).await;
+        assert!(
+            again.is_some(),
+            "the dropped permit returned its probe slot (not held until probe_timeout)"
+        );
+        sup.stop(None);
+    }
+
+    #[tokio::test]
     async fn crashed_provider_is_restarted_and_keeps_its_permits() {
         let (sup, registry) = start().await;
         let held = admit(&registry, TrafficClass::Failover)
@@ -463,7 +487,7 @@ targets = ["a/m"]
             crate::policy::breaker::BreakerState::HalfOpen,
             "a restarted provider comes back half-open"
         );
-        let mut own = admit(&registry, TrafficClass::Own)
+        let own = admit(&registry, TrafficClass::Own)
             .await
             .expect("own traffic still has room: it is the half-open probe");
         assert!(
@@ -472,23 +496,13 @@ targets = ["a/m"]
         );
         drop(held);
         // The probe succeeds: the breaker closes.
-        let entry = registry.provider("a").unwrap();
-        entry
-            .actor
-            .cast(ProviderMsg::Report(
-                crate::actors::provider::OutcomeReport {
-                    model: "m".into(),
-                    ticket: own.take_ticket(),
-                    class: crate::policy::outcome::OutcomeClass::Ok,
-                    retry_after: None,
-                    traffic: TrafficClass::Own,
-                    elapsed: Duration::from_millis(5),
-                    ttft: Some(Duration::from_millis(1)),
-                    failed_output_tokens: 0,
-                },
-            ))
-            .unwrap();
-        drop(own);
+        own.report(crate::actors::provider::Outcome {
+            class: crate::policy::outcome::OutcomeClass::Ok,
+            retry_after: None,
+            elapsed: Duration::from_millis(5),
+            ttft: Some(Duration::from_millis(1)),
+            failed_output_tokens: 0,
+        });
         assert_eq!(
             old.runtime.in_flight(),
             0,

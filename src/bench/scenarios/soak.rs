@@ -7,6 +7,9 @@
 //! checked at the end: every request ended by its deadline, in-flight
 //! permits back to 0, RSS within a bound, every job done exactly once, and
 //! the attempts Switchyard counted equal to the requests the mocks saw.
+//! `SWITCHYARD_SOAK_SECS` sets another length (the chaos pace stays the
+//! full run's). `soak-status.json` and `soak-metrics.txt` in the output
+//! directory keep the router's view at the end, for when a check fails.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +32,8 @@ const DEADLINE: Duration = Duration::from_secs(3);
 /// Peak RSS of this process (load generator and router) allowed.
 const RSS_BOUND_MB: u64 = 512;
 const SEED: u64 = 14;
+/// After the chaos, waiting for jobs gives up once none finished for this long.
+const STALL: Duration = Duration::from_secs(30);
 
 /// The faults drawn from (the mock's catalogue, less `refuse`, whose
 /// connection errors the mock cannot log).
@@ -66,7 +71,13 @@ struct Chaos {
 
 pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     let mut res = result("soak");
-    let length = ctx.pick(Duration::from_secs(8), Duration::from_secs(15 * 60));
+    let length = match std::env::var("SWITCHYARD_SOAK_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(secs) => Duration::from_secs(secs),
+        None => ctx.pick(Duration::from_secs(8), Duration::from_secs(15 * 60)),
+    };
     let period = ctx.pick(Duration::from_millis(700), Duration::from_secs(4));
     let rate = ctx.pick(40.0, 100.0);
     let spec = MockSpec::new("openai", 16, 5);
@@ -93,7 +104,12 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         },
     ];
     let text = config_text(
-        &format!("[queue]\npath = \"{}\"\n", queue.display()),
+        // Jobs arrive at rate / 20 (5/s): the drain runs faster than that, so
+        // a backlog the chaos built clears once it ends.
+        &format!(
+            "[queue]\npath = \"{}\"\ndrain = {{ rate = 20.0, burst = 10 }}\n",
+            queue.display()
+        ),
         &providers,
         &[("chat", &["primary", "secondary"])],
     )
@@ -164,9 +180,12 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     primary.set_fault(&json!({})).await?;
     secondary.set_fault(&json!({})).await?;
 
+    // Once the faults are gone the router serves again on its own: breakers
+    // half-open and probe, cooldowns lapse (a lost probe ticket times out).
+    let recovered = recovers(&grpc, Duration::from_secs(45)).await;
     // Jobs finish once the faults are gone (the drain resumes on its own).
     let jobs = jobs.lock().await.clone();
-    let finished = wait_for_jobs(&grpc, &jobs, ctx.pick(30, 120)).await;
+    let finished = wait_for_jobs(&grpc, &jobs, STALL).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let metrics = reqwest::get(format!("http://{admin}/metrics"))
         .await
@@ -174,6 +193,13 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         .text()
         .await
         .map_err(|e| BenchError::Mock(e.to_string()))?;
+    // The router's own view, kept for when a check fails.
+    if let Ok(r) = reqwest::get(format!("http://{admin}/v1/status")).await {
+        if let Ok(text) = r.text().await {
+            let _ = std::fs::write(ctx.path("soak-status.json"), text);
+        }
+    }
+    let _ = std::fs::write(ctx.path("soak-metrics.txt"), &metrics);
     let seen = primary.stats().await?.requests + secondary.stats().await?.requests;
     let usage = self_usage();
     running.shutdown().await;
@@ -187,6 +213,17 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         .filter(|o| o.error.as_deref().is_some_and(|e| e.starts_with("timeout")))
         .count();
     res.checks.push(check_complete("soak", &run));
+    res.checks.push(Check::new(
+        "serving again once the faults end",
+        recovered.is_ok(),
+        match &recovered {
+            Ok(after) => format!(
+                "a stream succeeded {} ms after the chaos",
+                after.as_millis()
+            ),
+            Err(last) => format!("no stream succeeded in 45 s after the chaos; the last: {last}"),
+        },
+    ));
     res.checks.push(Check::new(
         "every request ended by its deadline",
         late == 0,
@@ -353,6 +390,23 @@ async fn submit_twice(
     }
 }
 
+/// How long after the chaos a fresh stream first succeeded, or the last
+/// error if none did within `limit`.
+async fn recovers(grpc: &Grpc, limit: Duration) -> Result<Duration, String> {
+    let t0 = Instant::now();
+    let mut last = String::from("no call made");
+    while t0.elapsed() < limit {
+        let call = Call::new("chat", true, DEADLINE + Duration::from_secs(1));
+        let outcome = grpc_call(grpc.client(0), &call, Instant::now()).await;
+        if outcome.ok {
+            return Ok(t0.elapsed());
+        }
+        last = outcome.error.unwrap_or_default();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(last)
+}
+
 #[derive(Default)]
 struct JobsDone {
     succeeded: usize,
@@ -362,14 +416,15 @@ struct JobsDone {
     lost_states: Vec<String>,
 }
 
-/// Polls every job until it is terminal or `secs` pass.
-async fn wait_for_jobs(grpc: &Grpc, jobs: &[(String, String)], secs: u64) -> JobsDone {
-    let until = Instant::now() + Duration::from_secs(secs);
+/// Polls every job until it is terminal, or until none finished for `stall`.
+async fn wait_for_jobs(grpc: &Grpc, jobs: &[(String, String)], stall: Duration) -> JobsDone {
+    let mut until = Instant::now() + stall;
     let mut client = grpc.client(0);
     let mut pending: Vec<&str> = jobs.iter().map(|(a, _)| a.as_str()).collect();
     let mut done = JobsDone::default();
     let mut last = std::collections::HashMap::new();
     while !pending.is_empty() && Instant::now() < until {
+        let before = pending.len();
         let mut still = Vec::new();
         for id in pending {
             let job = client
@@ -396,6 +451,9 @@ async fn wait_for_jobs(grpc: &Grpc, jobs: &[(String, String)], secs: u64) -> Job
             }
         }
         pending = still;
+        if pending.len() < before {
+            until = Instant::now() + stall;
+        }
         if !pending.is_empty() {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
