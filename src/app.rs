@@ -21,9 +21,9 @@ use crate::actors::supervisor::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::api::admin::{AdminAccess, AdminService};
 use crate::api::admin_http::{self, AdminState};
 use crate::api::auth::Authenticator;
+use crate::api::door::{self, HttpState};
 use crate::api::intake::Intake;
 use crate::api::listener;
-use crate::api::openai::{self, HttpState};
 use crate::api::router_service::RouterService;
 use crate::api::tls::{self, TlsState};
 use crate::cache::ResponseCache;
@@ -232,7 +232,7 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     });
     let http = listeners.http.map(|http| {
         let state = HttpState::new(core.intake.clone(), auth, reloader.clone());
-        let router = openai::router(Arc::new(state));
+        let router = door::router(Arc::new(state));
         let (metrics, stop) = (core.metrics.clone(), stop.clone());
         let bounds = bounds("http", config.server.http_max_connections);
         tokio::spawn(

@@ -32,6 +32,18 @@ pub struct ToolSpec {
     pub parameters: serde_json::Value,
 }
 
+/// Whether the model must call one of the offered tools ("must not" is
+/// said by offering none).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ToolChoice {
+    #[default]
+    Auto,
+    /// One of the tools, the model's pick.
+    Any,
+    /// This tool.
+    Tool(String),
+}
+
 /// A normalised chat request, ready for an adapter to put on the wire.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChatRequest {
@@ -43,6 +55,7 @@ pub struct ChatRequest {
     pub top_p: Option<f32>,
     pub stop: Vec<String>,
     pub tools: Vec<ToolSpec>,
+    pub tool_choice: ToolChoice,
     /// Ask for a JSON object response.
     pub json_mode: bool,
     /// Stream the response (SSE). When false the adapter uses the non-streaming endpoint.

@@ -67,6 +67,11 @@ impl RequestSpec {
             "pin": self.pin,
             "messages": messages,
             "tools": tools,
+            "tool_choice": match &c.tool_choice {
+                crate::chat::ToolChoice::Auto => serde_json::Value::Null,
+                crate::chat::ToolChoice::Any => serde_json::json!("any"),
+                crate::chat::ToolChoice::Tool(name) => serde_json::json!({"tool": name}),
+            },
             "max_tokens": c.max_tokens,
             "temperature": c.temperature.map(f32::to_bits),
             "top_p": c.top_p.map(f32::to_bits),

@@ -6,48 +6,19 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Output;
-use std::time::Duration;
 
 use common::*;
 
-fn client_py() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/python/client.py")
-}
-
 async fn run_client(sy: &Switchyard, args: &[&str]) -> (Output, String, String) {
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new("python3")
-            .arg(client_py())
-            .args(["--target", &sy.grpc, "--timeout", "20"])
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("client.py finished in time")
-    .expect("run client.py");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    (out, stdout, stderr)
+    let mut all = vec!["--target", &sy.grpc, "--timeout", "20"];
+    all.extend_from_slice(args);
+    run_example("python3", "examples/python/client.py", &all).await
 }
 
-async fn start() -> (Mock, Mock, Switchyard) {
-    let a = Mock::start("openai", &[]).await;
-    let b = Mock::start("anthropic", &[]).await;
-    let config = format!(
-        "{}{}{}",
-        provider("primary", "openai", &a.base_url(), "gpt-4o-mini"),
-        provider("secondary", "anthropic", &b.base_url(), "claude-sonnet-4-5"),
-        route(
-            "chat",
-            &["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
-        )
-    );
-    let sy = Switchyard::start(&config).await;
-    (a, b, sy)
+/// Route `chat`: an OpenAI-shaped primary, then an Anthropic-shaped secondary.
+async fn start() -> Rig {
+    Rig::start("", "", &[]).await
 }
 
 #[tokio::test]
@@ -59,10 +30,11 @@ async fn python_client_streams_and_calls_unary() {
     ) {
         return;
     }
-    let (a, _b, sy) = start().await;
+    let rig = start().await;
+    let (a, _b, sy) = (&rig.primary, &rig.secondary, &rig.sy);
 
     let (out, stdout, stderr) =
-        run_client(&sy, &["--route", "chat", "--prompt", "Say hello."]).await;
+        run_client(sy, &["--route", "chat", "--prompt", "Say hello."]).await;
     assert!(
         out.status.success(),
         "exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
@@ -86,7 +58,7 @@ async fn python_client_streams_and_calls_unary() {
         "one upstream call for the stream"
     );
 
-    let (out, stdout, stderr) = run_client(&sy, &["--unary"]).await;
+    let (out, stdout, stderr) = run_client(sy, &["--unary"]).await;
     assert!(
         out.status.success(),
         "unary exit {:?}\n{stdout}\n{stderr}",
@@ -106,8 +78,9 @@ async fn python_client_reports_unknown_route() {
     ) {
         return;
     }
-    let (_a, _b, sy) = start().await;
-    let (out, stdout, stderr) = run_client(&sy, &["--route", "no-such-route"]).await;
+    let rig = start().await;
+    let (_a, _b, sy) = (&rig.primary, &rig.secondary, &rig.sy);
+    let (out, stdout, stderr) = run_client(sy, &["--route", "no-such-route"]).await;
     assert_eq!(
         out.status.code(),
         Some(1),

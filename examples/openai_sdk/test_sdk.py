@@ -11,14 +11,15 @@ the mocks' faults and reads their request logs over their control API.
 Prints one PASS/FAIL line per check; exits 1 if any check failed.
 """
 
-import argparse
 import json
+import pathlib
 import sys
-import traceback
-import urllib.request
 
 import openai
 from openai import OpenAI
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from mock_control import arguments, run_checks  # noqa: E402
 
 EXPECTED = "".join(f"tok{i} " for i in range(16))
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -34,35 +35,6 @@ WEATHER_TOOL = {
         },
     },
 }
-
-
-class Mock:
-    """A mock-upstream's control API (stdlib only)."""
-
-    def __init__(self, url):
-        self.url = url.rstrip("/")
-
-    def _call(self, method, path, body=None):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"content-type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=10) as r:
-            text = r.read()
-        return json.loads(text) if text.strip() else None
-
-    def fault(self, spec):
-        self._call("PUT", "/_mock/faults", spec)
-
-    def requests(self):
-        return self._call("GET", "/_mock/requests")
-
-    def clear(self):
-        self.fault({})
-        self._call("DELETE", "/_mock/requests")
 
 
 def check_streaming_text(client, primary, secondary):
@@ -233,27 +205,11 @@ CHECKS = [
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--base-url", required=True, help="http://HOST:PORT/v1")
-    p.add_argument("--primary", required=True, help="primary mock-upstream URL")
-    p.add_argument("--secondary", required=True, help="secondary mock-upstream URL")
-    p.add_argument("--api-key", default="unused-in-open-mode")
-    args = p.parse_args()
+    args = arguments(__doc__.splitlines()[0], "http://HOST:PORT/v1")
     # max_retries=0: every error is what Switchyard answered, not a retry's.
     client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=30)
-    primary, secondary = Mock(args.primary), Mock(args.secondary)
     print(f"openai {openai.__version__}")
-    failed = 0
-    for check in CHECKS:
-        try:
-            check(client, primary, secondary)
-            print(f"PASS {check.__name__}")
-        except Exception:  # noqa: BLE001 - report every check
-            failed += 1
-            print(f"FAIL {check.__name__}")
-            traceback.print_exc(file=sys.stdout)
-    print(f"sdk checks: {len(CHECKS) - failed} ok, {failed} failed")
-    return 1 if failed else 0
+    return run_checks(CHECKS, client, args)
 
 
 if __name__ == "__main__":

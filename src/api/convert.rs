@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::chat::{ChatMessage, ChatRequest, Chunk, FinishReason, ToolCall, ToolSpec};
+use crate::chat::{ChatMessage, ChatRequest, Chunk, FinishReason, ToolCall, ToolChoice, ToolSpec};
 use crate::config::LimitsConfig;
 use crate::error::RequestError;
 use crate::proto;
@@ -38,7 +38,8 @@ pub fn request_spec(
         )));
     }
     let messages = messages(req.messages)?;
-    let tools = tools(req.tools)?;
+    let mut tools = tools(req.tools)?;
+    let tool_choice = tool_choice(req.tool_choice, &mut tools)?;
     let json_mode = req.response_format == proto::ResponseFormat::JsonObject as i32;
     let reqs = req.requirements.unwrap_or_default();
     let needs = Needs {
@@ -68,6 +69,7 @@ pub fn request_spec(
             top_p: req.top_p,
             stop: req.stop,
             tools,
+            tool_choice,
             json_mode,
             stream: true,
         },
@@ -220,6 +222,51 @@ fn tools(input: Vec<proto::Tool>) -> Result<Vec<ToolSpec>, RequestError> {
         });
     }
     Ok(tools)
+}
+
+/// The tool choice against the tools offered; `MODE_NONE` withdraws them.
+fn tool_choice(
+    choice: Option<proto::ToolChoice>,
+    tools: &mut Vec<ToolSpec>,
+) -> Result<ToolChoice, RequestError> {
+    use proto::tool_choice::Mode;
+    let Some(choice) = choice else {
+        return Ok(ToolChoice::Auto);
+    };
+    let mode = Mode::try_from(choice.mode).map_err(|_| {
+        invalid(format!(
+            "tool_choice.mode: {} is not a ToolChoice.Mode value",
+            choice.mode
+        ))
+    })?;
+    if mode != Mode::Tool && !choice.name.is_empty() {
+        return Err(invalid(
+            "tool_choice.name: only MODE_TOOL names a tool".to_string(),
+        ));
+    }
+    Ok(match mode {
+        Mode::Unspecified | Mode::Auto => ToolChoice::Auto,
+        Mode::None => {
+            tools.clear();
+            ToolChoice::Auto
+        }
+        Mode::Any if tools.is_empty() => {
+            return Err(invalid(
+                "tool_choice.mode: MODE_ANY needs at least one tool in `tools`".to_string(),
+            ))
+        }
+        Mode::Any => ToolChoice::Any,
+        Mode::Tool => {
+            if !tools.iter().any(|t| t.name == choice.name) {
+                let mut name = choice.name;
+                crate::api::status::truncate(&mut name, 64);
+                return Err(invalid(format!(
+                    "tool_choice.name: `{name}` is not one of `tools`"
+                )));
+            }
+            ToolChoice::Tool(choice.name)
+        }
+    })
 }
 
 /// Parses a `grpc-timeout` header value ("100m", "5S", ...).
@@ -495,6 +542,46 @@ mod tests {
         });
         let spec = request_spec(r, "id".into(), None, &LimitsConfig::default()).unwrap();
         assert!(spec.needs.tools);
+    }
+
+    #[test]
+    fn tool_choice_must_fit_the_tools_and_none_withdraws_them() {
+        use proto::tool_choice::Mode;
+        let with = |mode: Mode, name: &str| {
+            let mut r = req();
+            r.tools.push(proto::Tool {
+                name: "f".into(),
+                ..Default::default()
+            });
+            r.tool_choice = Some(proto::ToolChoice {
+                mode: mode as i32,
+                name: name.into(),
+            });
+            request_spec(r, "id".into(), None, &LimitsConfig::default())
+        };
+        let spec = with(Mode::Tool, "f").unwrap();
+        assert_eq!(spec.chat.tool_choice, ToolChoice::Tool("f".into()));
+        assert_eq!(
+            with(Mode::Any, "").unwrap().chat.tool_choice,
+            ToolChoice::Any
+        );
+        let none = with(Mode::None, "").unwrap();
+        assert!(none.chat.tools.is_empty() && !none.needs.tools);
+        let msg = |r: Result<RequestSpec, RequestError>| r.err().unwrap().to_string();
+        assert!(msg(with(Mode::Tool, "g")).contains("tool_choice.name: `g` is not one of `tools`"));
+        assert!(msg(with(Mode::Auto, "f")).contains("tool_choice.name: only MODE_TOOL"));
+        let mut r = req();
+        r.tool_choice = Some(proto::ToolChoice {
+            mode: Mode::Any as i32,
+            name: String::new(),
+        });
+        let e = request_spec(r, "id".into(), None, &LimitsConfig::default());
+        assert!(msg(e).contains("MODE_ANY needs at least one tool"));
+        // A different choice is a different request for the caches.
+        assert_ne!(
+            with(Mode::Tool, "f").unwrap().fingerprint(),
+            with(Mode::Auto, "").unwrap().fingerprint()
+        );
     }
 
     #[test]

@@ -25,6 +25,7 @@ use crate::state::shared::{Slot, TenantLimits};
 pub enum Door {
     Grpc,
     OpenAi,
+    Anthropic,
     /// A queued job's run: its limits were applied when it was submitted.
     Job,
 }
@@ -34,6 +35,7 @@ impl Door {
         match self {
             Door::Grpc => "grpc",
             Door::OpenAi => "openai",
+            Door::Anthropic => "anthropic",
             Door::Job => "job",
         }
     }
@@ -134,7 +136,9 @@ impl Intake {
                 spec.idempotency_key = None;
                 None
             }
-            Door::Grpc | Door::OpenAi => Some(self.tenants.admit(&spec.tenant).await?),
+            Door::Grpc | Door::OpenAi | Door::Anthropic => {
+                Some(self.tenants.admit(&spec.tenant).await?)
+            }
         };
         let span = tracing::info_span!(
             "request",

@@ -1,11 +1,13 @@
 //! The caller-facing surfaces: the gRPC `Router` service, the one mapping from
-//! request errors to gRPC statuses, the OpenAI-compatible HTTP front door and
-//! the admin HTTP listener. Nothing here knows upstream wire details.
+//! request errors to gRPC and HTTP statuses, the OpenAI- and Anthropic-shaped
+//! HTTP front doors and the admin HTTP listener. Nothing here knows upstream wire details.
 
 pub mod admin;
 pub mod admin_http;
+pub mod anthropic;
 pub mod auth;
 pub mod convert;
+pub mod door;
 pub mod grpc_limits;
 pub mod intake;
 pub mod jobs;

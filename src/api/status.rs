@@ -73,6 +73,31 @@ pub fn http_status(err: &RequestError) -> (http::StatusCode, &'static str) {
     }
 }
 
+/// The HTTP status and `error.type` of an error on the Anthropic door, from
+/// the same table: what this table calls unavailable is Anthropic's 529
+/// `overloaded_error` (its clients retry it and fail over on it), a timeout
+/// is 504 `timeout_error`, a conflict 409.
+pub fn anthropic_status(err: &RequestError) -> (http::StatusCode, &'static str) {
+    use http::StatusCode as H;
+    let (status, _) = http_status(err);
+    let kind = match status {
+        H::BAD_REQUEST | H::CONFLICT => "invalid_request_error",
+        H::UNAUTHORIZED => "authentication_error",
+        H::FORBIDDEN => "permission_error",
+        H::NOT_FOUND => "not_found_error",
+        H::PAYLOAD_TOO_LARGE | H::REQUEST_HEADER_FIELDS_TOO_LARGE => "request_too_large",
+        H::TOO_MANY_REQUESTS => "rate_limit_error",
+        H::GATEWAY_TIMEOUT => "timeout_error",
+        H::SERVICE_UNAVAILABLE => "overloaded_error",
+        _ => "api_error",
+    };
+    let status = match status {
+        H::SERVICE_UNAVAILABLE => H::from_u16(529).unwrap_or(H::SERVICE_UNAVAILABLE),
+        other => other,
+    };
+    (status, kind)
+}
+
 /// The `ErrorInfo.reason` an error is reported with.
 pub fn reason(err: &RequestError) -> &'static str {
     classify(err).1

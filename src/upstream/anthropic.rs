@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{json, Map, Value};
 
+use crate::chat::ToolChoice;
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::upstream::classify::{classify_error_object, in_body};
 use crate::upstream::openai::{f32_json, u32_field};
@@ -63,6 +64,15 @@ pub fn build_body(req: &ChatRequest) -> Value {
             |t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}),
         );
         body.insert("tools".into(), Value::Array(tools.collect()));
+        match &req.tool_choice {
+            ToolChoice::Auto => {}
+            ToolChoice::Any => {
+                body.insert("tool_choice".into(), json!({"type": "any"}));
+            }
+            ToolChoice::Tool(name) => {
+                body.insert("tool_choice".into(), json!({"type": "tool", "name": name}));
+            }
+        }
     }
     if req.stream {
         body.insert("stream".into(), json!(true));
@@ -579,6 +589,7 @@ mod tests {
                 description: "get weather".into(),
                 parameters: json!({"type": "object"}),
             }],
+            tool_choice: ToolChoice::Any,
             json_mode: true,
             stream: true,
             ..Default::default()
@@ -603,6 +614,7 @@ mod tests {
             "temperature": 0.5,
             "stop_sequences": ["END"],
             "tools": [{"name": "weather", "description": "get weather", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any"},
             "stream": true
         });
         assert_eq!(build_body(&req), want);

@@ -10,6 +10,7 @@ use http::header::AUTHORIZATION;
 use http::{HeaderMap, HeaderValue};
 use serde_json::{json, Map, Value};
 
+use crate::chat::ToolChoice;
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::upstream::classify::{classify_error_object, in_body};
 use crate::upstream::sse::SseEvent;
@@ -46,6 +47,18 @@ pub fn build_body(req: &ChatRequest) -> Value {
                 "name": t.name, "description": t.description, "parameters": t.parameters}})
         });
         body.insert("tools".into(), Value::Array(tools.collect()));
+        match &req.tool_choice {
+            ToolChoice::Auto => {}
+            ToolChoice::Any => {
+                body.insert("tool_choice".into(), json!("required"));
+            }
+            ToolChoice::Tool(name) => {
+                body.insert(
+                    "tool_choice".into(),
+                    json!({"type": "function", "function": {"name": name}}),
+                );
+            }
+        }
     }
     if req.json_mode {
         body.insert("response_format".into(), json!({"type": "json_object"}));
@@ -562,6 +575,7 @@ mod tests {
                 description: "get weather".into(),
                 parameters: json!({"type": "object"}),
             }],
+            tool_choice: ToolChoice::Tool("f".into()),
             json_mode: true,
             stream: true,
         };
@@ -580,6 +594,7 @@ mod tests {
             "stop": ["END"],
             "tools": [{"type": "function", "function": {
                 "name": "f", "description": "get weather", "parameters": {"type": "object"}}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
             "response_format": {"type": "json_object"},
             "stream": true,
             "stream_options": {"include_usage": true}

@@ -574,3 +574,54 @@ impl RedisServer {
         self.server.url()
     }
 }
+
+/// Runs an example client (`program` and the repo-relative `script`, then
+/// `args`) to completion within 60 s; its status, stdout and stderr.
+#[allow(dead_code)]
+pub async fn run_example(
+    program: &str,
+    script: &str,
+    args: &[&str],
+) -> (std::process::Output, String, String) {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(script);
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(program)
+            .arg(path)
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{script} finished in time"))
+    .unwrap_or_else(|e| panic!("run {program} {script}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stdout, stderr)
+}
+
+/// Runs an SDK test script (examples/*_sdk/test_sdk.py) against the HTTP
+/// door at `base_url` and the two mocks; asserts that all `checks` passed.
+#[allow(dead_code)]
+pub async fn run_sdk_script(script: &str, base_url: &str, rig: &Rig, checks: usize) {
+    let (out, stdout, stderr) = run_example(
+        "python3",
+        script,
+        &[
+            "--base-url",
+            base_url,
+            "--primary",
+            &format!("http://{}", rig.primary.addr),
+            "--secondary",
+            &format!("http://{}", rig.secondary.addr),
+        ],
+    )
+    .await;
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{stdout}\n{stderr}\nswitchyard logs:\n{}",
+        rig.sy.logs()
+    );
+    assert_eq!(stdout.matches("PASS ").count(), checks, "{stdout}");
+}

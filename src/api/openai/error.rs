@@ -78,27 +78,17 @@ impl HttpError {
     pub(super) fn response(&self, request_id: &str) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
         let h = r.headers_mut();
-        if let Some(delay) = self.retry_after {
-            let secs = delay.as_millis().div_ceil(1000);
-            insert(h, "retry-after", &secs.to_string());
-            insert(h, "retry-after-ms", &delay.as_millis().to_string());
-        }
+        crate::api::door::retry_after(h, self.retry_after);
         insert(h, "x-request-id", request_id);
         r
     }
 }
 
-pub(super) fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
-    if let Ok(v) = HeaderValue::from_str(value) {
-        headers.insert(HeaderName::from_static(name), v);
-    }
-}
-
-pub(super) async fn not_found(request: Request) -> Response {
+pub(crate) async fn not_found(request: Request) -> Response {
     HttpError {
         status: StatusCode::NOT_FOUND,
         message: format!(
-            "no endpoint {} {} (this front door serves POST /v1/chat/completions and GET /v1/models)",
+            "no endpoint {} {} (the HTTP doors serve POST /v1/chat/completions, GET /v1/models, POST /v1/messages and POST /v1/messages/count_tokens)",
             request.method(),
             request.uri().path()
         ),

@@ -1,4 +1,5 @@
-//! The OpenAI-compatible HTTP front door (`[server] http_listen`):
+//! The OpenAI-compatible HTTP front door (`[server] http_listen`, shared
+//! with the Anthropic door through `door`):
 //! `POST /v1/chat/completions` (SSE or one `chat.completion`) and `GET
 //! /v1/models`. A request becomes a `proto::CompletionRequest` and goes through
 //! `convert::request_spec` and the same `Dispatcher` as gRPC; `model` names a
@@ -16,82 +17,32 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+pub(crate) use error::not_found;
 use error::*;
 use request::*;
 use response::*;
 use stream::*;
 
-use crate::api::auth::Authenticator;
 use crate::api::convert;
-use crate::api::intake::{Arrival, Door, Intake};
+use crate::api::door::{self, insert, served_headers, HttpState, Served};
+use crate::api::intake::Door;
 use crate::api::status::{http_status, reason};
 use crate::chat::{Chunk, FinishReason};
 use crate::error::RequestError;
 use crate::proto;
-use crate::reload::Reloader;
-use crate::sink::{Event, Events, QueuedJob};
+use crate::sink::{Event, Events};
 
-/// What the front door's handlers share.
-pub struct HttpState {
-    pub intake: Arc<Intake>,
-    pub auth: Authenticator,
-    /// The config in force, for `/v1/models` (follows reloads).
-    pub reloader: Arc<Reloader>,
-}
-
-impl HttpState {
-    pub fn new(intake: Arc<Intake>, auth: Authenticator, reloader: Arc<Reloader>) -> Self {
-        HttpState {
-            intake,
-            auth,
-            reloader,
-        }
-    }
-
-    /// The caller's `x-request-id` when it is sane, else a fresh one.
-    fn request_id(&self, headers: &HeaderMap) -> String {
-        caller_request_id(headers).unwrap_or_else(|| self.intake.request_id())
-    }
-
-    /// The caller's tenant (`None` in open mode), or 401.
-    fn authenticate(&self, headers: &HeaderMap) -> Result<Option<String>, HttpError> {
-        let value = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        self.auth
-            .authenticate(value)
-            .map_err(|e| HttpError::from_request(&e))
-    }
-}
-
-/// The caller's `x-request-id`, when it is sane.
-fn caller_request_id(headers: &HeaderMap) -> Option<String> {
-    let theirs = headers
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| {
-            !v.is_empty()
-                && v.len() <= 128
-                && v.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
-        });
-    theirs.map(str::to_string)
-}
-
-/// The front door's routes.
-pub fn router(state: Arc<HttpState>) -> axum::Router {
+/// The OpenAI door's routes (mounted with the Anthropic door by `door::router`).
+pub fn routes() -> axum::Router<Arc<HttpState>> {
     axum::Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
-        .fallback(not_found)
-        .with_state(state)
 }
 
 // ---- handlers -------------------------------------------------------------
@@ -99,7 +50,7 @@ pub fn router(state: Arc<HttpState>) -> axum::Router {
 async fn models(State(s): State<Arc<HttpState>>, request: Request) -> Response {
     let request_id = s.request_id(request.headers());
     if let Err(e) = s.authenticate(request.headers()) {
-        return e.response(&request_id);
+        return HttpError::from_request(&e).response(&request_id);
     }
     let data: Vec<Value> = s
         .reloader
@@ -132,63 +83,25 @@ async fn chat_completions(State(s): State<Arc<HttpState>>, request: Request) -> 
     }
 }
 
-/// `model` names a route, or one target as `provider/model`: then the
-/// request runs on the first route that lists it, pinned to that target (the
-/// route's policies, budget and ladder still apply).
-fn route_and_pin(s: &HttpState, model: &str) -> Result<(String, Option<String>), HttpError> {
-    if !model.contains('/') {
-        return Ok((model.to_string(), None));
-    }
-    let config = s.reloader.config();
-    let route = config
-        .iter()
-        .flat_map(|c| c.routes.iter())
-        .find(|r| r.targets.iter().any(|t| t.target == model))
-        .ok_or_else(|| HttpError::from_request(&RequestError::UnknownRoute(model.to_string())))?;
-    Ok((route.name.clone(), Some(model.to_string())))
-}
-
 async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Response, HttpError> {
     let (parts, body) = request.into_parts();
-    let limit = s.intake.limits().max_metadata_bytes;
-    let size = crate::api::grpc_limits::metadata_size(&parts.headers);
-    if size > limit {
-        return Err(HttpError::from_request(&RequestError::MetadataTooLarge {
-            size,
-            limit,
-        }));
-    }
-    let tenant = s.authenticate(&parts.headers)?;
-    let bytes = read_body(body, s.intake.limits().max_request_bytes, &parts.headers).await?;
+    let refused = |e: RequestError| HttpError::from_request(&e);
+    s.check_metadata(&parts.headers).map_err(refused)?;
+    let tenant = s.authenticate(&parts.headers).map_err(refused)?;
+    let bytes = s.read_body(body, &parts.headers).await.map_err(refused)?;
     let parsed = to_proto(parse(&bytes)?)?;
-    let mut request = parsed.request;
-    let parsed_model = request.route.clone();
-    if let Some(key) = parts
-        .headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-    {
-        request.idempotency_key = key.to_string();
-    }
-    let (route, pin) = route_and_pin(s, &request.route)?;
-    request.route = route.clone();
-    let started = s
-        .intake
-        .start(Arrival {
-            door: Door::OpenAi,
-            request,
+    let parsed_model = parsed.request.route.clone();
+    let mut rx = s
+        .start(
+            Door::OpenAi,
+            parsed.request,
             tenant,
-            request_id: Some(request_id.to_string()),
-            deadline: None,
-            trace: Some(tonic::metadata::MetadataMap::from_headers(
-                parts.headers.clone(),
-            )),
-            buffered: !parsed.stream,
-            pin,
-        })
+            request_id,
+            &parts.headers,
+            parsed.stream,
+        )
         .await
-        .map_err(|e| HttpError::from_request(&e))?;
-    let mut rx = started.rx;
+        .map_err(refused)?;
     let ids = Ids {
         id: format!("chatcmpl-{request_id}"),
         created: now_secs(),
@@ -202,14 +115,10 @@ async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Respo
         while let Some(item) = rx.recv().await {
             let event = item.map_err(|e| HttpError::from_request(&e))?;
             if let Event::Queued(q) = &event {
-                return Ok(queued(q, request_id));
+                return Ok(door::queued(q, request_id));
             }
             if let Event::Finished(f) = &event {
-                served = Some(Served {
-                    by: format!("{}/{}", f.provider, f.model),
-                    tier: f.tier.as_str(),
-                    attempts: f.attempts,
-                });
+                served = Some(Served::of_finished(f));
             }
             if let Some(done) = assembler.push(event) {
                 let mut r = axum::Json(completion(&ids, done)).into_response();
@@ -218,31 +127,6 @@ async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Respo
             }
         }
         Err(HttpError::internal("request ended without an answer"))
-    }
-}
-
-/// Reads the body up to the request size limit (413 beyond it).
-async fn read_body(body: Body, limit: usize, headers: &HeaderMap) -> Result<Bytes, HttpError> {
-    let too_large = || HttpError::from_request(&RequestError::RequestTooLarge { limit });
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
-    }
-    match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(too_large())
-        }
-        Err(e) => Err(HttpError::invalid(
-            format!("cannot read the request body: {e}"),
-            None,
-        )),
     }
 }
 
@@ -285,6 +169,31 @@ mod tests {
         assert_eq!(r.tools[0].parameters_json, r#"{"type":"object"}"#);
         assert_eq!(r.response_format, proto::ResponseFormat::JsonObject as i32);
         assert!(p.stream && p.include_usage);
+    }
+
+    #[test]
+    fn tool_choice_required_and_named_map_onto_the_contract() {
+        use proto::tool_choice::Mode;
+        let choice = |c: Value| {
+            body(json!({"model": "m", "messages": [], "tool_choice": c}))
+                .map(|p| p.request.tool_choice.map(|t| (t.mode, t.name)))
+        };
+        assert_eq!(
+            choice(json!("required")).unwrap(),
+            Some((Mode::Any as i32, String::new()))
+        );
+        assert_eq!(
+            choice(json!({"type": "function", "function": {"name": "f"}})).unwrap(),
+            Some((Mode::Tool as i32, "f".to_string()))
+        );
+        assert_eq!(
+            choice(json!("none")).unwrap(),
+            Some((Mode::None as i32, String::new()))
+        );
+        let e = choice(json!({"type": "function"})).err().unwrap();
+        assert_eq!(e.param.as_deref(), Some("tool_choice.function.name"));
+        let e = choice(json!("sometimes")).err().unwrap();
+        assert_eq!(e.param.as_deref(), Some("tool_choice"));
     }
 
     #[test]

@@ -119,19 +119,8 @@ pub(super) fn to_proto(b: ChatBody) -> Result<Parsed, HttpError> {
         }
     }
     let messages = messages(b.messages.unwrap_or_default())?;
-    let mut tools = tools(b.tools.unwrap_or_default())?;
-    match b.tool_choice {
-        None => {}
-        Some(Value::String(s)) if s == "auto" => {}
-        // The model must not call a tool: it is not offered one.
-        Some(Value::String(s)) if s == "none" => tools.clear(),
-        Some(other) => {
-            return Err(bad(
-                "tool_choice",
-                format!("tool_choice: {other} is not supported (only \"auto\" or \"none\")"),
-            ))
-        }
-    }
+    let tools = tools(b.tools.unwrap_or_default())?;
+    let tool_choice = openai_tool_choice(b.tool_choice)?;
     let response_format = match b.response_format.map(|f| f.kind) {
         None => proto::ResponseFormat::Unspecified,
         Some(k) if k == "text" => proto::ResponseFormat::Text,
@@ -162,6 +151,7 @@ pub(super) fn to_proto(b: ChatBody) -> Result<Parsed, HttpError> {
             top_p: b.top_p,
             stop,
             response_format: response_format as i32,
+            tool_choice,
         },
         stream,
         include_usage: stream
@@ -169,6 +159,42 @@ pub(super) fn to_proto(b: ChatBody) -> Result<Parsed, HttpError> {
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
     })
+}
+
+/// `auto`, `none`, `required` or `{"type": "function", "function": {"name"}}`.
+fn openai_tool_choice(choice: Option<Value>) -> Result<Option<proto::ToolChoice>, HttpError> {
+    use proto::tool_choice::Mode;
+    let (mode, name) = match &choice {
+        None => return Ok(None),
+        Some(Value::String(s)) if s == "auto" => (Mode::Auto, String::new()),
+        Some(Value::String(s)) if s == "none" => (Mode::None, String::new()),
+        Some(Value::String(s)) if s == "required" => (Mode::Any, String::new()),
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    bad(
+                        "tool_choice.function.name",
+                        "tool_choice.function.name: required".into(),
+                    )
+                })?;
+            (Mode::Tool, name.to_string())
+        }
+        Some(other) => {
+            let mut shown = other.to_string();
+            crate::api::status::truncate(&mut shown, 64);
+            return Err(bad(
+                "tool_choice",
+                format!("tool_choice: {shown} is not supported (\"auto\", \"none\", \"required\" or a function)"),
+            ));
+        }
+    };
+    Ok(Some(proto::ToolChoice {
+        mode: mode as i32,
+        name,
+    }))
 }
 
 /// A 400 naming the parameter.

@@ -1,5 +1,5 @@
-//! A finished answer in OpenAI's shape: `chat.completion`, finish reasons,
-//! usage, the served-by headers, and the queued-job answer.
+//! A finished answer in OpenAI's shape: `chat.completion`, finish reasons
+//! and usage.
 
 use super::*;
 
@@ -16,22 +16,6 @@ pub(super) struct Ids {
     /// The route the caller named (not the serving target: failover stays
     /// invisible except in `x-switchyard-served-by`).
     pub(super) model: String,
-}
-
-/// Which attempt served, for the response headers.
-pub(super) struct Served {
-    pub(super) by: String,
-    pub(super) tier: &'static str,
-    pub(super) attempts: u32,
-}
-
-pub(super) fn served_headers(h: &mut HeaderMap, served: Option<&Served>, request_id: &str) {
-    if let Some(s) = served {
-        insert(h, "x-switchyard-served-by", &s.by);
-        insert(h, "x-switchyard-tier", s.tier);
-        insert(h, "x-switchyard-attempts", &s.attempts.to_string());
-    }
-    insert(h, "x-request-id", request_id);
 }
 
 pub(super) fn finish_reason(f: FinishReason) -> &'static str {
@@ -97,23 +81,4 @@ pub(super) fn usage_json(input: u32, output: u32) -> Value {
         "completion_tokens": output,
         "total_tokens": u64::from(input) + u64::from(output),
     })
-}
-
-/// The `queue` rung took the request: 202 with the job, not a completion.
-pub(super) fn queued(q: &QueuedJob, request_id: &str) -> Response {
-    let job = convert::job(&q.record, q.position, q.eta);
-    let body = json!({
-        "id": job.id,
-        "object": "switchyard.job",
-        "state": proto::JobState::try_from(job.state).map_or("UNSPECIFIED", |s| s.as_str_name()),
-        "position": job.position,
-        "estimated_start_ms": job.estimated_start_ms,
-        "route": job.route,
-    });
-    let mut r = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
-    let h = r.headers_mut();
-    insert(h, "x-switchyard-tier", "queued");
-    insert(h, "x-switchyard-job-id", &job.id);
-    insert(h, "x-request-id", request_id);
-    r
 }

@@ -14,22 +14,11 @@ pub(super) async fn stream(
     include_usage: bool,
     request_id: &str,
 ) -> Result<Response, HttpError> {
-    let first = match rx.recv().await {
-        None => return Err(HttpError::internal("request ended without an answer")),
-        Some(Err(e)) => return Err(HttpError::from_request(&e)),
-        Some(Ok(Event::Queued(q))) => return Ok(queued(&q, request_id)),
-        Some(Ok(e)) => e,
-    };
-    let (served, pending) = match first {
-        Event::Started(s) => (
-            Some(Served {
-                by: format!("{}/{}", s.provider, s.model),
-                tier: s.tier.as_str(),
-                attempts: s.attempt,
-            }),
-            None,
-        ),
-        other => (None, Some(other)),
+    let (served, pending) = match door::open(&mut rx).await {
+        Err(None) => return Err(HttpError::internal("request ended without an answer")),
+        Err(Some(e)) => return Err(HttpError::from_request(&e)),
+        Ok(door::Opening::Queued(q)) => return Ok(door::queued(&q, request_id)),
+        Ok(door::Opening::Stream { served, pending }) => (served, pending),
     };
     let sse = Sse {
         rx,
@@ -44,11 +33,7 @@ pub(super) async fn stream(
         Some((Ok::<_, std::convert::Infallible>(Bytes::from(frames)), sse))
     });
     let mut r = Response::new(Body::from_stream(body));
-    let h = r.headers_mut();
-    insert(h, "content-type", "text/event-stream");
-    insert(h, "cache-control", "no-cache");
-    insert(h, "x-accel-buffering", "no");
-    served_headers(h, served.as_ref(), request_id);
+    door::sse_headers(r.headers_mut(), served.as_ref(), request_id);
     Ok(r)
 }
 

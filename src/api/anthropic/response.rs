@@ -1,0 +1,120 @@
+//! A finished answer in Anthropic's shape: the `message` object, its
+//! content blocks (text, then `tool_use` with the input as parsed JSON),
+//! `stop_reason` and usage.
+
+use serde_json::{json, Value};
+
+use crate::chat::FinishReason;
+use crate::proto;
+
+/// The identity of one answer.
+pub(super) struct Ids {
+    /// `msg_<request id>`.
+    pub(super) id: String,
+    /// What the caller named (a failover stays invisible except in the
+    /// `x-switchyard-*` headers).
+    pub(super) model: String,
+}
+
+/// Anthropic's `stop_reason` for how the answer ended. An upstream content
+/// filter is nearest to a refusal: the provider's safety layer shaped it.
+pub(super) fn stop_reason(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "end_turn",
+        FinishReason::Length => "max_tokens",
+        FinishReason::ToolCalls => "tool_use",
+        FinishReason::ContentFilter | FinishReason::Refusal => "refusal",
+    }
+}
+
+fn proto_stop_reason(f: i32) -> &'static str {
+    stop_reason(match proto::FinishReason::try_from(f) {
+        Ok(proto::FinishReason::Length) => FinishReason::Length,
+        Ok(proto::FinishReason::ToolCalls) => FinishReason::ToolCalls,
+        Ok(proto::FinishReason::ContentFilter) => FinishReason::ContentFilter,
+        Ok(proto::FinishReason::Refusal) => FinishReason::Refusal,
+        _ => FinishReason::Stop,
+    })
+}
+
+/// A tool call's arguments as the `input` object. Arguments that are not a
+/// JSON object (an upstream that streamed broken JSON) are kept as a string
+/// rather than lost.
+pub(super) fn tool_input(arguments: &str) -> Value {
+    if arguments.trim().is_empty() {
+        return json!({});
+    }
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => Value::String(arguments.to_string()),
+    }
+}
+
+pub(super) fn usage_json(input: u32, output: u32) -> Value {
+    json!({"input_tokens": input, "output_tokens": output})
+}
+
+/// A unary answer as a `message` object.
+pub(super) fn message(ids: &Ids, r: proto::CompletionResponse) -> Value {
+    let mut content = Vec::new();
+    if !r.text.is_empty() || r.tool_calls.is_empty() {
+        content.push(json!({"type": "text", "text": r.text}));
+    }
+    for c in &r.tool_calls {
+        content.push(json!({
+            "type": "tool_use",
+            "id": c.id,
+            "name": c.name,
+            "input": tool_input(&c.arguments),
+        }));
+    }
+    let usage = r.usage.unwrap_or_default();
+    json!({
+        "id": ids.id,
+        "type": "message",
+        "role": "assistant",
+        "model": ids.model,
+        "content": content,
+        "stop_reason": proto_stop_reason(r.finish_reason),
+        "stop_sequence": null,
+        "usage": usage_json(usage.input_tokens, usage.output_tokens),
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_answer_is_a_message_with_parsed_input() {
+        let ids = Ids {
+            id: "msg_1".into(),
+            model: "chat".into(),
+        };
+        let m = message(
+            &ids,
+            proto::CompletionResponse {
+                text: String::new(),
+                tool_calls: vec![proto::ToolCall {
+                    id: "toolu_1".into(),
+                    name: "weather".into(),
+                    arguments: r#"{"city":"Paris"}"#.into(),
+                }],
+                finish_reason: proto::FinishReason::ToolCalls as i32,
+                usage: Some(proto::Usage {
+                    input_tokens: 10,
+                    output_tokens: 5,
+                    estimated: false,
+                }),
+                ..Default::default()
+            },
+        );
+        assert_eq!(m["type"], "message");
+        assert_eq!(m["stop_reason"], "tool_use");
+        assert_eq!(m["content"].as_array().unwrap().len(), 1);
+        assert_eq!(m["content"][0]["input"]["city"], "Paris");
+        assert_eq!(m["usage"]["output_tokens"], 5);
+        assert_eq!(tool_input("not json"), Value::String("not json".into()));
+    }
+}

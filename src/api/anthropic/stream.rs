@@ -1,0 +1,345 @@
+//! Streaming: holds the response until the first event (so a failure before
+//! the first token is a plain HTTP error with Anthropic's status), then
+//! frames Anthropic's events: `message_start`, `ping`, one content block
+//! per text run or tool call (`text_delta` / `input_json_delta`),
+//! `message_delta` with `stop_reason` and usage, `message_stop`. A stream
+//! that fails after output ends with an `error` event, never `message_stop`.
+
+use std::convert::Infallible;
+
+use axum::body::{Body, Bytes};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::error::AnthropicError;
+use super::response::{stop_reason, usage_json, Ids};
+use crate::api::door::{self, insert};
+use crate::chat::Chunk;
+use crate::sink::{Event, Events, Finished};
+
+pub(super) async fn stream(
+    mut rx: Events,
+    ids: Ids,
+    request_id: &str,
+) -> Result<Response, AnthropicError> {
+    let (served, pending) = match door::open(&mut rx).await {
+        Err(None) => return Err(AnthropicError::internal("request ended without an answer")),
+        Err(Some(e)) => return Err(AnthropicError::from_request(&e)),
+        Ok(door::Opening::Queued(q)) => return Ok(door::queued(&q, request_id)),
+        Ok(door::Opening::Stream { served, pending }) => (served, pending),
+    };
+    let frames = Frames {
+        rx,
+        pending,
+        ids,
+        request_id: request_id.to_string(),
+        opened: false,
+        block: None,
+        blocks: 0,
+        done: false,
+    };
+    let body = futures_util::stream::unfold(frames, |mut f| async move {
+        let out = f.next().await?;
+        Some((Ok::<_, Infallible>(Bytes::from(out)), f))
+    });
+    let mut r = Response::new(Body::from_stream(body));
+    door::sse_headers(r.headers_mut(), served.as_ref(), request_id);
+    insert(r.headers_mut(), "request-id", request_id);
+    Ok(r)
+}
+
+/// The content block being streamed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Text,
+    /// A tool call, by the upstream's tool index.
+    Tool(u32),
+}
+
+/// The SSE side of one streaming answer.
+struct Frames {
+    rx: Events,
+    /// An event read before the headers went out, not yet framed.
+    pending: Option<Event>,
+    ids: Ids,
+    request_id: String,
+    opened: bool,
+    /// The open block, if any, and how many were opened.
+    block: Option<Open>,
+    blocks: u32,
+    done: bool,
+}
+
+fn event(name: &str, data: &Value) -> String {
+    format!("event: {name}\ndata: {data}\n\n")
+}
+
+impl Frames {
+    /// The next frames to send; `None` once the stream is over.
+    async fn next(&mut self) -> Option<String> {
+        if self.done {
+            return None;
+        }
+        if !self.opened {
+            self.opened = true;
+            let start = json!({
+                "type": "message_start",
+                "message": {
+                    "id": self.ids.id, "type": "message", "role": "assistant",
+                    "model": self.ids.model, "content": [],
+                    "stop_reason": null, "stop_sequence": null,
+                    "usage": usage_json(0, 0),
+                },
+            });
+            return Some(event("message_start", &start) + &event("ping", &json!({"type": "ping"})));
+        }
+        loop {
+            let item = match self.pending.take() {
+                Some(e) => Some(Ok(e)),
+                None => self.rx.recv().await,
+            };
+            let mut out = String::new();
+            match item {
+                Some(Ok(Event::Started(_))) => continue,
+                Some(Ok(Event::Chunk(Chunk::Text(text)))) => {
+                    self.enter(Open::Text, &mut out, || json!({"type": "text", "text": ""}));
+                    out.push_str(&self.delta(json!({"type": "text_delta", "text": text})));
+                }
+                Some(Ok(Event::Chunk(Chunk::ToolCall {
+                    index,
+                    id,
+                    name,
+                    arguments,
+                }))) => {
+                    let n = self.blocks;
+                    self.enter(Open::Tool(index), &mut out, || {
+                        json!({
+                            "type": "tool_use",
+                            "id": id.unwrap_or_else(|| format!("toolu_{n}")),
+                            "name": name.unwrap_or_default(),
+                            "input": {},
+                        })
+                    });
+                    if !arguments.is_empty() {
+                        out.push_str(
+                            &self.delta(
+                                json!({"type": "input_json_delta", "partial_json": arguments}),
+                            ),
+                        );
+                    }
+                }
+                Some(Ok(Event::Finished(f))) => {
+                    self.done = true;
+                    self.close(&mut out);
+                    out.push_str(&self.last_frames(&f));
+                }
+                // Anthropic clients cannot discard output they already have:
+                // a route's `mid_stream = "reset"` ends this stream like `fail`.
+                Some(Ok(Event::Reset {
+                    reason,
+                    failed_attempt,
+                })) => {
+                    return Some(self.fail(AnthropicError::truncated(format!(
+                        "the stream failed after output was sent (attempt {failed_attempt}: {reason}); the partial output is incomplete and must be discarded"
+                    ))));
+                }
+                Some(Ok(Event::Queued(_))) | None => {
+                    return Some(self.fail(AnthropicError::internal(
+                        "the stream ended without a finish",
+                    )));
+                }
+                Some(Err(e)) => return Some(self.fail(AnthropicError::from_request(&e))),
+            }
+            return Some(out);
+        }
+    }
+
+    /// Makes `want` the open block, closing another and opening it if needed.
+    fn enter(&mut self, want: Open, out: &mut String, block: impl FnOnce() -> Value) {
+        if self.block == Some(want) {
+            return;
+        }
+        self.close(out);
+        let start = json!({
+            "type": "content_block_start",
+            "index": self.blocks,
+            "content_block": block(),
+        });
+        out.push_str(&event("content_block_start", &start));
+        self.block = Some(want);
+        self.blocks += 1;
+    }
+
+    fn close(&mut self, out: &mut String) {
+        if self.block.take().is_some() {
+            let stop = json!({"type": "content_block_stop", "index": self.blocks - 1});
+            out.push_str(&event("content_block_stop", &stop));
+        }
+    }
+
+    fn delta(&self, delta: Value) -> String {
+        let d = json!({
+            "type": "content_block_delta",
+            "index": self.blocks.saturating_sub(1),
+            "delta": delta,
+        });
+        event("content_block_delta", &d)
+    }
+
+    fn last_frames(&self, f: &Finished) -> String {
+        let delta = json!({
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason(f.finish_reason), "stop_sequence": null},
+            "usage": usage_json(f.usage.input_tokens, f.usage.output_tokens),
+        });
+        event("message_delta", &delta) + &event("message_stop", &json!({"type": "message_stop"}))
+    }
+
+    /// The `error` event that ends a failed stream.
+    fn fail(&mut self, e: AnthropicError) -> String {
+        self.done = true;
+        event("error", &e.body(&self.request_id))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::chat::{FinishReason, Usage};
+    use crate::sink::Tier;
+
+    fn finished() -> Finished {
+        Finished {
+            finish_reason: FinishReason::ToolCalls,
+            usage: Usage {
+                input_tokens: 7,
+                output_tokens: 3,
+            },
+            usage_estimated: false,
+            provider: "p".into(),
+            model: "m".into(),
+            tier: Tier::Primary,
+            attempts: 1,
+            request_id: "r".into(),
+            upstream_request_id: None,
+            replayed: false,
+            cache_age: None,
+            cost_usd: 0.0,
+        }
+    }
+
+    /// The frames for `events`, as (event name, data) pairs.
+    async fn frames(
+        events: Vec<Result<Event, crate::error::RequestError>>,
+    ) -> Vec<(String, Value)> {
+        let (mut sink, rx) = crate::sink::channel(crate::sink::SendLimits::default(), false);
+        for e in events {
+            match e {
+                Ok(e) => sink.replay(e).await.unwrap(),
+                Err(e) => sink.fail(e).await,
+            }
+        }
+        drop(sink);
+        let mut f = Frames {
+            rx,
+            pending: None,
+            ids: Ids {
+                id: "msg_r".into(),
+                model: "chat".into(),
+            },
+            request_id: "r".into(),
+            opened: false,
+            block: None,
+            blocks: 0,
+            done: false,
+        };
+        let mut text = String::new();
+        while let Some(out) = f.next().await {
+            text.push_str(&out);
+        }
+        text.split("\n\n")
+            .filter(|s| !s.is_empty())
+            .map(|frame| {
+                let (name, data) = frame.split_once('\n').unwrap();
+                let data: Value =
+                    serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+                (name.strip_prefix("event: ").unwrap().to_string(), data)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn text_then_a_tool_call_are_two_blocks_with_their_deltas() {
+        let call = |id: Option<&str>, args: &str| {
+            Ok(Event::Chunk(Chunk::ToolCall {
+                index: 0,
+                id: id.map(str::to_string),
+                name: id.map(|_| "weather".to_string()),
+                arguments: args.into(),
+            }))
+        };
+        let got = frames(vec![
+            Ok(Event::Chunk(Chunk::Text("Let me ".into()))),
+            Ok(Event::Chunk(Chunk::Text("check.".into()))),
+            call(Some("toolu_9"), ""),
+            call(None, "{\"city\":"),
+            call(None, "\"Paris\"}"),
+            Ok(Event::Finished(finished())),
+        ])
+        .await;
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "ping",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(got[2].1["content_block"]["type"], "text");
+        assert_eq!(got[3].1["delta"]["text"], "Let me ");
+        assert_eq!(got[6].1["index"], 1);
+        assert_eq!(got[6].1["content_block"]["id"], "toolu_9");
+        assert_eq!(got[6].1["content_block"]["name"], "weather");
+        assert_eq!(got[7].1["delta"]["type"], "input_json_delta");
+        assert_eq!(got[8].1["delta"]["partial_json"], "\"Paris\"}");
+        assert_eq!(got[8].1["index"], 1);
+        assert_eq!(got[10].1["delta"]["stop_reason"], "tool_use");
+        assert_eq!(got[10].1["usage"]["output_tokens"], 3);
+    }
+
+    #[tokio::test]
+    async fn a_failure_after_output_ends_with_an_error_event_not_message_stop() {
+        let got = frames(vec![
+            Ok(Event::Chunk(Chunk::Text("par".into()))),
+            Ok(Event::Reset {
+                reason: "stream cut".into(),
+                failed_attempt: 1,
+            }),
+        ])
+        .await;
+        let (name, data) = got.last().unwrap();
+        assert_eq!(name, "error");
+        assert_eq!(data["error"]["type"], "overloaded_error");
+        assert!(got.iter().all(|(n, _)| n != "message_stop"));
+
+        let got = frames(vec![
+            Ok(Event::Chunk(Chunk::Text("par".into()))),
+            Err(crate::error::RequestError::DeadlineExceeded { attempts: 1 }),
+        ])
+        .await;
+        let (name, data) = got.last().unwrap();
+        assert_eq!(name, "error");
+        assert_eq!(data["error"]["type"], "timeout_error");
+    }
+}

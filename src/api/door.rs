@@ -1,0 +1,296 @@
+//! What the HTTP front doors (OpenAI- and Anthropic-shaped) share: their
+//! state, the router that mounts both on `[server] http_listen`, the
+//! caller's request id, the metadata and body bounds, `model` → route (or a
+//! pinned target), and the served-by headers. Each door only parses its own
+//! body and renders its own answers and errors; both start requests through
+//! the one intake.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use serde_json::json;
+
+use crate::api::auth::Authenticator;
+use crate::api::convert;
+use crate::api::intake::{Arrival, Door, Intake};
+use crate::error::RequestError;
+use crate::proto;
+use crate::reload::Reloader;
+use crate::sink::{Event, Events, QueuedJob};
+
+/// What the front doors' handlers share.
+pub struct HttpState {
+    pub intake: Arc<Intake>,
+    pub auth: Authenticator,
+    /// The config in force, for `/v1/models` and `model` lookups (follows reloads).
+    pub reloader: Arc<Reloader>,
+}
+
+impl HttpState {
+    pub fn new(intake: Arc<Intake>, auth: Authenticator, reloader: Arc<Reloader>) -> Self {
+        HttpState {
+            intake,
+            auth,
+            reloader,
+        }
+    }
+
+    /// The caller's `x-request-id` when it is sane, else a fresh one.
+    pub fn request_id(&self, headers: &HeaderMap) -> String {
+        caller_request_id(headers).unwrap_or_else(|| self.intake.request_id())
+    }
+
+    /// The caller's tenant from `Authorization: Bearer` (`None` in open mode).
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Option<String>, RequestError> {
+        let value = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        self.auth.authenticate(value)
+    }
+
+    /// `model` names a route, or one target as `provider/model`: then the
+    /// request runs on the first route that lists it, pinned to that target
+    /// (the route's policies, budget and ladder still apply).
+    pub fn route_and_pin(&self, model: &str) -> Result<(String, Option<String>), RequestError> {
+        if !model.contains('/') {
+            return Ok((model.to_string(), None));
+        }
+        let config = self.reloader.config();
+        let route = config
+            .iter()
+            .flat_map(|c| c.routes.iter())
+            .find(|r| r.targets.iter().any(|t| t.target == model))
+            .ok_or_else(|| RequestError::UnknownRoute(model.to_string()))?;
+        Ok((route.name.clone(), Some(model.to_string())))
+    }
+
+    /// A route of that name is configured now.
+    pub fn knows_route(&self, name: &str) -> bool {
+        self.reloader
+            .config()
+            .iter()
+            .flat_map(|c| c.routes.iter())
+            .any(|r| r.name == name)
+    }
+
+    /// Starts a parsed request through the intake: the `idempotency-key`
+    /// header, `model` resolved to its route (and pin), tracing context from
+    /// the headers. `stream = false` buffers for one assembled answer.
+    pub async fn start(
+        &self,
+        door: Door,
+        mut request: proto::CompletionRequest,
+        tenant: Option<String>,
+        request_id: &str,
+        headers: &HeaderMap,
+        stream: bool,
+    ) -> Result<Events, RequestError> {
+        if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+            request.idempotency_key = key.to_string();
+        }
+        let (route, pin) = self.route_and_pin(&request.route)?;
+        request.route = route;
+        let started = self
+            .intake
+            .start(Arrival {
+                door,
+                request,
+                tenant,
+                request_id: Some(request_id.to_string()),
+                deadline: None,
+                trace: Some(tonic::metadata::MetadataMap::from_headers(headers.clone())),
+                buffered: !stream,
+                pin,
+            })
+            .await?;
+        Ok(started.rx)
+    }
+
+    /// The request's headers fit `limits.max_metadata_bytes`.
+    pub fn check_metadata(&self, headers: &HeaderMap) -> Result<(), RequestError> {
+        let limit = self.intake.limits().max_metadata_bytes;
+        let size = crate::api::grpc_limits::metadata_size(headers);
+        if size > limit {
+            return Err(RequestError::MetadataTooLarge { size, limit });
+        }
+        Ok(())
+    }
+
+    /// Reads the body up to `limits.max_request_bytes` (REQUEST_TOO_LARGE beyond).
+    pub async fn read_body(&self, body: Body, headers: &HeaderMap) -> Result<Bytes, RequestError> {
+        let limit = self.intake.limits().max_request_bytes;
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(RequestError::RequestTooLarge { limit });
+        }
+        match http_body_util::Limited::new(body, limit).collect().await {
+            Ok(c) => Ok(c.to_bytes()),
+            Err(e)
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some() =>
+            {
+                Err(RequestError::RequestTooLarge { limit })
+            }
+            Err(e) => Err(RequestError::InvalidRequest(format!(
+                "cannot read the request body: {e}"
+            ))),
+        }
+    }
+}
+
+/// Both doors on one listener.
+pub fn router(state: Arc<HttpState>) -> axum::Router {
+    crate::api::openai::routes()
+        .merge(crate::api::anthropic::routes())
+        .fallback(crate::api::openai::not_found)
+        .with_state(state)
+}
+
+/// The caller's `x-request-id`, when it is sane.
+fn caller_request_id(headers: &HeaderMap) -> Option<String> {
+    let theirs = headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            !v.is_empty()
+                && v.len() <= 128
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+        });
+    theirs.map(str::to_string)
+}
+
+/// Which attempt served, for the response headers.
+pub struct Served {
+    pub by: String,
+    pub tier: &'static str,
+    pub attempts: u32,
+}
+
+impl Served {
+    pub fn of_started(s: &crate::sink::Started) -> Self {
+        Served {
+            by: format!("{}/{}", s.provider, s.model),
+            tier: s.tier.as_str(),
+            attempts: s.attempt,
+        }
+    }
+
+    pub fn of_finished(f: &crate::sink::Finished) -> Self {
+        Served {
+            by: format!("{}/{}", f.provider, f.model),
+            tier: f.tier.as_str(),
+            attempts: f.attempts,
+        }
+    }
+}
+
+/// `x-switchyard-served-by`, `-tier`, `-attempts` and `x-request-id`.
+pub fn served_headers(h: &mut HeaderMap, served: Option<&Served>, request_id: &str) {
+    if let Some(s) = served {
+        insert(h, "x-switchyard-served-by", &s.by);
+        insert(h, "x-switchyard-tier", s.tier);
+        insert(h, "x-switchyard-attempts", &s.attempts.to_string());
+    }
+    insert(h, "x-request-id", request_id);
+}
+
+/// The `queue` rung took the request: 202 with the job, not an answer (the
+/// same body on both doors).
+pub fn queued(q: &QueuedJob, request_id: &str) -> Response {
+    let job = convert::job(&q.record, q.position, q.eta);
+    let body = json!({
+        "id": job.id,
+        "object": "switchyard.job",
+        "state": proto::JobState::try_from(job.state).map_or("UNSPECIFIED", |s| s.as_str_name()),
+        "position": job.position,
+        "estimated_start_ms": job.estimated_start_ms,
+        "route": job.route,
+    });
+    let mut r = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
+    let h = r.headers_mut();
+    insert(h, "x-switchyard-tier", "queued");
+    insert(h, "x-switchyard-job-id", &job.id);
+    insert(h, "x-request-id", request_id);
+    r
+}
+
+/// How a streamed answer opens, read before any response header goes out
+/// (so a failure before the first token is a plain HTTP error).
+pub enum Opening {
+    /// The `queue` rung took it: answer with [`queued`].
+    Queued(QueuedJob),
+    /// Stream it: who serves (when the first event says), and an event
+    /// read but not yet framed.
+    Stream {
+        served: Option<Served>,
+        pending: Option<Event>,
+    },
+}
+
+/// Reads the first event. `Err(None)`: the request ended without an answer.
+pub async fn open(rx: &mut Events) -> Result<Opening, Option<RequestError>> {
+    Ok(match rx.recv().await {
+        None => return Err(None),
+        Some(Err(e)) => return Err(Some(e)),
+        Some(Ok(Event::Queued(q))) => Opening::Queued(q),
+        Some(Ok(Event::Started(s))) => Opening::Stream {
+            served: Some(Served::of_started(&s)),
+            pending: None,
+        },
+        Some(Ok(other)) => Opening::Stream {
+            served: None,
+            pending: Some(other),
+        },
+    })
+}
+
+/// The headers of every streamed answer.
+pub fn sse_headers(h: &mut HeaderMap, served: Option<&Served>, request_id: &str) {
+    insert(h, "content-type", "text/event-stream");
+    insert(h, "cache-control", "no-cache");
+    insert(h, "x-accel-buffering", "no");
+    served_headers(h, served, request_id);
+}
+
+/// `retry-after` (seconds, rounded up) and `retry-after-ms`.
+pub fn retry_after(h: &mut HeaderMap, delay: Option<std::time::Duration>) {
+    if let Some(delay) = delay {
+        let secs = delay.as_millis().div_ceil(1000);
+        insert(h, "retry-after", &secs.to_string());
+        insert(h, "retry-after-ms", &delay.as_millis().to_string());
+    }
+}
+
+/// Sets a header when the value is a valid header value.
+pub fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        headers.insert(HeaderName::from_static(name), v);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_sane_request_ids_are_kept() {
+        let mut h = HeaderMap::new();
+        h.insert("x-request-id", HeaderValue::from_static("abc-1.2:3_x"));
+        assert_eq!(caller_request_id(&h).as_deref(), Some("abc-1.2:3_x"));
+        h.insert("x-request-id", HeaderValue::from_static("has space"));
+        assert_eq!(caller_request_id(&h), None);
+        h.insert(
+            "x-request-id",
+            HeaderValue::from_str(&"a".repeat(129)).unwrap(),
+        );
+        assert_eq!(caller_request_id(&h), None);
+    }
+}
