@@ -157,6 +157,13 @@ pub struct QueueConfig {
     /// A job not finished within this after it was accepted expires.
     #[serde(with = "humantime_serde")]
     pub job_ttl: Duration,
+    /// The largest file `POST /v1/files` takes (a batch's input).
+    pub max_file_bytes: usize,
+    /// Requests (lines) in one batch, at most.
+    pub max_batch_lines: usize,
+    /// How long uploaded files, batch records and their output files are kept.
+    #[serde(with = "humantime_serde")]
+    pub file_ttl: Duration,
     /// Start even when `path` exists but holds no queue (a file truncated
     /// to 0 bytes, or another file): an empty queue is made in it. Off by
     /// default, so a damaged file is never silently taken for an empty queue.
@@ -171,6 +178,9 @@ impl Default for QueueConfig {
             max_jobs_per_tenant: 1_000,
             drain: Default::default(),
             job_ttl: Duration::from_secs(24 * 3600),
+            max_file_bytes: 64 * 1024 * 1024,
+            max_batch_lines: 10_000,
+            file_ttl: Duration::from_secs(7 * 24 * 3600),
             accept_empty_file: false,
         }
     }

@@ -99,7 +99,7 @@ fn bench_soak_quick_keeps_every_invariant() {
     let soak = &json["scenarios"][0];
     assert_eq!(soak["name"], "soak");
     let checks = soak["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 7, "{checks:?}");
+    assert_eq!(checks.len(), 8, "{checks:?}");
     for c in checks {
         assert_eq!(c["pass"], true, "{c}");
     }

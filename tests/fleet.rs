@@ -131,6 +131,45 @@ async fn wait_final(
 }
 
 #[tokio::test]
+async fn a_batch_created_on_one_replica_finishes_and_is_read_on_the_other() {
+    if !python_ready(
+        "fleet batch",
+        "import openai",
+        "examples/openai_sdk/requirements.txt",
+    ) {
+        return;
+    }
+    let Some(redis) = RedisServer::start("fleet batch").await else {
+        return;
+    };
+    let head = "[server]\nhttp_listen = \"127.0.0.1:0\"";
+    let a = Replica::start(head, &redis).await;
+    let b = Replica::start(head, &redis).await;
+    for r in [&a, &b] {
+        r.mock
+            .set_fault(json!({"type": "status", "status": 503}))
+            .await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ids = dir.path().join("ids.json");
+    let ids = ids.to_str().unwrap();
+    let key = ["--api-key", "aaaaaaaaaaaaaaaaaaaaaaaa"];
+    batch_phase(&a.sy, "submit", &[&["--out", ids][..], &key[..]].concat()).await;
+    for r in [&a, &b] {
+        r.mock.set_fault(json!({})).await;
+        r.mock.clear().await;
+    }
+    // The file, the batch and its jobs live in Redis: B reads and finishes it.
+    batch_phase(&b.sy, "finish", &[&["--ids", ids][..], &key[..]].concat()).await;
+    let served: usize = [a.mock.requests().await, b.mock.requests().await]
+        .iter()
+        .flatten()
+        .filter(|r| r["status"] == 200 && r["completed"] == true)
+        .count();
+    assert_eq!(served, 5, "each line answered once across the fleet");
+}
+
+#[tokio::test]
 async fn a_job_submitted_on_one_replica_is_read_and_watched_on_the_other() {
     let Some(redis) = RedisServer::start("fleet jobs").await else {
         return;

@@ -144,12 +144,13 @@ impl HttpState {
     }
 }
 
-/// Both doors on one listener.
+/// Both doors, and the Batch API, on one listener.
 pub fn router(state: Arc<HttpState>) -> axum::Router {
     crate::api::openai::routes()
         .merge(crate::api::anthropic::routes())
         .fallback(crate::api::openai::not_found)
-        .with_state(state)
+        .with_state(state.clone())
+        .merge(crate::api::batch::routes(state))
 }
 
 /// The caller's `x-request-id`, when it is sane.

@@ -26,6 +26,9 @@ pub enum Door {
     Grpc,
     OpenAi,
     Anthropic,
+    /// A line of an OpenAI batch, accepted into the queue: the queue's caps
+    /// bound it, not the per-request tenant limits.
+    Batch,
     /// A queued job's run: its limits were applied when it was submitted.
     Job,
 }
@@ -36,6 +39,7 @@ impl Door {
             Door::Grpc => "grpc",
             Door::OpenAi => "openai",
             Door::Anthropic => "anthropic",
+            Door::Batch => "batch",
             Door::Job => "job",
         }
     }
@@ -136,6 +140,7 @@ impl Intake {
                 spec.idempotency_key = None;
                 None
             }
+            Door::Batch => None,
             Door::Grpc | Door::OpenAi | Door::Anthropic => {
                 Some(self.tenants.admit(&spec.tenant).await?)
             }

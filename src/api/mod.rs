@@ -6,6 +6,7 @@ pub mod admin;
 pub mod admin_http;
 pub mod anthropic;
 pub mod auth;
+pub mod batch;
 pub mod convert;
 pub mod door;
 pub mod grpc_limits;

@@ -194,6 +194,39 @@ impl Jobs {
         Ok(done)
     }
 
+    /// Ends a job that has not started (FAILED, reason CANCELLED).
+    pub async fn cancel(&self, id: &str, error: &str) -> Result<bool, QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r.cancel(id, error).await;
+        }
+        let (i, e) = (id.to_string(), error.to_string());
+        let done = self.blocking(move |s| s.cancel(&i, &e)).await?;
+        self.announce(id);
+        Ok(done)
+    }
+
+    /// Stores a blob (a batch's file or record) where the jobs live, for `ttl`.
+    pub async fn put_blob(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<(), QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r.put_blob(key, &value, ttl).await;
+        }
+        let k = key.to_string();
+        self.blocking(move |s| s.put_blob(&k, &value, ttl)).await
+    }
+
+    pub async fn get_blob(&self, key: &str) -> Result<Option<Vec<u8>>, QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r.get_blob(key).await;
+        }
+        let k = key.to_string();
+        self.blocking(move |s| s.get_blob(&k)).await
+    }
+
     /// Runs cut short by this process's previous life go back to the queue.
     /// With Redis other replicas' runs are live: only lapsed leases return.
     pub async fn requeue_all_running(&self) -> Result<usize, QueueError> {

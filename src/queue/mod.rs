@@ -199,7 +199,12 @@ impl JobStore {
             );
             CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency ON jobs(tenant, idempotency_key)
                 WHERE idempotency_key IS NOT NULL;
-            CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);",
+            CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+            CREATE TABLE IF NOT EXISTS blobs (
+                key TEXT PRIMARY KEY,
+                value BLOB NOT NULL,
+                expires_ms INTEGER NOT NULL
+            );",
         )?;
         Ok(JobStore {
             conn: Mutex::new(conn),
@@ -345,6 +350,49 @@ impl JobStore {
             params![id, claim, now_ms() as i64],
         )?;
         Ok(n == 1)
+    }
+
+    /// Ends a job that has not started (FAILED, reason CANCELLED); `false`
+    /// if it is running or final already.
+    pub fn cancel(&self, id: &str, error: &str) -> Result<bool, QueueError> {
+        let n = self.conn().execute(
+            "UPDATE jobs SET state = 'FAILED', error = ?2, error_reason = 'CANCELLED', updated_ms = ?3
+             WHERE id = ?1 AND state = 'QUEUED'",
+            params![id, error, now_ms() as i64],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Stores a blob (a batch's file or record) for `ttl`; expired blobs go.
+    pub fn put_blob(&self, key: &str, value: &[u8], ttl: Duration) -> Result<(), QueueError> {
+        let now = now_ms();
+        let conn = self.conn();
+        conn.execute(
+            "DELETE FROM blobs WHERE expires_ms < ?1",
+            params![now as i64],
+        )?;
+        conn.execute(
+            "INSERT OR REPLACE INTO blobs (key, value, expires_ms) VALUES (?1, ?2, ?3)",
+            params![
+                key,
+                value,
+                now.saturating_add(ttl.as_millis() as u64) as i64
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn get_blob(&self, key: &str) -> Result<Option<Vec<u8>>, QueueError> {
+        let got = self.conn().query_row(
+            "SELECT value FROM blobs WHERE key = ?1 AND expires_ms >= ?2",
+            params![key, now_ms() as i64],
+            |r| r.get(0),
+        );
+        match got {
+            Ok(v) => Ok(Some(v)),
+            Err(rusqlite::Error::QueryReturnedNoRows) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Returns runs whose lease ran out (a crash) to the queue; at start and periodically.

@@ -171,6 +171,19 @@ pub struct Switchyard {
 }
 
 impl Switchyard {
+    /// Base URL of the HTTP doors (`http://ADDR`), from the banner.
+    #[allow(dead_code)]
+    pub fn http_url(&self) -> String {
+        let out = self.stdout.lock().unwrap().clone();
+        let line = out.lines().next().unwrap_or_default().to_string();
+        let addr = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http="))
+            .unwrap_or_else(|| panic!("no http= in banner: {line}"))
+            .to_string();
+        format!("http://{addr}")
+    }
+
     /// Starts `serve --config` with the given TOML (listeners forced to ephemeral ports).
     pub async fn start(config: &str) -> Switchyard {
         Self::start_with(config, &[]).await
@@ -491,16 +504,9 @@ impl Rig {
         }
     }
 
-    /// Base URL of the OpenAI HTTP door (`http://ADDR`).
+    /// Base URL of the HTTP doors (`http://ADDR`).
     pub fn http_url(&self) -> String {
-        let out = self.sy.stdout.lock().unwrap().clone();
-        let line = out.lines().next().unwrap_or_default().to_string();
-        let addr = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("http="))
-            .unwrap_or_else(|| panic!("no http= in banner: {line}"))
-            .to_string();
-        format!("http://{addr}")
+        self.sy.http_url()
     }
 
     /// Who served each streamed request, as `provider` names.
@@ -624,4 +630,20 @@ pub async fn run_sdk_script(script: &str, base_url: &str, rig: &Rig, checks: usi
         rig.sy.logs()
     );
     assert_eq!(stdout.matches("PASS ").count(), checks, "{stdout}");
+}
+
+/// Runs one phase of examples/openai_sdk/test_batch.py against `sy`'s HTTP
+/// door and asserts that it passed.
+#[allow(dead_code)]
+pub async fn batch_phase(sy: &Switchyard, name: &str, extra: &[&str]) {
+    let base = format!("{}/v1", sy.http_url());
+    let mut args = vec![name, "--base-url", &base];
+    args.extend_from_slice(extra);
+    let (out, stdout, stderr) =
+        run_example("python3", "examples/openai_sdk/test_batch.py", &args).await;
+    assert!(
+        out.status.success() && stdout.contains(&format!("PASS {name}")),
+        "phase {name}:\n{stdout}\n{stderr}\nswitchyard logs:\n{}",
+        sy.logs()
+    );
 }

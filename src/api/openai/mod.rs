@@ -45,6 +45,30 @@ pub fn routes() -> axum::Router<Arc<HttpState>> {
         .route("/v1/models", get(models))
 }
 
+/// A Chat Completions body (a batch line's `body`) as the gRPC request, or
+/// the refusal's message.
+pub(crate) fn chat_request(body: &[u8]) -> Result<proto::CompletionRequest, String> {
+    parse(body)
+        .and_then(to_proto)
+        .map(|p| p.request)
+        .map_err(|e| e.message)
+}
+
+/// A stored answer as the `chat.completion` a batch's output line carries.
+pub(crate) fn completion_json(
+    id: &str,
+    created: u64,
+    model: &str,
+    r: proto::CompletionResponse,
+) -> Value {
+    let ids = Ids {
+        id: id.to_string(),
+        created,
+        model: model.to_string(),
+    };
+    completion(&ids, r)
+}
+
 // ---- handlers -------------------------------------------------------------
 
 async fn models(State(s): State<Arc<HttpState>>, request: Request) -> Response {

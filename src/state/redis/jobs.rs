@@ -163,6 +163,26 @@ return 1
     ))
 });
 
+/// Cancels a job that has not started. KEYS: job, queued, expiry, tenants.
+/// ARGV: id, error, ttl ms, channel.
+static CANCEL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{LUA_NOW}{LUA_JOBS}{}",
+        r"
+local f = redis.call('HMGET', KEYS[1], 'state', 'tenant')
+if f[1] ~= 'QUEUED' then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HSET', KEYS[1], 'state', 'FAILED', 'error', ARGV[2], 'error_reason', 'CANCELLED',
+  'updated_ms', now_ms())
+dec_tenant(KEYS[4], f[2])
+expire_record(KEYS[1], tonumber(ARGV[3]))
+redis.call('PUBLISH', ARGV[4], ARGV[1])
+return 1
+"
+    ))
+});
+
 /// KEYS: running, queued, expiry. ARGV: job key base, channel.
 static RECOVER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -553,6 +573,68 @@ impl RedisJobs {
     /// Puts the job back at its original place; the run does not count.
     pub async fn release(&self, id: &str, claim: &str) -> Result<bool, QueueError> {
         self.finish("jobs release", id, claim, "release", &[]).await
+    }
+
+    /// Ends a job that has not started (FAILED, reason CANCELLED); `false`
+    /// if it is running or final already.
+    pub async fn cancel(&self, id: &str, error: &str) -> Result<bool, QueueError> {
+        let keys = [
+            self.key(&format!("job:{id}")),
+            self.key("queued"),
+            self.key("expiry"),
+            self.key("tenants"),
+        ];
+        let channel = self.redis.jobs_channel();
+        let ttl = self.ttl_ms();
+        let done: i64 = self
+            .redis
+            .call("jobs cancel", |mut c| async move {
+                CANCEL
+                    .key(&keys[..])
+                    .arg(id)
+                    .arg(error)
+                    .arg(ttl)
+                    .arg(channel)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await
+            .map_err(unavailable)?;
+        Ok(done == 1)
+    }
+
+    /// Stores a blob (a batch's file or record) for `ttl`.
+    pub async fn put_blob(
+        &self,
+        name: &str,
+        value: &[u8],
+        ttl: Duration,
+    ) -> Result<(), QueueError> {
+        let key = self.key(&format!("blob:{name}"));
+        let value = value.to_vec();
+        let ttl = ms(ttl, 1);
+        self.redis
+            .call("blob put", |mut c| async move {
+                redis::cmd("SET")
+                    .arg(key)
+                    .arg(value)
+                    .arg("PX")
+                    .arg(ttl)
+                    .query_async::<()>(&mut c)
+                    .await
+            })
+            .await
+            .map_err(unavailable)
+    }
+
+    pub async fn get_blob(&self, name: &str) -> Result<Option<Vec<u8>>, QueueError> {
+        let key = self.key(&format!("blob:{name}"));
+        self.redis
+            .call("blob get", |mut c| async move {
+                redis::cmd("GET").arg(key).query_async(&mut c).await
+            })
+            .await
+            .map_err(unavailable)
     }
 
     /// Returns runs whose lease ran out to the queue, at their original place.

@@ -1,0 +1,203 @@
+//! Files of the Batch API: `POST /v1/files` (multipart, purpose `batch`),
+//! `GET /v1/files/{id}` and `GET /v1/files/{id}/content`, in OpenAI's
+//! shapes. A file is two blobs where the jobs live (SQLite or the fleet's
+//! Redis): its metadata and its bytes, kept for `queue.file_ttl`, visible
+//! only to the tenant that owns it.
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::{now_secs, BatchApi, BatchError};
+
+/// A stored file's metadata.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct FileMeta {
+    pub(super) id: String,
+    pub(super) tenant: String,
+    pub(super) filename: String,
+    pub(super) purpose: String,
+    pub(super) bytes: u64,
+    pub(super) created_at: u64,
+}
+
+impl FileMeta {
+    pub(super) fn json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "status_details": null,
+            "expires_at": null,
+        })
+    }
+}
+
+fn meta_key(id: &str) -> String {
+    format!("file:{id}:meta")
+}
+
+fn data_key(id: &str) -> String {
+    format!("file:{id}:data")
+}
+
+impl BatchApi {
+    /// Stores a file for `tenant` (an upload, or a batch's output).
+    pub(super) async fn put_file(&self, meta: &FileMeta, data: Vec<u8>) -> Result<(), BatchError> {
+        let jobs = self.jobs()?;
+        let ttl = self.config.file_ttl;
+        jobs.put_blob(&data_key(&meta.id), data, ttl).await?;
+        let meta_bytes =
+            serde_json::to_vec(meta).map_err(|e| BatchError::internal(e.to_string()))?;
+        jobs.put_blob(&meta_key(&meta.id), meta_bytes, ttl).await?;
+        Ok(())
+    }
+
+    /// The tenant's file, or 404 (another tenant's file does not exist for it).
+    pub(super) async fn file(&self, tenant: &str, id: &str) -> Result<FileMeta, BatchError> {
+        let raw = self.jobs()?.get_blob(&meta_key(id)).await?;
+        let meta: Option<FileMeta> = raw.and_then(|b| serde_json::from_slice(&b).ok());
+        meta.filter(|m| m.tenant == tenant)
+            .ok_or_else(|| BatchError::not_found(format!("no file `{id}`"), "file_id"))
+    }
+
+    pub(super) async fn file_data(&self, tenant: &str, id: &str) -> Result<Vec<u8>, BatchError> {
+        self.file(tenant, id).await?;
+        self.jobs()?
+            .get_blob(&data_key(id))
+            .await?
+            .ok_or_else(|| BatchError::not_found(format!("no file `{id}`"), "file_id"))
+    }
+}
+
+/// `POST /v1/files`: `purpose=batch` and `file` (JSONL), multipart.
+pub(super) async fn upload(
+    State(api): State<std::sync::Arc<BatchApi>>,
+    request: Request,
+) -> Response {
+    api.answer(request, |api, tenant, request| async move {
+        let (parts, body) = request.into_parts();
+        let boundary = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|ct| multer::parse_boundary(ct).ok())
+            .ok_or_else(|| {
+                BatchError::invalid(
+                    "expected multipart/form-data with `purpose` and `file`",
+                    None,
+                )
+            })?;
+        let limit = api.config.max_file_bytes;
+        let bytes = read(body, limit).await?;
+        let mut form = multer::Multipart::new(
+            futures_util::stream::once(async move { Ok::<_, std::convert::Infallible>(bytes) }),
+            boundary,
+        );
+        let (mut purpose, mut file) = (None, None);
+        while let Some(field) = form
+            .next_field()
+            .await
+            .map_err(|e| BatchError::invalid(format!("malformed multipart body: {e}"), None))?
+        {
+            match field.name() {
+                Some("purpose") => {
+                    purpose = Some(field.text().await.map_err(|e| {
+                        BatchError::invalid(format!("purpose: {e}"), Some("purpose"))
+                    })?)
+                }
+                Some("file") => {
+                    let name = field.file_name().unwrap_or("upload.jsonl").to_string();
+                    let data = field
+                        .bytes()
+                        .await
+                        .map_err(|e| BatchError::invalid(format!("file: {e}"), Some("file")))?;
+                    file = Some((name, data));
+                }
+                _ => {}
+            }
+        }
+        match purpose.as_deref() {
+            Some("batch") => {}
+            Some(other) => {
+                return Err(BatchError::invalid(
+                    format!("purpose: `{other}` is not supported (only `batch`)"),
+                    Some("purpose"),
+                ))
+            }
+            None => return Err(BatchError::invalid("purpose: required", Some("purpose"))),
+        }
+        let (filename, data) =
+            file.ok_or_else(|| BatchError::invalid("file: required", Some("file")))?;
+        let mut filename = filename;
+        crate::api::status::truncate(&mut filename, 256);
+        let meta = FileMeta {
+            id: format!("file-{}", api.new_id()),
+            tenant,
+            filename,
+            purpose: "batch".into(),
+            bytes: data.len() as u64,
+            created_at: now_secs(),
+        };
+        api.put_file(&meta, data.to_vec()).await?;
+        Ok(axum::Json(meta.json()).into_response())
+    })
+    .await
+}
+
+/// Reads a body up to `limit` bytes (413 beyond it).
+async fn read(body: Body, limit: usize) -> Result<Bytes, BatchError> {
+    use http_body_util::BodyExt;
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(BatchError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                message: format!("the file exceeds queue.max_file_bytes ({limit} bytes)"),
+                param: Some("file"),
+                code: "REQUEST_TOO_LARGE",
+            })
+        }
+        Err(e) => Err(BatchError::invalid(
+            format!("cannot read the body: {e}"),
+            None,
+        )),
+    }
+}
+
+/// `GET /v1/files/{id}`.
+pub(super) async fn retrieve(
+    State(api): State<std::sync::Arc<BatchApi>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response {
+    api.answer(request, |api, tenant, _| async move {
+        Ok(axum::Json(api.file(&tenant, &id).await?.json()).into_response())
+    })
+    .await
+}
+
+/// `GET /v1/files/{id}/content`.
+pub(super) async fn content(
+    State(api): State<std::sync::Arc<BatchApi>>,
+    Path(id): Path<String>,
+    request: Request,
+) -> Response {
+    api.answer(request, |api, tenant, _| async move {
+        let data = api.file_data(&tenant, &id).await?;
+        let mut r = Response::new(Body::from(data));
+        crate::api::door::insert(r.headers_mut(), "content-type", "application/octet-stream");
+        Ok(r)
+    })
+    .await
+}

@@ -1,0 +1,173 @@
+//! The OpenAI Batch API over the durable job queue, on the HTTP listener:
+//! `POST /v1/files`, `GET /v1/files/{id}[/content]`, `POST /v1/batches`,
+//! `GET /v1/batches/{id}`, `POST /v1/batches/{id}/cancel`, in OpenAI's
+//! shapes. Each line of a batch's input file becomes one job on the queue
+//! (idempotent by batch id and line), admitted and planned through the one
+//! intake like `SubmitJob`, drained by the recovery actor's token bucket, so
+//! a batch survives SIGKILL and outages. Files and batch records are blobs
+//! where the jobs live (SQLite, or Redis for a fleet).
+
+mod batches;
+mod files;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+use crate::api::door::{insert, HttpState};
+use crate::config::QueueConfig;
+use crate::error::RequestError;
+use crate::queue::jobs::Jobs;
+use crate::queue::QueueError;
+
+/// What the Batch API's handlers share.
+pub struct BatchApi {
+    http: Arc<HttpState>,
+    config: QueueConfig,
+    /// Makes ids unique within this process (with the time and the pid).
+    seq: AtomicU64,
+}
+
+/// The Batch API's routes, with their own state.
+pub fn routes(http: Arc<HttpState>) -> axum::Router {
+    let config = http
+        .reloader
+        .config()
+        .and_then(|c| c.queue.clone())
+        .unwrap_or_default();
+    let api = Arc::new(BatchApi {
+        http,
+        config,
+        seq: AtomicU64::new(0),
+    });
+    axum::Router::new()
+        .route("/v1/files", post(files::upload))
+        .route("/v1/files/{id}", get(files::retrieve))
+        .route("/v1/files/{id}/content", get(files::content))
+        .route("/v1/batches", post(batches::create))
+        .route("/v1/batches/{id}", get(batches::retrieve))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel))
+        .with_state(api)
+}
+
+pub(super) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl BatchApi {
+    fn jobs(&self) -> Result<Arc<Jobs>, BatchError> {
+        self.http.intake.dispatcher.jobs.clone().ok_or_else(|| {
+            BatchError::from_request(&RequestError::QueueUnavailable(
+                "the Batch API needs a [queue]; none is configured".into(),
+            ))
+        })
+    }
+
+    /// A fresh id: time, process and a counter, in hex.
+    fn new_id(&self) -> String {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        format!("{ms:012x}{:06x}{n:06x}", std::process::id() & 0xff_ffff)
+    }
+
+    /// Authenticates the caller, runs `f` with its tenant, renders errors.
+    async fn answer<F, Fut>(self: Arc<Self>, request: Request, f: F) -> Response
+    where
+        F: FnOnce(Arc<Self>, String, Request) -> Fut,
+        Fut: Future<Output = Result<Response, BatchError>>,
+    {
+        let request_id = self.http.request_id(request.headers());
+        let result = match self.http.authenticate(request.headers()) {
+            Ok(tenant) => {
+                let tenant = tenant.unwrap_or_else(|| "default".into());
+                f(self.clone(), tenant, request).await
+            }
+            Err(e) => Err(BatchError::from_request(&e)),
+        };
+        let mut r = result.unwrap_or_else(|e| e.response());
+        insert(r.headers_mut(), "x-request-id", &request_id);
+        r
+    }
+}
+
+/// An error in OpenAI's shape.
+#[derive(Debug)]
+pub(super) struct BatchError {
+    status: StatusCode,
+    message: String,
+    pub(super) param: Option<&'static str>,
+    code: &'static str,
+}
+
+impl BatchError {
+    fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        let mut message = message.into();
+        crate::api::status::truncate(&mut message, crate::api::status::MAX_MESSAGE);
+        BatchError {
+            status: StatusCode::BAD_REQUEST,
+            message,
+            param,
+            code: "INVALID_REQUEST",
+        }
+    }
+
+    fn not_found(message: String, param: &'static str) -> Self {
+        BatchError {
+            status: StatusCode::NOT_FOUND,
+            message,
+            param: Some(param),
+            code: "NOT_FOUND",
+        }
+    }
+
+    fn internal(message: String) -> Self {
+        BatchError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message,
+            param: None,
+            code: "INTERNAL",
+        }
+    }
+
+    fn from_request(e: &RequestError) -> Self {
+        let (status, _) = crate::api::status::http_status(e);
+        let mut message = e.to_string();
+        crate::api::status::truncate(&mut message, crate::api::status::MAX_MESSAGE);
+        BatchError {
+            status,
+            message,
+            param: None,
+            code: crate::api::status::reason(e),
+        }
+    }
+
+    fn response(&self) -> Response {
+        let kind = match self.status.as_u16() {
+            400 | 404 | 409 | 413 => "invalid_request_error",
+            401 => "authentication_error",
+            429 => "rate_limit_error",
+            _ => "server_error",
+        };
+        let body = json!({"error": {
+            "message": self.message, "type": kind, "param": self.param, "code": self.code,
+        }});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+impl From<QueueError> for BatchError {
+    fn from(e: QueueError) -> Self {
+        BatchError::from_request(&RequestError::from(e))
+    }
+}
