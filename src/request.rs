@@ -67,11 +67,6 @@ impl RequestSpec {
             "pin": self.pin,
             "messages": messages,
             "tools": tools,
-            "tool_choice": match &c.tool_choice {
-                crate::chat::ToolChoice::Auto => serde_json::Value::Null,
-                crate::chat::ToolChoice::Any => serde_json::json!("any"),
-                crate::chat::ToolChoice::Tool(name) => serde_json::json!({"tool": name}),
-            },
             "max_tokens": c.max_tokens,
             "temperature": c.temperature.map(f32::to_bits),
             "top_p": c.top_p.map(f32::to_bits),
@@ -80,6 +75,18 @@ impl RequestSpec {
             "needs": [self.needs.tools, self.needs.json, self.needs.vision],
             "min_context": self.needs.min_context_tokens,
         });
+        // Only a forced choice is part of it: a request without one keeps the
+        // digest it had before tool_choice existed (stored jobs, idempotency
+        // records and a fleet mid-upgrade all agree on it).
+        let mut canonical = canonical;
+        let forced = match &c.tool_choice {
+            crate::chat::ToolChoice::Auto => None,
+            crate::chat::ToolChoice::Any => Some(serde_json::json!("any")),
+            crate::chat::ToolChoice::Tool(name) => Some(serde_json::json!({ "tool": name })),
+        };
+        if let (Some(forced), Some(o)) = (forced, canonical.as_object_mut()) {
+            o.insert("tool_choice".into(), forced);
+        }
         Sha256::digest(canonical.to_string().as_bytes()).into()
     }
 

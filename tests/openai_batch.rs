@@ -2,8 +2,8 @@
 //! `openai` SDK (examples/openai_sdk/test_batch.py) against the real binary:
 //! a batch submitted while every provider is down, switchyard SIGKILLed,
 //! restarted on the same queue file, the providers back: the batch completes
-//! with every line answered exactly once. Also a cancelled batch and one a
-//! bad line fails. Needs `pip install -r examples/openai_sdk/requirements.txt`;
+//! with every line answered exactly once. Also a cancelled batch, one whose
+//! window passes, and one a bad line fails. Needs `pip install -r examples/openai_sdk/requirements.txt`;
 //! skipped loudly without it, except under CI (`CI` set), where it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -41,6 +41,7 @@ async fn a_batch_survives_sigkill_and_an_outage_and_finishes_once() {
     let ids = ids.to_str().unwrap();
     batch_phase(&sy, "submit", &["--out", ids]).await;
     batch_phase(&sy, "cancel", &[]).await;
+    batch_phase(&sy, "expire", &[]).await;
 
     // A crash with the batch's jobs queued and every provider down.
     sy.child.start_kill().unwrap();

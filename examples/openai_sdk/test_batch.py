@@ -10,6 +10,7 @@ SIGKILL of switchyard between them:
     finish  --base-url URL --ids FILE    poll until the batch completes, then
                                          check the output file line by line
     cancel  --base-url URL               a batch cancelled while queued
+    expire  --base-url URL               a batch whose window passes while queued
     invalid --base-url URL               a file with a bad line fails the batch
 
 Prints PASS/FAIL lines; exits 1 if a check failed.
@@ -41,13 +42,13 @@ def jsonl(n, model="chat"):
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
-def create(client, data):
+def create(client, data, window="24h"):
     f = client.files.create(file=("batch.jsonl", io.BytesIO(data)), purpose="batch")
     assert f.object == "file" and f.purpose == "batch" and f.bytes == len(data), f
     b = client.batches.create(
         input_file_id=f.id,
         endpoint="/v1/chat/completions",
-        completion_window="24h",
+        completion_window=window,
         metadata={"suite": "switchyard"},
     )
     return f, b
@@ -105,6 +106,21 @@ def cancel(client, args):
     assert {r["error"]["code"] for r in rows} == {"batch_cancelled"}, rows
 
 
+def expire(client, args):
+    # Every provider is down: the window passes with the lines still queued.
+    _, b = create(client, jsonl(2), window="1s")
+    assert b.status == "in_progress", b.status
+    time.sleep(1.5)
+    deadline = time.time() + 30
+    while b.status != "expired":
+        assert time.time() < deadline, b.status
+        b = client.batches.retrieve(b.id)
+        time.sleep(0.25)
+    assert b.expired_at and b.request_counts.failed == 2, b
+    rows = [json.loads(line) for line in client.files.content(b.error_file_id).text.splitlines()]
+    assert {r["error"]["code"] for r in rows} == {"batch_expired"}, rows
+
+
 def invalid(client, args):
     data = jsonl(2) + b'{"custom_id": "req-0", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
     _, b = create(client, data)
@@ -120,7 +136,7 @@ def invalid(client, args):
         raise AssertionError("an unknown input file was accepted")
 
 
-PHASES = {"submit": submit, "finish": finish, "cancel": cancel, "invalid": invalid}
+PHASES = {"submit": submit, "finish": finish, "cancel": cancel, "expire": expire, "invalid": invalid}
 
 
 def main():

@@ -476,15 +476,12 @@ fn metadata(m: Option<Value>) -> Result<Option<Value>, BatchError> {
 /// `POST /v1/batches`.
 pub(super) async fn create(State(api): State<Arc<BatchApi>>, request: Request) -> Response {
     api.answer(request, |api, tenant, request| async move {
-        let limit = api.http.intake.limits().max_request_bytes;
-        let bytes = {
-            use http_body_util::BodyExt;
-            http_body_util::Limited::new(request.into_body(), limit)
-                .collect()
-                .await
-                .map_err(|e| BatchError::invalid(format!("cannot read the body: {e}"), None))?
-                .to_bytes()
-        };
+        let (parts, body) = request.into_parts();
+        let bytes = api
+            .http
+            .read_body(body, &parts.headers)
+            .await
+            .map_err(|e| BatchError::from_request(&e))?;
         let body: CreateBody = serde_json::from_slice(&bytes)
             .map_err(|e| BatchError::invalid(format!("invalid JSON body: {e}"), None))?;
         if body.endpoint.as_deref() != Some(ENDPOINT) {

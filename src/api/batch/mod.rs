@@ -31,7 +31,7 @@ use crate::queue::QueueError;
 pub struct BatchApi {
     http: Arc<HttpState>,
     config: QueueConfig,
-    /// Makes ids unique within this process (with the time and the pid).
+    /// Part of every id (with the time and random bits).
     seq: AtomicU64,
 }
 
@@ -72,13 +72,14 @@ impl BatchApi {
         })
     }
 
-    /// A fresh id: time, process and a counter, in hex.
+    /// A fresh id: the time, a counter and 64 random bits, in hex (replicas
+    /// in containers share pids, so the process is no part of it).
     fn new_id(&self) -> String {
-        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        let n = self.seq.fetch_add(1, Ordering::Relaxed) & 0xffff;
         let ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        format!("{ms:012x}{:06x}{n:06x}", std::process::id() & 0xff_ffff)
+        format!("{ms:012x}{n:04x}{:016x}", rand::random::<u64>())
     }
 
     /// Authenticates the caller, runs `f` with its tenant, renders errors.
@@ -88,7 +89,11 @@ impl BatchApi {
         Fut: Future<Output = Result<Response, BatchError>>,
     {
         let request_id = self.http.request_id(request.headers());
-        let result = match self.http.authenticate(request.headers()) {
+        let checked = self
+            .http
+            .check_metadata(request.headers())
+            .and_then(|()| self.http.authenticate(request.headers()));
+        let result = match checked {
             Ok(tenant) => {
                 let tenant = tenant.unwrap_or_else(|| "default".into());
                 f(self.clone(), tenant, request).await
