@@ -16,7 +16,7 @@ use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::sink::EventSink;
 use crate::upstream::endpoint::Endpoint;
 use crate::upstream::{
-    anthropic, classify, openai, sse::SseParser, ChatRequest, Completion, ProviderKind,
+    anthropic, azure, classify, openai, sse::SseParser, ChatRequest, Completion, ProviderKind,
     StreamDecoder,
 };
 
@@ -208,6 +208,15 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
             _ = sink.closed() => return AttemptEnd::ClientGone,
             b = timeout_at(first_limit, read_capped(response, MAX_ERROR_BODY)) => b.unwrap_or_default(),
         };
+        if rt.kind == ProviderKind::AzureOpenai && azure::is_content_filter(status.as_u16(), &body)
+        {
+            // Azure's content filter refused the prompt: an answer, not a
+            // failure (no retry, no failover, the breaker counts a success).
+            return AttemptEnd::Completed(Completion {
+                finish_reason: FinishReason::ContentFilter,
+                usage: None,
+            });
+        }
         let failure = classify::classify_http(rt.kind, status.as_u16(), &headers, &body);
         return AttemptEnd::Failed(passed_on(failure, rt, meta));
     }
@@ -257,6 +266,15 @@ fn build_request(input: &AttemptInput<'_>) -> reqwest::RequestBuilder {
             anthropic::build_body(input.chat),
             anthropic::auth_headers(key),
         ),
+        ProviderKind::AzureOpenai => (
+            azure::endpoint(
+                &rt.base_url,
+                &input.chat.model,
+                rt.api_version.as_deref().unwrap_or_default(),
+            ),
+            azure::build_body(input.chat),
+            azure::auth_headers(key),
+        ),
     };
     rt.http
         .post(url)
@@ -267,7 +285,7 @@ fn build_request(input: &AttemptInput<'_>) -> reqwest::RequestBuilder {
 
 fn decoder_for(kind: ProviderKind) -> Box<dyn StreamDecoder> {
     match kind {
-        ProviderKind::Openai => Box::new(openai::OpenAiDecoder::new()),
+        ProviderKind::Openai | ProviderKind::AzureOpenai => Box::new(openai::OpenAiDecoder::new()),
         ProviderKind::Anthropic => Box::new(anthropic::AnthropicDecoder::new()),
     }
 }

@@ -408,6 +408,9 @@ pub struct ProviderConfig {
     /// Name of the environment variable holding the API key (never the key).
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// `azure_openai`: the `api-version` query parameter (e.g. `2024-10-21`).
+    #[serde(default)]
+    pub api_version: Option<String>,
     /// Ceiling on concurrent requests of all traffic.
     #[serde(default = "default_max_concurrency")]
     pub max_concurrency: u32,
@@ -969,6 +972,7 @@ impl Config {
                 id: "openai".into(),
                 kind: ProviderKind::Openai,
                 base_url: openai_url.into(),
+                api_version: None,
                 api_key_env: openai_mock.is_none().then(|| "OPENAI_API_KEY".into()),
                 max_concurrency: default_max_concurrency(),
                 failover_max_concurrency: default_failover_max_concurrency(),
@@ -994,6 +998,7 @@ impl Config {
                 id: "anthropic".into(),
                 kind: ProviderKind::Anthropic,
                 base_url: anthropic_url.into(),
+                api_version: None,
                 api_key_env: anthropic_mock.is_none().then(|| "ANTHROPIC_API_KEY".into()),
                 max_concurrency: default_max_concurrency(),
                 failover_max_concurrency: default_failover_max_concurrency(),
@@ -1115,6 +1120,32 @@ fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
             return Err(ConfigError::new(
                 at("base_url"),
                 format!("`{}` is not an http(s) URL", p.base_url),
+            ))
+        }
+    }
+    match (p.kind, p.api_version.as_deref()) {
+        (ProviderKind::AzureOpenai, None) => {
+            return Err(ConfigError::new(
+                at("api_version"),
+                "required for kind = \"azure_openai\" (e.g. \"2024-10-21\")",
+            ))
+        }
+        (ProviderKind::AzureOpenai, Some(v))
+            if v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') =>
+        {
+            return Err(ConfigError::new(
+                at("api_version"),
+                format!("`{v}` is not an API version (letters, digits and `-`)"),
+            ))
+        }
+        (ProviderKind::AzureOpenai, Some(_)) | (_, None) => {}
+        (kind, Some(_)) => {
+            return Err(ConfigError::new(
+                at("api_version"),
+                format!(
+                    "only kind = \"azure_openai\" takes an api_version, not `{}`",
+                    kind.as_str()
+                ),
             ))
         }
     }

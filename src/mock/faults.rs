@@ -37,6 +37,9 @@ pub enum Preset {
     ContextLength,
     /// 404 `model_not_found` / `not_found_error`.
     NotFound,
+    /// 400 `content_filter` with Azure's `innererror` (OpenAI dialect);
+    /// 400 `invalid_request_error` (Anthropic).
+    ContentFilter,
 }
 
 impl Preset {

@@ -30,7 +30,7 @@ pub struct RequestRecord {
     pub has_tools: bool,
     /// The parsed JSON body (`null` if it did not parse).
     pub body: serde_json::Value,
-    /// An `authorization` or `x-api-key` header was present (the value is never kept).
+    /// An `authorization`, `x-api-key` or `api-key` header was present (the value is never kept).
     pub authorization_present: bool,
     /// Selected request headers, lower-case names: `x-switchyard-attempt`,
     /// `x-request-id`, `idempotency-key`, `x-stainless-retry-count`.

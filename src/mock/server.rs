@@ -319,6 +319,10 @@ fn router(shared: Arc<Shared>) -> Router {
             "/v1/messages",
             post(|s: State<Arc<Shared>>, r: Request| completion(s, MockKind::Anthropic, r)),
         )
+        .route(
+            "/openai/deployments/{deployment}/chat/completions",
+            post(azure_completion),
+        )
         .route("/_mock/faults", get(get_faults).put(put_faults))
         .route("/_mock/requests", get(get_requests).delete(delete_requests))
         .route("/_mock/stats", get(get_stats))
@@ -440,7 +444,8 @@ fn new_record(
         has_tools: parsed.tool.is_some(),
         body: body.clone(),
         authorization_present: headers.contains_key(header::AUTHORIZATION)
-            || headers.contains_key("x-api-key"),
+            || headers.contains_key("x-api-key")
+            || headers.contains_key("api-key"),
         headers: selected,
         arrived_ms: 0.0,
         finished_ms: None,
@@ -451,6 +456,35 @@ fn new_record(
         client_hung_up: false,
         over_capacity: false,
     }
+}
+
+/// Azure OpenAI's deployment path: OpenAI's wire once Azure's own checks
+/// pass (an `api-version` query, the key in `api-key` and never in
+/// `Authorization`), refused the way Azure refuses otherwise.
+async fn azure_completion(s: State<Arc<Shared>>, req: Request) -> Response {
+    let has_version = req.uri().query().is_some_and(|q| {
+        q.split('&')
+            .any(|kv| kv.starts_with("api-version=") && kv.len() > 12)
+    });
+    let refuse = |status: StatusCode, code: &str, message: &str| {
+        let body = serde_json::json!({"error": {"code": code, "message": message}});
+        (status, axum::Json(body)).into_response()
+    };
+    if !has_version {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "404",
+            "Resource not found (the api-version query parameter is required)",
+        );
+    }
+    if req.headers().contains_key(header::AUTHORIZATION) || !req.headers().contains_key("api-key") {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "401",
+            "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key for an active subscription and use a correct regional API endpoint for your resource.",
+        );
+    }
+    completion(s, MockKind::Openai, req).await
 }
 
 /// `POST /v1/chat/completions` and `POST /v1/messages`.

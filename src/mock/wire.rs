@@ -498,6 +498,14 @@ pub(crate) fn preset_error(
             Preset::NotFound => (404, oa_error(
                 &format!("The model `{model}` does not exist or you do not have access to it."),
                 "invalid_request_error", None, Some("model_not_found"))),
+            Preset::ContentFilter => (400, json!({"error": {
+                "message": "The response was filtered due to the prompt triggering Azure OpenAI's content management policy. Please modify your prompt and retry.",
+                "type": null, "param": "prompt", "code": "content_filter", "status": 400,
+                "innererror": {"code": "ResponsibleAIPolicyViolation", "content_filter_result": {
+                    "hate": {"filtered": true, "severity": "high"},
+                    "self_harm": {"filtered": false, "severity": "safe"},
+                    "sexual": {"filtered": false, "severity": "safe"},
+                    "violence": {"filtered": false, "severity": "safe"}}}}})),
         },
         MockKind::Anthropic => match preset {
             Preset::RateLimit => (429, an_error("rate_limit_error",
@@ -524,6 +532,8 @@ pub(crate) fn preset_error(
                 "prompt is too long: 210000 tokens > 200000 maximum", request_id)),
             Preset::NotFound => (404, an_error("not_found_error",
                 &format!("model: {model}"), request_id)),
+            Preset::ContentFilter => (400, an_error("invalid_request_error",
+                "Output blocked by content filtering policy", request_id)),
         },
     }
 }

@@ -35,6 +35,8 @@ pub struct Endpoint {
     pub kind: ProviderKind,
     pub base_url: String,
     pub api_key: Option<Secret>,
+    /// `azure_openai`: the `api-version` query parameter.
+    pub api_version: Option<String>,
     /// Request sent -> first token.
     pub first_token_timeout: Duration,
     /// Longest silence inside a stream.
@@ -102,6 +104,7 @@ impl Endpoint {
             kind: cfg.kind,
             base_url: cfg.base_url.clone(),
             api_key,
+            api_version: cfg.api_version.clone(),
             first_token_timeout: cfg.first_token_timeout,
             idle_timeout: cfg.idle_timeout,
             max_retry_after: cfg.cooldown.max_retry_after,

@@ -4,6 +4,7 @@
 //! [`Failure`](crate::policy::outcome::Failure).
 
 pub mod anthropic;
+pub mod azure;
 pub mod classify;
 pub mod endpoint;
 #[cfg(test)]
@@ -21,6 +22,9 @@ pub enum ProviderKind {
     Openai,
     /// Anthropic Messages.
     Anthropic,
+    /// Azure OpenAI: OpenAI's wire at a deployment's URL, `api-key` auth.
+    #[serde(rename = "azure_openai")]
+    AzureOpenai,
 }
 
 impl ProviderKind {
@@ -28,6 +32,7 @@ impl ProviderKind {
         match self {
             ProviderKind::Openai => "openai",
             ProviderKind::Anthropic => "anthropic",
+            ProviderKind::AzureOpenai => "azure_openai",
         }
     }
 }

@@ -1,0 +1,107 @@
+//! Azure OpenAI adapter: the OpenAI Chat Completions body and stream (the
+//! OpenAI decoder reads both) at a deployment's URL,
+//! `{base_url}/openai/deployments/{deployment}/chat/completions?api-version=`,
+//! with the key in the `api-key` header, never `Authorization`. The model
+//! name is the deployment name, so the body carries no `model`. A prompt
+//! Azure's content filter blocks (HTTP 400, `error.code = content_filter`)
+//! is an answer shaped by the provider's safety layer, not a failure.
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
+
+use crate::upstream::ChatRequest;
+
+/// The deployment's chat completions URL; the deployment is percent-encoded.
+pub fn endpoint(base_url: &str, deployment: &str, api_version: &str) -> String {
+    let enc = |s: &str| -> String {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    };
+    format!(
+        "{}/openai/deployments/{}/chat/completions?api-version={}",
+        base_url.trim_end_matches('/'),
+        enc(deployment),
+        enc(api_version)
+    )
+}
+
+/// OpenAI's body without `model` (the deployment names it).
+pub fn build_body(req: &ChatRequest) -> Value {
+    let mut body = crate::upstream::openai::build_body(req);
+    if let Some(o) = body.as_object_mut() {
+        o.remove("model");
+    }
+    body
+}
+
+/// `api-key: <key>`, marked sensitive.
+pub fn auth_headers(api_key: Option<&str>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    if let Some(key) = api_key.filter(|k| !k.is_empty()) {
+        if let Ok(mut value) = HeaderValue::from_str(key) {
+            value.set_sensitive(true);
+            headers.insert(HeaderName::from_static("api-key"), value);
+        }
+    }
+    headers
+}
+
+/// A 400 body saying the content filter blocked the prompt.
+pub fn is_content_filter(status: u16, body: &[u8]) -> bool {
+    if status != 400 {
+        return false;
+    }
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return false;
+    };
+    let error = &v["error"];
+    error["code"] == "content_filter"
+        || error["innererror"]["code"] == "ResponsibleAIPolicyViolation"
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_deployment_url_carries_the_api_version() {
+        assert_eq!(
+            endpoint("https://r.openai.azure.com/", "gpt-4o mini", "2024-10-21"),
+            "https://r.openai.azure.com/openai/deployments/gpt-4o%20mini/chat/completions?api-version=2024-10-21"
+        );
+    }
+
+    #[test]
+    fn the_key_goes_in_api_key_and_the_body_has_no_model() {
+        let h = auth_headers(Some("k1"));
+        assert_eq!(h["api-key"], "k1");
+        assert!(h["api-key"].is_sensitive());
+        assert!(!h.contains_key("authorization"));
+        let body = build_body(&ChatRequest {
+            model: "dep".into(),
+            ..Default::default()
+        });
+        assert!(body.get("model").is_none(), "{body}");
+    }
+
+    #[test]
+    fn a_content_filter_block_is_recognised() {
+        // As Azure documents it (prompt filtered, HTTP 400).
+        let body = json!({"error": {"message": "The response was filtered due to the prompt triggering Azure OpenAI's content management policy.",
+            "type": null, "param": "prompt", "code": "content_filter", "status": 400,
+            "innererror": {"code": "ResponsibleAIPolicyViolation",
+                "content_filter_result": {"hate": {"filtered": true, "severity": "high"}}}}});
+        assert!(is_content_filter(400, body.to_string().as_bytes()));
+        assert!(!is_content_filter(429, body.to_string().as_bytes()));
+        let other = json!({"error": {"code": "context_length_exceeded", "message": "too long"}});
+        assert!(!is_content_filter(400, other.to_string().as_bytes()));
+    }
+}
