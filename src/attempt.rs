@@ -16,8 +16,8 @@ use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::sink::EventSink;
 use crate::upstream::endpoint::Endpoint;
 use crate::upstream::{
-    anthropic, azure, classify, openai, sse::SseParser, ChatRequest, Completion, ProviderKind,
-    StreamDecoder,
+    anthropic, azure, bedrock, classify, openai, sse, sse::SseParser, ChatRequest, Completion,
+    ProviderKind, StreamDecoder,
 };
 
 /// Largest error body read from an upstream (the rest is ignored).
@@ -173,6 +173,39 @@ impl Output {
     }
 }
 
+/// How a streamed body is cut into events: SSE, or Bedrock's event stream.
+enum Framer {
+    Sse(SseParser),
+    EventStream(bedrock::Frames),
+}
+
+impl Framer {
+    fn for_kind(kind: ProviderKind) -> Self {
+        match kind {
+            ProviderKind::BedrockAnthropic => Framer::EventStream(bedrock::Frames::default()),
+            _ => Framer::Sse(SseParser::new()),
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8], out: &mut Vec<sse::SseEvent>) -> Result<(), Failure> {
+        match self {
+            Framer::Sse(p) => p
+                .feed(bytes, out)
+                .map_err(|e| Failure::new(OutcomeClass::Protocol, e.to_string())),
+            Framer::EventStream(f) => f.feed(bytes, out),
+        }
+    }
+
+    fn finish(&mut self, out: &mut Vec<sse::SseEvent>) -> Result<(), Failure> {
+        match self {
+            Framer::Sse(p) => p
+                .finish(out)
+                .map_err(|e| Failure::new(OutcomeClass::Protocol, e.to_string())),
+            Framer::EventStream(f) => f.finish(),
+        }
+    }
+}
+
 /// Why forwarding stopped.
 enum Forward {
     ClientGone,
@@ -183,7 +216,10 @@ enum Forward {
 async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Meta) -> AttemptEnd {
     let rt = input.endpoint;
     let first_limit = (meta.started + rt.first_token_timeout).min(input.deadline);
-    let request = build_request(input);
+    let request = match build_request(input) {
+        Ok(r) => r,
+        Err(f) => return AttemptEnd::Failed(f),
+    };
 
     let response = tokio::select! {
         _ = sink.closed() => return AttemptEnd::ClientGone,
@@ -217,12 +253,26 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
                 usage: None,
             });
         }
-        let failure = classify::classify_http(rt.kind, status.as_u16(), &headers, &body);
+        let mut failure = classify::classify_http(rt.kind, status.as_u16(), &headers, &body);
+        if rt.kind == ProviderKind::BedrockAnthropic {
+            // Bedrock names its error in a header; the name is the class.
+            let named = headers
+                .get("x-amzn-errortype")
+                .and_then(|v| v.to_str().ok())
+                .and_then(bedrock::class_of);
+            if let Some(class) = named {
+                failure.class = class;
+            }
+        }
         return AttemptEnd::Failed(passed_on(failure, rt, meta));
     }
     // Anthropic is always streamed (its SDKs refuse long non-streamed calls);
     // the non-streaming path is OpenAI's.
-    let end = if input.chat.stream || rt.kind == ProviderKind::Anthropic {
+    let always_streamed = matches!(
+        rt.kind,
+        ProviderKind::Anthropic | ProviderKind::BedrockAnthropic
+    );
+    let end = if input.chat.stream || always_streamed {
         stream_body(input, response, sink, meta, first_limit).await
     } else {
         whole_body(input, response, sink, meta, first_limit).await
@@ -252,7 +302,7 @@ fn timed_out(e: Expired) -> AttemptEnd {
     }
 }
 
-fn build_request(input: &AttemptInput<'_>) -> reqwest::RequestBuilder {
+fn build_request(input: &AttemptInput<'_>) -> Result<reqwest::RequestBuilder, Failure> {
     let rt = input.endpoint;
     let key = rt.api_key.as_ref().map(|k| k.expose());
     let (url, body, headers) = match rt.kind {
@@ -275,18 +325,61 @@ fn build_request(input: &AttemptInput<'_>) -> reqwest::RequestBuilder {
             azure::build_body(input.chat),
             azure::auth_headers(key),
         ),
+        ProviderKind::BedrockAnthropic => return bedrock_request(input),
     };
-    rt.http
+    Ok(rt
+        .http
         .post(url)
         .headers(headers)
         .header("x-switchyard-attempt", input.attempt.to_string())
-        .json(&body)
+        .json(&body))
+}
+
+/// A Bedrock call: the exact body bytes are signed (SigV4), so they are
+/// serialised here, not by the client.
+fn bedrock_request(input: &AttemptInput<'_>) -> Result<reqwest::RequestBuilder, Failure> {
+    let rt = input.endpoint;
+    let url = bedrock::endpoint(&rt.base_url, &input.chat.model);
+    let body = serde_json::to_vec(&bedrock::build_body(input.chat)).unwrap_or_default();
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::CONTENT_TYPE,
+        reqwest::header::HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        reqwest::header::ACCEPT,
+        reqwest::header::HeaderValue::from_static("application/vnd.amazon.eventstream"),
+    );
+    let (Some(creds), Some(region)) = (rt.aws.as_ref(), rt.region.as_deref()) else {
+        return Err(Failure::new(
+            OutcomeClass::Auth,
+            "no AWS credentials or region",
+        ));
+    };
+    let signed = bedrock::sign(
+        &url,
+        &headers,
+        &body,
+        region,
+        creds,
+        std::time::SystemTime::now(),
+    )
+    .map_err(|e| Failure::new(OutcomeClass::Auth, e))?;
+    headers.extend(signed);
+    Ok(rt
+        .http
+        .post(url)
+        .headers(headers)
+        .header("x-switchyard-attempt", input.attempt.to_string())
+        .body(body))
 }
 
 fn decoder_for(kind: ProviderKind) -> Box<dyn StreamDecoder> {
     match kind {
         ProviderKind::Openai | ProviderKind::AzureOpenai => Box::new(openai::OpenAiDecoder::new()),
-        ProviderKind::Anthropic => Box::new(anthropic::AnthropicDecoder::new()),
+        ProviderKind::Anthropic | ProviderKind::BedrockAnthropic => {
+            Box::new(anthropic::AnthropicDecoder::new())
+        }
     }
 }
 
@@ -318,7 +411,7 @@ async fn stream_body(
 ) -> AttemptEnd {
     let rt = input.endpoint;
     let mut body = response.bytes_stream();
-    let mut parser = SseParser::new();
+    let mut parser = Framer::for_kind(rt.kind);
     let mut decoder = decoder_for(rt.kind);
     let mut events = Vec::new();
     let mut chunks = Vec::new();
@@ -373,8 +466,8 @@ async fn stream_body(
                 return AttemptEnd::Failed(f);
             }
         }
-        if let Some(e) = too_large {
-            return AttemptEnd::Failed(Failure::new(OutcomeClass::Protocol, e.to_string()));
+        if let Some(f) = too_large {
+            return AttemptEnd::Failed(f);
         }
         if eof {
             return match decoder.finish() {

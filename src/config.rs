@@ -411,6 +411,9 @@ pub struct ProviderConfig {
     /// `azure_openai`: the `api-version` query parameter (e.g. `2024-10-21`).
     #[serde(default)]
     pub api_version: Option<String>,
+    /// `bedrock_anthropic`: the AWS region the requests are signed for.
+    #[serde(default)]
+    pub region: Option<String>,
     /// Ceiling on concurrent requests of all traffic.
     #[serde(default = "default_max_concurrency")]
     pub max_concurrency: u32,
@@ -942,16 +945,22 @@ impl Config {
     /// Environment variables the file names that are not set (warned by
     /// `check-config`, fatal at `serve`).
     pub fn missing_env(&self) -> Vec<(String, String)> {
-        self.providers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| {
-                let env = p.api_key_env.as_ref()?;
-                std::env::var_os(env)
-                    .is_none()
-                    .then(|| (format!("providers[{i}].api_key_env"), env.clone()))
-            })
-            .collect()
+        let mut missing = Vec::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            if let Some(env) = &p.api_key_env {
+                if std::env::var_os(env).is_none() {
+                    missing.push((format!("providers[{i}].api_key_env"), env.clone()));
+                }
+            }
+            if p.kind == ProviderKind::BedrockAnthropic {
+                for env in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+                    if std::env::var_os(env).is_none() {
+                        missing.push((format!("providers[{i}] (bedrock_anthropic)"), env.into()));
+                    }
+                }
+            }
+        }
+        missing
     }
 
     /// The built-in configuration used by `serve` without `--config`: real
@@ -973,6 +982,7 @@ impl Config {
                 kind: ProviderKind::Openai,
                 base_url: openai_url.into(),
                 api_version: None,
+                region: None,
                 api_key_env: openai_mock.is_none().then(|| "OPENAI_API_KEY".into()),
                 max_concurrency: default_max_concurrency(),
                 failover_max_concurrency: default_failover_max_concurrency(),
@@ -999,6 +1009,7 @@ impl Config {
                 kind: ProviderKind::Anthropic,
                 base_url: anthropic_url.into(),
                 api_version: None,
+                region: None,
                 api_key_env: anthropic_mock.is_none().then(|| "ANTHROPIC_API_KEY".into()),
                 max_concurrency: default_max_concurrency(),
                 failover_max_concurrency: default_failover_max_concurrency(),
@@ -1144,6 +1155,35 @@ fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
                 at("api_version"),
                 format!(
                     "only kind = \"azure_openai\" takes an api_version, not `{}`",
+                    kind.as_str()
+                ),
+            ))
+        }
+    }
+    match (p.kind, p.region.as_deref()) {
+        (ProviderKind::BedrockAnthropic, None) => {
+            return Err(ConfigError::new(
+                at("region"),
+                "required for kind = \"bedrock_anthropic\" (the SigV4 scope, e.g. \"us-east-1\")",
+            ))
+        }
+        (ProviderKind::BedrockAnthropic, Some(r))
+            if r.is_empty()
+                || !r
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') =>
+        {
+            return Err(ConfigError::new(
+                at("region"),
+                format!("`{r}` is not an AWS region"),
+            ))
+        }
+        (ProviderKind::BedrockAnthropic, Some(_)) | (_, None) => {}
+        (kind, Some(_)) => {
+            return Err(ConfigError::new(
+                at("region"),
+                format!(
+                    "only kind = \"bedrock_anthropic\" takes a region, not `{}`",
                     kind.as_str()
                 ),
             ))

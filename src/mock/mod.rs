@@ -46,6 +46,7 @@
 //! `abort` a cut connection, `stall` headers only. Over capacity (in flight ≥
 //! `max_concurrency` > 0) answers 503 (OpenAI) / 529 (Anthropic) at once.
 
+mod bedrock;
 mod faults;
 mod log;
 mod script;

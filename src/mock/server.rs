@@ -323,6 +323,10 @@ fn router(shared: Arc<Shared>) -> Router {
             "/openai/deployments/{deployment}/chat/completions",
             post(azure_completion),
         )
+        .route(
+            "/model/{model}/invoke-with-response-stream",
+            post(super::bedrock::invoke_stream),
+        )
         .route("/_mock/faults", get(get_faults).put(put_faults))
         .route("/_mock/requests", get(get_requests).delete(delete_requests))
         .route("/_mock/stats", get(get_stats))
@@ -488,7 +492,19 @@ async fn azure_completion(s: State<Arc<Shared>>, req: Request) -> Response {
 }
 
 /// `POST /v1/chat/completions` and `POST /v1/messages`.
-async fn completion(State(s): State<Arc<Shared>>, dialect: MockKind, req: Request) -> Response {
+async fn completion(s: State<Arc<Shared>>, dialect: MockKind, req: Request) -> Response {
+    completion_as(s, dialect, req, None).await
+}
+
+/// [`completion`], with the request read as if its body named `model` and
+/// asked to stream (Bedrock: the path names the model, the call streams);
+/// the body is logged as sent.
+pub(super) async fn completion_as(
+    State(s): State<Arc<Shared>>,
+    dialect: MockKind,
+    req: Request,
+    streamed_model: Option<String>,
+) -> Response {
     let (parts, body) = req.into_parts();
     let conn = parts.extensions.get::<Arc<ConnCtl>>().cloned();
     let bytes = axum::body::to_bytes(body, BODY_LIMIT)
@@ -496,7 +512,17 @@ async fn completion(State(s): State<Arc<Shared>>, dialect: MockKind, req: Reques
         .unwrap_or_default();
     let json: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
     let body_json = json.clone().unwrap_or(serde_json::Value::Null);
-    let parsed = Parsed::from_body(dialect, &body_json);
+    let parsed = match &streamed_model {
+        None => Parsed::from_body(dialect, &body_json),
+        Some(model) => {
+            let mut as_read = body_json.clone();
+            if let Some(o) = as_read.as_object_mut() {
+                o.insert("model".into(), model.clone().into());
+                o.insert("stream".into(), true.into());
+            }
+            Parsed::from_body(dialect, &as_read)
+        }
+    };
     let cfg = s.config();
     let record = new_record(
         dialect,

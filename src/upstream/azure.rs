@@ -13,16 +13,7 @@ use crate::upstream::ChatRequest;
 
 /// The deployment's chat completions URL; the deployment is percent-encoded.
 pub fn endpoint(base_url: &str, deployment: &str, api_version: &str) -> String {
-    let enc = |s: &str| -> String {
-        s.bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect()
-    };
+    let enc = crate::upstream::encode_path_segment;
     format!(
         "{}/openai/deployments/{}/chat/completions?api-version={}",
         base_url.trim_end_matches('/'),

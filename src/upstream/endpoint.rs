@@ -37,6 +37,9 @@ pub struct Endpoint {
     pub api_key: Option<Secret>,
     /// `azure_openai`: the `api-version` query parameter.
     pub api_version: Option<String>,
+    /// `bedrock_anthropic`: the SigV4 region and the credentials.
+    pub region: Option<String>,
+    pub aws: Option<super::bedrock::AwsCredentials>,
     /// Request sent -> first token.
     pub first_token_timeout: Duration,
     /// Longest silence inside a stream.
@@ -51,6 +54,8 @@ pub struct Endpoint {
 pub enum EndpointError {
     #[error("environment variable {0} (api_key_env) is not set")]
     MissingKey(String),
+    #[error("environment variable {0} is not set (bedrock_anthropic signs with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and, if set, AWS_SESSION_TOKEN)")]
+    MissingAws(&'static str),
     #[error("cannot build the HTTP client: {0}")]
     Http(#[from] reqwest::Error),
 }
@@ -63,12 +68,19 @@ impl Endpoint {
     /// (whole, or its first 12 characters when an upstream echoes a
     /// shortened form) is replaced by `[redacted]`.
     pub fn redact(&self, text: &str) -> String {
-        let Some(key) = self.api_key.as_ref().map(Secret::expose) else {
-            return text.to_string();
-        };
-        let mut out = text.replace(key, "[redacted]");
-        if let Some(prefix) = key.get(..12).filter(|_| key.len() > 16) {
-            out = out.replace(prefix, "[redacted]");
+        let aws = self
+            .aws
+            .iter()
+            .flat_map(|a| std::iter::once(&a.secret_access_key).chain(a.session_token.as_ref()));
+        let mut out = text.to_string();
+        for key in self.api_key.iter().chain(aws).map(Secret::expose) {
+            if key.is_empty() {
+                continue;
+            }
+            out = out.replace(key, "[redacted]");
+            if let Some(prefix) = key.get(..12).filter(|_| key.len() > 16) {
+                out = out.replace(prefix, "[redacted]");
+            }
         }
         out
     }
@@ -91,6 +103,22 @@ impl Endpoint {
             )),
             None => None,
         };
+        let aws = match cfg.kind {
+            ProviderKind::BedrockAnthropic => {
+                let var = |name: &'static str| {
+                    std::env::var(name)
+                        .ok()
+                        .filter(|v| !v.is_empty())
+                        .ok_or(EndpointError::MissingAws(name))
+                };
+                Some(super::bedrock::AwsCredentials {
+                    access_key_id: var("AWS_ACCESS_KEY_ID")?,
+                    secret_access_key: Secret::new(var("AWS_SECRET_ACCESS_KEY")?),
+                    session_token: var("AWS_SESSION_TOKEN").ok().map(Secret::new),
+                })
+            }
+            _ => None,
+        };
         // One retry layer only: reqwest never retries on its own, and we neither
         // follow redirects nor decompress (bytes pass through as sent).
         let http = reqwest::Client::builder()
@@ -105,6 +133,8 @@ impl Endpoint {
             base_url: cfg.base_url.clone(),
             api_key,
             api_version: cfg.api_version.clone(),
+            region: cfg.region.clone(),
+            aws,
             first_token_timeout: cfg.first_token_timeout,
             idle_timeout: cfg.idle_timeout,
             max_retry_after: cfg.cooldown.max_retry_after,

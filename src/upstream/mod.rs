@@ -5,6 +5,7 @@
 
 pub mod anthropic;
 pub mod azure;
+pub mod bedrock;
 pub mod classify;
 pub mod endpoint;
 #[cfg(test)]
@@ -13,6 +14,19 @@ pub mod openai;
 pub mod sse;
 
 use crate::policy::outcome::Failure;
+
+/// Percent-encodes one URL path segment (or query value): everything but
+/// RFC 3986's unreserved characters.
+pub(crate) fn encode_path_segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
 
 /// The wire format a provider speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
@@ -25,6 +39,9 @@ pub enum ProviderKind {
     /// Azure OpenAI: OpenAI's wire at a deployment's URL, `api-key` auth.
     #[serde(rename = "azure_openai")]
     AzureOpenai,
+    /// Anthropic Messages on Amazon Bedrock: SigV4, the AWS event stream.
+    #[serde(rename = "bedrock_anthropic")]
+    BedrockAnthropic,
 }
 
 impl ProviderKind {
@@ -33,6 +50,7 @@ impl ProviderKind {
             ProviderKind::Openai => "openai",
             ProviderKind::Anthropic => "anthropic",
             ProviderKind::AzureOpenai => "azure_openai",
+            ProviderKind::BedrockAnthropic => "bedrock_anthropic",
         }
     }
 }

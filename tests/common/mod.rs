@@ -52,9 +52,15 @@ pub struct Mock {
 
 impl Mock {
     pub async fn start(kind: &str, extra: &[&str]) -> Mock {
+        Self::start_with_env(kind, extra, &[]).await
+    }
+
+    /// [`Mock::start`] with environment variables for the mock process.
+    pub async fn start_with_env(kind: &str, extra: &[&str], env: &[(&str, &str)]) -> Mock {
         let mut child = Command::new(BIN)
             .args(["mock-upstream", "--listen", "127.0.0.1:0", "--kind", kind])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true)
