@@ -16,8 +16,8 @@ use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::sink::EventSink;
 use crate::upstream::endpoint::Endpoint;
 use crate::upstream::{
-    anthropic, azure, bedrock, classify, openai, sse, sse::SseParser, ChatRequest, Completion,
-    ProviderKind, StreamDecoder,
+    anthropic, azure, bedrock, classify, openai, sse, sse::SseParser, vertex, ChatRequest,
+    Completion, ProviderKind, StreamDecoder,
 };
 
 /// Largest error body read from an upstream (the rest is ignored).
@@ -216,7 +216,21 @@ enum Forward {
 async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Meta) -> AttemptEnd {
     let rt = input.endpoint;
     let first_limit = (meta.started + rt.first_token_timeout).min(input.deadline);
-    let request = match build_request(input) {
+    // Vertex: the cached OAuth token (fetched once for all requests).
+    let bearer = match &rt.vertex {
+        None => None,
+        Some(auth) => {
+            let token = tokio::select! {
+                _ = sink.closed() => return AttemptEnd::ClientGone,
+                t = auth.token(&rt.http, first_limit) => t,
+            };
+            match token {
+                Ok(t) => Some(t),
+                Err(f) => return AttemptEnd::Failed(passed_on(f, rt, meta)),
+            }
+        }
+    };
+    let request = match build_request(input, bearer.as_ref()) {
         Ok(r) => r,
         Err(f) => return AttemptEnd::Failed(f),
     };
@@ -270,7 +284,7 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
     // the non-streaming path is OpenAI's.
     let always_streamed = matches!(
         rt.kind,
-        ProviderKind::Anthropic | ProviderKind::BedrockAnthropic
+        ProviderKind::Anthropic | ProviderKind::BedrockAnthropic | ProviderKind::VertexAnthropic
     );
     let end = if input.chat.stream || always_streamed {
         stream_body(input, response, sink, meta, first_limit).await
@@ -302,7 +316,10 @@ fn timed_out(e: Expired) -> AttemptEnd {
     }
 }
 
-fn build_request(input: &AttemptInput<'_>) -> Result<reqwest::RequestBuilder, Failure> {
+fn build_request(
+    input: &AttemptInput<'_>,
+    bearer: Option<&crate::upstream::endpoint::Secret>,
+) -> Result<reqwest::RequestBuilder, Failure> {
     let rt = input.endpoint;
     let key = rt.api_key.as_ref().map(|k| k.expose());
     let (url, body, headers) = match rt.kind {
@@ -326,6 +343,17 @@ fn build_request(input: &AttemptInput<'_>) -> Result<reqwest::RequestBuilder, Fa
             azure::auth_headers(key),
         ),
         ProviderKind::BedrockAnthropic => return bedrock_request(input),
+        ProviderKind::VertexAnthropic => (
+            vertex::endpoint(
+                &rt.base_url,
+                rt.project.as_deref().unwrap_or_default(),
+                rt.region.as_deref().unwrap_or_default(),
+                &input.chat.model,
+            ),
+            vertex::build_body(input.chat),
+            // The token rides as a bearer, like OpenAI's key.
+            openai::auth_headers(bearer.map(|t| t.expose())),
+        ),
     };
     Ok(rt
         .http
@@ -377,9 +405,9 @@ fn bedrock_request(input: &AttemptInput<'_>) -> Result<reqwest::RequestBuilder, 
 fn decoder_for(kind: ProviderKind) -> Box<dyn StreamDecoder> {
     match kind {
         ProviderKind::Openai | ProviderKind::AzureOpenai => Box::new(openai::OpenAiDecoder::new()),
-        ProviderKind::Anthropic | ProviderKind::BedrockAnthropic => {
-            Box::new(anthropic::AnthropicDecoder::new())
-        }
+        ProviderKind::Anthropic
+        | ProviderKind::BedrockAnthropic
+        | ProviderKind::VertexAnthropic => Box::new(anthropic::AnthropicDecoder::new()),
     }
 }
 

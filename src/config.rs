@@ -411,9 +411,17 @@ pub struct ProviderConfig {
     /// `azure_openai`: the `api-version` query parameter (e.g. `2024-10-21`).
     #[serde(default)]
     pub api_version: Option<String>,
-    /// `bedrock_anthropic`: the AWS region the requests are signed for.
+    /// `bedrock_anthropic`: the AWS region the requests are signed for;
+    /// `vertex_anthropic`: the Vertex location.
     #[serde(default)]
     pub region: Option<String>,
+    /// `vertex_anthropic`: the Google Cloud project.
+    #[serde(default)]
+    pub project: Option<String>,
+    /// `vertex_anthropic`: the environment variable naming the service
+    /// account JSON file (default `GOOGLE_APPLICATION_CREDENTIALS`).
+    #[serde(default)]
+    pub credentials_file_env: Option<String>,
     /// Ceiling on concurrent requests of all traffic.
     #[serde(default = "default_max_concurrency")]
     pub max_concurrency: u32,
@@ -447,6 +455,15 @@ pub struct ProviderConfig {
     #[serde(default)]
     pub synthetic_probes: bool,
     pub models: Vec<ModelConfig>,
+}
+
+impl ProviderConfig {
+    /// The variable naming a Vertex provider's service-account file.
+    pub fn vertex_credentials_env(&self) -> &str {
+        self.credentials_file_env
+            .as_deref()
+            .unwrap_or("GOOGLE_APPLICATION_CREDENTIALS")
+    }
 }
 
 fn default_auth_cooldown() -> Duration {
@@ -952,6 +969,12 @@ impl Config {
                     missing.push((format!("providers[{i}].api_key_env"), env.clone()));
                 }
             }
+            if p.kind == ProviderKind::VertexAnthropic {
+                let env = p.vertex_credentials_env();
+                if std::env::var_os(env).is_none() {
+                    missing.push((format!("providers[{i}].credentials_file_env"), env.into()));
+                }
+            }
             if p.kind == ProviderKind::BedrockAnthropic {
                 for env in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
                     if std::env::var_os(env).is_none() {
@@ -983,6 +1006,8 @@ impl Config {
                 base_url: openai_url.into(),
                 api_version: None,
                 region: None,
+                project: None,
+                credentials_file_env: None,
                 api_key_env: openai_mock.is_none().then(|| "OPENAI_API_KEY".into()),
                 max_concurrency: default_max_concurrency(),
                 failover_max_concurrency: default_failover_max_concurrency(),
@@ -1010,6 +1035,8 @@ impl Config {
                 base_url: anthropic_url.into(),
                 api_version: None,
                 region: None,
+                project: None,
+                credentials_file_env: None,
                 api_key_env: anthropic_mock.is_none().then(|| "ANTHROPIC_API_KEY".into()),
                 max_concurrency: default_max_concurrency(),
                 failover_max_concurrency: default_failover_max_concurrency(),
@@ -1160,14 +1187,21 @@ fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
             ))
         }
     }
-    match (p.kind, p.region.as_deref()) {
-        (ProviderKind::BedrockAnthropic, None) => {
+    let hosted = matches!(
+        p.kind,
+        ProviderKind::BedrockAnthropic | ProviderKind::VertexAnthropic
+    );
+    match (hosted, p.region.as_deref()) {
+        (true, None) => {
             return Err(ConfigError::new(
                 at("region"),
-                "required for kind = \"bedrock_anthropic\" (the SigV4 scope, e.g. \"us-east-1\")",
+                format!(
+                    "required for kind = \"{}\" (e.g. \"us-east-1\" or \"us-east5\")",
+                    p.kind.as_str()
+                ),
             ))
         }
-        (ProviderKind::BedrockAnthropic, Some(r))
+        (true, Some(r))
             if r.is_empty()
                 || !r
                     .chars()
@@ -1175,19 +1209,52 @@ fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
         {
             return Err(ConfigError::new(
                 at("region"),
-                format!("`{r}` is not an AWS region"),
+                format!("`{r}` is not a region"),
             ))
         }
-        (ProviderKind::BedrockAnthropic, Some(_)) | (_, None) => {}
-        (kind, Some(_)) => {
+        (true, Some(_)) | (false, None) => {}
+        (false, Some(_)) => {
             return Err(ConfigError::new(
                 at("region"),
                 format!(
-                    "only kind = \"bedrock_anthropic\" takes a region, not `{}`",
-                    kind.as_str()
+                    "only bedrock_anthropic and vertex_anthropic take a region, not `{}`",
+                    p.kind.as_str()
                 ),
             ))
         }
+    }
+    let vertex = p.kind == ProviderKind::VertexAnthropic;
+    match (vertex, p.project.as_deref()) {
+        (true, None) => {
+            return Err(ConfigError::new(
+                at("project"),
+                "required for kind = \"vertex_anthropic\" (the Google Cloud project id)",
+            ))
+        }
+        (true, Some(pr))
+            if pr.is_empty()
+                || !pr
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') =>
+        {
+            return Err(ConfigError::new(
+                at("project"),
+                format!("`{pr}` is not a project id"),
+            ))
+        }
+        (false, Some(_)) => {
+            return Err(ConfigError::new(
+                at("project"),
+                "only kind = \"vertex_anthropic\" takes a project",
+            ))
+        }
+        _ => {}
+    }
+    if !vertex && p.credentials_file_env.is_some() {
+        return Err(ConfigError::new(
+            at("credentials_file_env"),
+            "only kind = \"vertex_anthropic\" takes a credentials_file_env",
+        ));
     }
     if let Some(env) = &p.api_key_env {
         if env.is_empty() || env.contains('=') {

@@ -51,6 +51,7 @@ mod faults;
 mod log;
 mod script;
 mod server;
+mod vertex;
 mod wire;
 
 #[cfg(test)]

@@ -327,6 +327,12 @@ fn router(shared: Arc<Shared>) -> Router {
             "/model/{model}/invoke-with-response-stream",
             post(super::bedrock::invoke_stream),
         )
+        .route("/token", post(super::vertex::token))
+        .route("/_mock/tokens", get(super::vertex::grants))
+        .route(
+            "/v1/projects/{project}/locations/{location}/publishers/anthropic/models/{model_action}",
+            post(super::vertex::stream_raw_predict),
+        )
         .route("/_mock/faults", get(get_faults).put(put_faults))
         .route("/_mock/requests", get(get_requests).delete(delete_requests))
         .route("/_mock/stats", get(get_stats))

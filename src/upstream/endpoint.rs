@@ -40,6 +40,9 @@ pub struct Endpoint {
     /// `bedrock_anthropic`: the SigV4 region and the credentials.
     pub region: Option<String>,
     pub aws: Option<super::bedrock::AwsCredentials>,
+    /// `vertex_anthropic`: the project and the service account's token source.
+    pub project: Option<String>,
+    pub vertex: Option<std::sync::Arc<super::vertex::VertexAuth>>,
     /// Request sent -> first token.
     pub first_token_timeout: Duration,
     /// Longest silence inside a stream.
@@ -54,6 +57,8 @@ pub struct Endpoint {
 pub enum EndpointError {
     #[error("environment variable {0} (api_key_env) is not set")]
     MissingKey(String),
+    #[error("vertex_anthropic: {0}")]
+    Vertex(String),
     #[error("environment variable {0} is not set (bedrock_anthropic signs with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and, if set, AWS_SESSION_TOKEN)")]
     MissingAws(&'static str),
     #[error("cannot build the HTTP client: {0}")]
@@ -119,6 +124,20 @@ impl Endpoint {
             }
             _ => None,
         };
+        let vertex = match cfg.kind {
+            ProviderKind::VertexAnthropic => {
+                let env = cfg.vertex_credentials_env();
+                let path = std::env::var_os(env).ok_or_else(|| {
+                    EndpointError::Vertex(format!(
+                        "environment variable {env} (credentials_file_env) is not set"
+                    ))
+                })?;
+                let auth = super::vertex::VertexAuth::from_file(std::path::Path::new(&path))
+                    .map_err(EndpointError::Vertex)?;
+                Some(std::sync::Arc::new(auth))
+            }
+            _ => None,
+        };
         // One retry layer only: reqwest never retries on its own, and we neither
         // follow redirects nor decompress (bytes pass through as sent).
         let http = reqwest::Client::builder()
@@ -135,6 +154,8 @@ impl Endpoint {
             api_version: cfg.api_version.clone(),
             region: cfg.region.clone(),
             aws,
+            project: cfg.project.clone(),
+            vertex,
             first_token_timeout: cfg.first_token_timeout,
             idle_timeout: cfg.idle_timeout,
             max_retry_after: cfg.cooldown.max_retry_after,

@@ -12,6 +12,7 @@ pub mod endpoint;
 pub(crate) mod fuzz;
 pub mod openai;
 pub mod sse;
+pub mod vertex;
 
 use crate::policy::outcome::Failure;
 
@@ -42,6 +43,9 @@ pub enum ProviderKind {
     /// Anthropic Messages on Amazon Bedrock: SigV4, the AWS event stream.
     #[serde(rename = "bedrock_anthropic")]
     BedrockAnthropic,
+    /// Anthropic Messages on Google Vertex AI: OAuth2 from a service account.
+    #[serde(rename = "vertex_anthropic")]
+    VertexAnthropic,
 }
 
 impl ProviderKind {
@@ -51,6 +55,7 @@ impl ProviderKind {
             ProviderKind::Anthropic => "anthropic",
             ProviderKind::AzureOpenai => "azure_openai",
             ProviderKind::BedrockAnthropic => "bedrock_anthropic",
+            ProviderKind::VertexAnthropic => "vertex_anthropic",
         }
     }
 }
