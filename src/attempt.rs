@@ -230,56 +230,59 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
             }
         }
     };
-    let request = match build_request(input, bearer.as_ref()) {
-        Ok(r) => r,
-        Err(f) => return AttemptEnd::Failed(f),
-    };
-
-    let response = tokio::select! {
-        _ = sink.closed() => return AttemptEnd::ClientGone,
-        r = timeout_at(first_limit, request.send()) => r,
-    };
-    let response = match response {
-        Err(_) => {
-            return timed_out(expired(
-                first_limit,
-                input.deadline,
-                "no response headers before the first-token timeout",
-            ))
-        }
-        Ok(Err(e)) => return AttemptEnd::Failed(classify::classify_transport(&e)),
-        Ok(Ok(r)) => r,
-    };
-    meta.upstream_request_id = request_id(response.headers()).map(|id| rt.upstream_id(&id));
-    let status = response.status();
-    if !status.is_success() {
-        let headers = response.headers().clone();
-        let body = tokio::select! {
-            _ = sink.closed() => return AttemptEnd::ClientGone,
-            b = timeout_at(first_limit, read_capped(response, MAX_ERROR_BODY)) => b.unwrap_or_default(),
+    // With several keys, a key-local refusal moves the call to another key.
+    let mut tried = Vec::new();
+    let (response, _lease) = loop {
+        let lease = match &rt.keys {
+            None => None,
+            Some(pool) => match pool.pick(Instant::now(), &tried) {
+                Ok(lease) => Some(lease),
+                Err(f) => return AttemptEnd::Failed(passed_on(f, rt, meta)),
+            },
         };
-        if rt.kind == ProviderKind::AzureOpenai && azure::is_content_filter(status.as_u16(), &body)
-        {
-            // Azure's content filter refused the prompt: an answer, not a
-            // failure (no retry, no failover, the breaker counts a success).
-            return AttemptEnd::Completed(Completion {
-                finish_reason: FinishReason::ContentFilter,
-                usage: None,
-            });
+        let key = match (&lease, &rt.keys) {
+            (Some(l), Some(pool)) => Some(&pool.keys[l.index].secret),
+            _ => rt.api_key.as_ref(),
+        };
+        let request = match build_request(input, bearer.as_ref(), key) {
+            Ok(r) => r,
+            Err(f) => return AttemptEnd::Failed(f),
+        };
+        let response = tokio::select! {
+            _ = sink.closed() => return AttemptEnd::ClientGone,
+            r = timeout_at(first_limit, request.send()) => r,
+        };
+        let response = match response {
+            Err(_) => {
+                return timed_out(expired(
+                    first_limit,
+                    input.deadline,
+                    "no response headers before the first-token timeout",
+                ))
+            }
+            Ok(Err(e)) => return AttemptEnd::Failed(classify::classify_transport(&e)),
+            Ok(Ok(r)) => r,
+        };
+        meta.upstream_request_id = request_id(response.headers()).map(|id| rt.upstream_id(&id));
+        let status = response.status();
+        if status.is_success() {
+            break (response, lease);
         }
-        let mut failure = classify::classify_http(rt.kind, status.as_u16(), &headers, &body);
-        if rt.kind == ProviderKind::BedrockAnthropic {
-            // Bedrock names its error in a header; the name is the class.
-            let named = headers
-                .get("x-amzn-errortype")
-                .and_then(|v| v.to_str().ok())
-                .and_then(bedrock::class_of);
-            if let Some(class) = named {
-                failure.class = class;
+        let failure = match failed_response(rt, response, sink, first_limit).await {
+            Ok(end) => return end,
+            Err(f) => f,
+        };
+        if let (Some(l), Some(pool)) = (&lease, &rt.keys) {
+            if let Some(event) =
+                pool.note(l.index, failure.class, failure.retry_after, Instant::now())
+            {
+                tracing::warn!(provider = %rt.id, key = %pool.keys[l.index].name, ?event, "key-local refusal: the next key serves");
+                tried.push(l.index);
+                continue;
             }
         }
         return AttemptEnd::Failed(passed_on(failure, rt, meta));
-    }
+    };
     // Anthropic is always streamed (its SDKs refuse long non-streamed calls);
     // the non-streaming path is OpenAI's.
     let always_streamed = matches!(
@@ -295,6 +298,42 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
         AttemptEnd::Failed(f) => AttemptEnd::Failed(passed_on(f, rt, meta)),
         other => other,
     }
+}
+
+/// A non-2xx answer: its classified failure, or how the attempt ended
+/// anyway (the caller left; Azure's content filter answered).
+async fn failed_response(
+    rt: &Endpoint,
+    response: reqwest::Response,
+    sink: &mut EventSink,
+    first_limit: Instant,
+) -> Result<AttemptEnd, Failure> {
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = tokio::select! {
+        _ = sink.closed() => return Ok(AttemptEnd::ClientGone),
+        b = timeout_at(first_limit, read_capped(response, MAX_ERROR_BODY)) => b.unwrap_or_default(),
+    };
+    if rt.kind == ProviderKind::AzureOpenai && azure::is_content_filter(status.as_u16(), &body) {
+        // Azure's content filter refused the prompt: an answer, not a
+        // failure (no retry, no failover, the breaker counts a success).
+        return Ok(AttemptEnd::Completed(Completion {
+            finish_reason: FinishReason::ContentFilter,
+            usage: None,
+        }));
+    }
+    let mut failure = classify::classify_http(rt.kind, status.as_u16(), &headers, &body);
+    if rt.kind == ProviderKind::BedrockAnthropic {
+        // Bedrock names its error in a header; the name is the class.
+        let named = headers
+            .get("x-amzn-errortype")
+            .and_then(|v| v.to_str().ok())
+            .and_then(bedrock::class_of);
+        if let Some(class) = named {
+            failure.class = class;
+        }
+    }
+    Err(failure)
 }
 
 /// A failure as it may travel on: the request id filled in, the endpoint's
@@ -319,9 +358,10 @@ fn timed_out(e: Expired) -> AttemptEnd {
 fn build_request(
     input: &AttemptInput<'_>,
     bearer: Option<&crate::upstream::endpoint::Secret>,
+    key: Option<&crate::upstream::endpoint::Secret>,
 ) -> Result<reqwest::RequestBuilder, Failure> {
     let rt = input.endpoint;
-    let key = rt.api_key.as_ref().map(|k| k.expose());
+    let key = key.map(|k| k.expose());
     let (url, body, headers) = match rt.kind {
         ProviderKind::Openai => (
             openai::endpoint(&rt.base_url),

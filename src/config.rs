@@ -408,6 +408,10 @@ pub struct ProviderConfig {
     /// Name of the environment variable holding the API key (never the key).
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// Several keys instead of `api_key_env`: one is picked per request by
+    /// weight; a key-local 429, quota or 401/403 changes that key only.
+    #[serde(default)]
+    pub keys: Option<Vec<KeyConfig>>,
     /// `azure_openai`: the `api-version` query parameter (e.g. `2024-10-21`).
     #[serde(default)]
     pub api_version: Option<String>,
@@ -455,6 +459,25 @@ pub struct ProviderConfig {
     #[serde(default)]
     pub synthetic_probes: bool,
     pub models: Vec<ModelConfig>,
+}
+
+/// One of a provider's `keys`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    /// Names the key in metrics, logs and status (never its value).
+    pub name: String,
+    /// The environment variable holding the key.
+    pub env: String,
+    #[serde(default = "default_key_weight")]
+    pub weight: u32,
+    /// This key's own ceiling on requests at once.
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+}
+
+fn default_key_weight() -> u32 {
+    1
 }
 
 impl ProviderConfig {
@@ -969,6 +992,11 @@ impl Config {
                     missing.push((format!("providers[{i}].api_key_env"), env.clone()));
                 }
             }
+            for (k, key) in p.keys.iter().flatten().enumerate() {
+                if std::env::var_os(&key.env).is_none() {
+                    missing.push((format!("providers[{i}].keys[{k}].env"), key.env.clone()));
+                }
+            }
             if p.kind == ProviderKind::VertexAnthropic {
                 let env = p.vertex_credentials_env();
                 if std::env::var_os(env).is_none() {
@@ -1004,6 +1032,7 @@ impl Config {
                 id: "openai".into(),
                 kind: ProviderKind::Openai,
                 base_url: openai_url.into(),
+                keys: None,
                 api_version: None,
                 region: None,
                 project: None,
@@ -1033,6 +1062,7 @@ impl Config {
                 id: "anthropic".into(),
                 kind: ProviderKind::Anthropic,
                 base_url: anthropic_url.into(),
+                keys: None,
                 api_version: None,
                 region: None,
                 project: None,
@@ -1255,6 +1285,51 @@ fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
             at("credentials_file_env"),
             "only kind = \"vertex_anthropic\" takes a credentials_file_env",
         ));
+    }
+    if let Some(keys) = &p.keys {
+        if p.api_key_env.is_some() {
+            return Err(ConfigError::new(
+                at("keys"),
+                "set either api_key_env or keys, not both",
+            ));
+        }
+        if hosted {
+            return Err(ConfigError::new(
+                at("keys"),
+                format!("`{}` authenticates without API keys", p.kind.as_str()),
+            ));
+        }
+        if keys.is_empty() {
+            return Err(ConfigError::new(at("keys"), "must list at least one key"));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (k, key) in keys.iter().enumerate() {
+            let at_key = |f: &str| at(&format!("keys[{k}].{f}"));
+            if !valid_name(&key.name) || !names.insert(key.name.as_str()) {
+                return Err(ConfigError::new(
+                    at_key("name"),
+                    format!(
+                        "`{}` must be a unique name of letters, digits, `-` or `_`",
+                        key.name
+                    ),
+                ));
+            }
+            if key.env.is_empty() || key.env.contains('=') {
+                return Err(ConfigError::new(
+                    at_key("env"),
+                    format!("`{}` is not an environment variable name", key.env),
+                ));
+            }
+            if key.weight == 0 {
+                return Err(ConfigError::new(at_key("weight"), "must be at least 1"));
+            }
+            if key.max_concurrency == Some(0) {
+                return Err(ConfigError::new(
+                    at_key("max_concurrency"),
+                    "must be at least 1",
+                ));
+            }
+        }
     }
     if let Some(env) = &p.api_key_env {
         if env.is_empty() || env.contains('=') {

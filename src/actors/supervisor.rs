@@ -240,11 +240,18 @@ impl SupervisorState {
     }
 }
 
-/// The same provider config and the same key: nothing to restart.
+/// The same provider config and the same keys: nothing to restart.
 fn same_runtime(a: &ProviderRuntime, b: &ProviderRuntime) -> bool {
-    a.config == b.config
-        && a.endpoint.api_key.as_ref().map(|k| k.expose())
-            == b.endpoint.api_key.as_ref().map(|k| k.expose())
+    let secrets = |r: &ProviderRuntime| -> Vec<String> {
+        let pool = r.endpoint.keys.iter().flat_map(|p| p.secrets());
+        r.endpoint
+            .api_key
+            .iter()
+            .chain(pool)
+            .map(|k| k.expose().to_string())
+            .collect()
+    };
+    a.config == b.config && secrets(a) == secrets(b)
 }
 
 impl Actor for Supervisor {

@@ -81,6 +81,16 @@ pub(crate) struct Shared {
     config: Mutex<MockConfig>,
     faults: Mutex<FaultState>,
     refuse_tx: mpsc::UnboundedSender<RefuseCmd>,
+    /// Per-key answers (`PUT /_mock/keys`), for providers with several keys.
+    keys: Mutex<KeyRules>,
+}
+
+/// Keys (test values, never logged) that get a 429 or a 401 whatever the fault.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct KeyRules {
+    pub rate_limited: Vec<String>,
+    pub refused: Vec<String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -101,6 +111,7 @@ impl Shared {
             config: Mutex::new(config),
             faults: Mutex::new(FaultState::new(seed)),
             refuse_tx,
+            keys: Mutex::new(KeyRules::default()),
         };
         (Arc::new(shared), refuse_rx)
     }
@@ -337,6 +348,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/_mock/requests", get(get_requests).delete(delete_requests))
         .route("/_mock/stats", get(get_stats))
         .route("/_mock/config", get(get_config).put(put_config))
+        .route("/_mock/keys", axum::routing::put(put_keys))
         .route("/_mock/health", get(|| async { "ok" }))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -419,6 +431,32 @@ async fn put_config(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
         )
             .into_response(),
     }
+}
+
+async fn put_keys(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    match serde_json::from_slice::<KeyRules>(&body) {
+        Ok(rules) => {
+            *lock(&s.keys) = rules;
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+/// The key a request carries, in whichever header its dialect uses.
+fn request_key(headers: &HeaderMap) -> Option<String> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    bearer
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
+        .map(str::to_string)
 }
 
 // ---- Provider endpoints -----------------------------------------------------
@@ -548,6 +586,33 @@ pub(super) async fn completion_as(
         _ => Gen::new(dialect, parsed, attempt.seq(), cfg.tokens, unix_now()),
     };
 
+    let key = request_key(&parts.headers);
+    let rule = {
+        let rules = lock(&s.keys);
+        let has = |list: &[String]| key.as_ref().is_some_and(|k| list.contains(k));
+        if has(&rules.refused) {
+            Some(Preset::Auth)
+        } else if has(&rules.rate_limited) {
+            Some(Preset::RateLimit)
+        } else {
+            None
+        }
+    };
+    if let Some(preset) = rule {
+        let (status, body) =
+            wire::preset_error(dialect, preset, gen.model_name(), &gen.request_id());
+        let headers: BTreeMap<String, String> = if preset == Preset::RateLimit {
+            [("retry-after".to_string(), "30".to_string())].into()
+        } else {
+            BTreeMap::new()
+        };
+        attempt.set_fault(Some(if preset == Preset::Auth {
+            "key_refused"
+        } else {
+            "key_rate_limited"
+        }));
+        return error_response(&gen, attempt, status, body, &headers, None);
+    }
     if attempt.over_capacity() {
         let (status, body) = wire::over_capacity(dialect, &gen.request_id());
         return error_response(&gen, attempt, status, body, &BTreeMap::new(), None);

@@ -35,6 +35,8 @@ pub struct Endpoint {
     pub kind: ProviderKind,
     pub base_url: String,
     pub api_key: Option<Secret>,
+    /// `keys`: several keys, one picked per send (instead of `api_key`).
+    pub keys: Option<super::keys::KeyPool>,
     /// `azure_openai`: the `api-version` query parameter.
     pub api_version: Option<String>,
     /// `bedrock_anthropic`: the SigV4 region and the credentials.
@@ -55,7 +57,7 @@ pub struct Endpoint {
 /// Building an endpoint failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
-    #[error("environment variable {0} (api_key_env) is not set")]
+    #[error("environment variable {0} (api_key_env or a key's env) is not set")]
     MissingKey(String),
     #[error("vertex_anthropic: {0}")]
     Vertex(String),
@@ -78,7 +80,14 @@ impl Endpoint {
             .iter()
             .flat_map(|a| std::iter::once(&a.secret_access_key).chain(a.session_token.as_ref()));
         let mut out = text.to_string();
-        for key in self.api_key.iter().chain(aws).map(Secret::expose) {
+        let pool = self.keys.iter().flat_map(|p| p.secrets());
+        for key in self
+            .api_key
+            .iter()
+            .chain(aws)
+            .chain(pool)
+            .map(Secret::expose)
+        {
             if key.is_empty() {
                 continue;
             }
@@ -107,6 +116,23 @@ impl Endpoint {
                 std::env::var(env).map_err(|_| EndpointError::MissingKey(env.clone()))?,
             )),
             None => None,
+        };
+        let keys = match &cfg.keys {
+            None => None,
+            Some(list) => {
+                let mut keys = Vec::with_capacity(list.len());
+                for k in list {
+                    let value = std::env::var(&k.env)
+                        .map_err(|_| EndpointError::MissingKey(k.env.clone()))?;
+                    keys.push(super::keys::Key::new(
+                        k.name.clone(),
+                        Secret::new(value),
+                        k.weight,
+                        k.max_concurrency,
+                    ));
+                }
+                Some(super::keys::KeyPool::new(keys, cfg.cooldown.clone()))
+            }
         };
         let aws = match cfg.kind {
             ProviderKind::BedrockAnthropic => {
@@ -151,6 +177,7 @@ impl Endpoint {
             kind: cfg.kind,
             base_url: cfg.base_url.clone(),
             api_key,
+            keys,
             api_version: cfg.api_version.clone(),
             region: cfg.region.clone(),
             aws,

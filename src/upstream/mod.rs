@@ -10,6 +10,7 @@ pub mod classify;
 pub mod endpoint;
 #[cfg(test)]
 pub(crate) mod fuzz;
+pub mod keys;
 pub mod openai;
 pub mod sse;
 pub mod vertex;
