@@ -320,6 +320,7 @@ async fn failed_response(
         return Ok(AttemptEnd::Completed(Completion {
             finish_reason: FinishReason::ContentFilter,
             usage: None,
+            service_tier: None,
         }));
     }
     let mut failure = classify::classify_http(rt.kind, status.as_u16(), &headers, &body);

@@ -56,6 +56,8 @@ pub struct ChatRequest {
     pub stop: Vec<String>,
     pub tools: Vec<ToolSpec>,
     pub tool_choice: ToolChoice,
+    /// The route's upstream service tier, for providers that take it.
+    pub service_tier: Option<String>,
     /// Ask for a JSON object response.
     pub json_mode: bool,
     /// Stream the response (SSE). When false the adapter uses the non-streaming endpoint.
@@ -98,4 +100,7 @@ pub struct Completion {
     pub finish_reason: FinishReason,
     /// `None` when the upstream sent no usage (the caller estimates it).
     pub usage: Option<Usage>,
+    /// The upstream service tier that served (`usage.service_tier` /
+    /// `service_tier`), when it said.
+    pub service_tier: Option<String>,
 }

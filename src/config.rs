@@ -646,6 +646,11 @@ pub struct RouteConfig {
     /// `max_tokens` for requests that leave it at 0.
     #[serde(default)]
     pub default_max_tokens: Option<u32>,
+    /// The upstream service tier asked for, passed to the providers that take
+    /// that value: OpenAI `auto`, `default`, `flex`, `priority`; Anthropic
+    /// `auto`, `standard_only`. Others never see it.
+    #[serde(default)]
+    pub service_tier: Option<String>,
     /// Deadline for requests without `grpc-timeout` (overrides the server default).
     #[serde(default, with = "humantime_serde")]
     pub deadline: Option<Duration>,
@@ -946,6 +951,15 @@ impl Config {
                 format!("{} is outside 1..=10", r.max_attempts),
             ));
         }
+        if let Some(t) = &r.service_tier {
+            const TIERS: [&str; 5] = ["auto", "default", "flex", "priority", "standard_only"];
+            if !TIERS.contains(&t.as_str()) {
+                return Err(ConfigError::new(
+                    format!("routes[{i}].service_tier"),
+                    format!("`{t}` is not one of {}", TIERS.join(", ")),
+                ));
+            }
+        }
         if r.default_max_tokens == Some(0) {
             return Err(ConfigError::new(
                 format!("routes[{i}].default_max_tokens"),
@@ -1117,6 +1131,7 @@ impl Config {
                 mid_stream: MidStreamPolicy::Fail,
                 side_effects: false,
                 default_max_tokens: None,
+                service_tier: None,
                 deadline: None,
                 ladder: default_ladder(),
                 downshift: Vec::new(),

@@ -536,6 +536,11 @@ impl Dispatcher {
         permit.mark_sent();
         chat.model = candidate.model.clone();
         chat.stream = candidate.streams;
+        chat.service_tier = call
+            .plan
+            .service_tier
+            .clone()
+            .filter(|t| takes_tier(entry.runtime.kind, t));
         let result = self
             .send(call, &entry, chat, tried.attempts(), traffic, sink)
             .await;
@@ -701,6 +706,7 @@ impl Dispatcher {
                 replayed: false,
                 cache_age: None,
                 cost_usd,
+                service_tier: completion.service_tier,
             })
             .await;
         cost_usd
@@ -885,6 +891,16 @@ impl Dispatcher {
                 _ => return Admission::Unreachable,
             }
         }
+    }
+}
+
+/// Whether a provider's API takes that service tier value.
+fn takes_tier(kind: crate::upstream::ProviderKind, tier: &str) -> bool {
+    use crate::upstream::ProviderKind as K;
+    match kind {
+        K::Openai => matches!(tier, "auto" | "default" | "flex" | "priority"),
+        K::Anthropic => matches!(tier, "auto" | "standard_only"),
+        K::AzureOpenai | K::BedrockAnthropic | K::VertexAnthropic => false,
     }
 }
 

@@ -69,6 +69,9 @@ pub struct Finished {
     pub cache_age: Option<std::time::Duration>,
     /// What the serving attempt cost, from the target's price table.
     pub cost_usd: f64,
+    /// The upstream service tier that served, when it said.
+    #[serde(default)]
+    pub service_tier: Option<String>,
 }
 
 /// What flows to the caller, in order: `Started`, chunks, then `Finished`
@@ -475,6 +478,7 @@ mod tests {
             replayed: false,
             cache_age: None,
             cost_usd: 0.0,
+            service_tier: None,
         }
     }
 

@@ -70,6 +70,7 @@ pub fn request_spec(
             stop: req.stop,
             tools,
             tool_choice,
+            service_tier: None,
             json_mode,
             stream: true,
         },
@@ -337,6 +338,7 @@ fn finished(f: &Finished) -> proto::Finished {
         cache_age_ms: f.cache_age.map_or(0, |a| a.as_millis() as u64),
         replayed: f.replayed,
         cost_usd: f.cost_usd,
+        service_tier: f.service_tier.clone().unwrap_or_default(),
     }
 }
 
@@ -433,6 +435,7 @@ impl Assembler {
                     replayed: fin.replayed,
                     cost_usd: fin.cost_usd,
                     job: None,
+                    service_tier: fin.service_tier,
                 })
             }
             Event::Queued(q) => Some(proto::CompletionResponse {
@@ -629,6 +632,7 @@ mod tests {
                 replayed: false,
                 cache_age: None,
                 cost_usd: 0.0,
+                service_tier: None,
             }))
             .unwrap();
         assert_eq!(done.text, "");

@@ -22,6 +22,8 @@ pub(crate) struct Parsed {
     pub include_usage: bool,
     /// Deterministic prompt size estimate.
     pub input_tokens: u32,
+    /// The `service_tier` asked for.
+    pub service_tier: Option<String>,
 }
 
 impl Parsed {
@@ -52,6 +54,10 @@ impl Parsed {
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             input_tokens: clamp_u32(prompt.len() as u64 / 4 + 1),
+            service_tier: body
+                .get("service_tier")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
         }
     }
 }
@@ -202,10 +208,21 @@ pub(crate) fn done() -> Bytes {
 
 // ---- OpenAI streaming -------------------------------------------------------
 
+/// The tier that "served": OpenAI names it on every chunk, Anthropic in usage.
+fn served_tier(g: &Gen) -> &'static str {
+    match (g.dialect, g.req.service_tier.as_deref()) {
+        (MockKind::Openai, Some("flex")) => "flex",
+        (MockKind::Openai, Some("priority")) => "priority",
+        (MockKind::Openai, _) => "default",
+        (MockKind::Anthropic, Some("auto")) => "priority",
+        (MockKind::Anthropic, _) => "standard",
+    }
+}
+
 fn oa_chunk(g: &Gen, delta: Value, finish: Option<&str>) -> Bytes {
     let mut v = json!({
         "id": g.id(), "object": "chat.completion.chunk", "created": g.created,
-        "model": g.model(), "system_fingerprint": null,
+        "model": g.model(), "system_fingerprint": null, "service_tier": served_tier(g),
         "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
     });
     if g.req.include_usage {
@@ -272,7 +289,8 @@ pub(crate) fn prelude(g: &Gen) -> Vec<Bytes> {
                 &json!({"type": "message_start", "message": {
                     "id": g.id(), "type": "message", "role": "assistant", "content": [],
                     "model": g.model(), "stop_reason": null, "stop_sequence": null,
-                    "usage": {"input_tokens": g.req.input_tokens, "output_tokens": 1}}}),
+                    "usage": {"input_tokens": g.req.input_tokens, "output_tokens": 1,
+                              "service_tier": served_tier(g)}}}),
             );
             let block = match tool {
                 None => json!({"type": "text", "text": ""}),
@@ -349,7 +367,8 @@ pub(crate) fn epilogue(g: &Gen, finish: Finish, k: u32, terminator: bool) -> Vec
             }
             out.push(sse_event(
                 "message_delta",
-                &json!({"type": "message_delta", "delta": delta, "usage": {"output_tokens": k}}),
+                &json!({"type": "message_delta", "delta": delta,
+                        "usage": {"output_tokens": k, "service_tier": served_tier(g)}}),
             ));
             if terminator {
                 out.push(sse_event("message_stop", &json!({"type": "message_stop"})));
@@ -422,7 +441,7 @@ pub(crate) fn full_body(g: &Gen, finish: Finish, k: u32) -> Bytes {
                                     "function": {"name": name, "arguments": args}}]}),
             };
             json!({"id": g.id(), "object": "chat.completion", "created": g.created,
-                   "model": g.model(), "system_fingerprint": null,
+                   "model": g.model(), "system_fingerprint": null, "service_tier": served_tier(g),
                    "choices": [{"index": 0, "message": message, "logprobs": null,
                                 "finish_reason": g.finish_str(finish)}],
                    "usage": oa_usage(g, k)})
@@ -437,7 +456,8 @@ pub(crate) fn full_body(g: &Gen, finish: Finish, k: u32) -> Bytes {
             };
             json!({"id": g.id(), "type": "message", "role": "assistant", "model": g.model(),
                    "content": content, "stop_reason": g.finish_str(finish), "stop_sequence": null,
-                   "usage": {"input_tokens": g.req.input_tokens, "output_tokens": k}})
+                   "usage": {"input_tokens": g.req.input_tokens, "output_tokens": k,
+                             "service_tier": served_tier(g)}})
         }
     };
     Bytes::from(v.to_string())

@@ -74,6 +74,9 @@ pub fn build_body(req: &ChatRequest) -> Value {
             }
         }
     }
+    if let Some(tier) = &req.service_tier {
+        body.insert("service_tier".into(), json!(tier));
+    }
     if req.stream {
         body.insert("stream".into(), json!(true));
     }
@@ -189,6 +192,8 @@ pub struct AnthropicDecoder {
     tool_calls: u32,
     /// Input tokens from `message_start`, output tokens from the last `message_delta`.
     usage: Option<Usage>,
+    /// `usage.service_tier`, from whichever event said last.
+    service_tier: Option<String>,
     /// The failure that ended the stream; repeated by later calls.
     failed: Option<Failure>,
 }
@@ -371,6 +376,9 @@ impl AnthropicDecoder {
 
     /// Usage is cumulative: each value replaces the previous one.
     fn update_usage(&mut self, u: &Value) {
+        if let Some(t) = crate::upstream::openai::tier_field(u) {
+            self.service_tier = Some(t);
+        }
         let usage = self.usage.get_or_insert_with(Usage::default);
         if let Some(n) = u32_field(u, "input_tokens") {
             usage.input_tokens = n;
@@ -442,6 +450,7 @@ impl StreamDecoder for AnthropicDecoder {
         Ok(Completion {
             finish_reason,
             usage: self.usage,
+            service_tier: self.service_tier.clone(),
         })
     }
 }

@@ -63,6 +63,9 @@ pub fn build_body(req: &ChatRequest) -> Value {
     if req.json_mode {
         body.insert("response_format".into(), json!({"type": "json_object"}));
     }
+    if let Some(tier) = &req.service_tier {
+        body.insert("service_tier".into(), json!(tier));
+    }
     if req.stream {
         body.insert("stream".into(), json!(true));
         body.insert("stream_options".into(), json!({"include_usage": true}));
@@ -138,6 +141,8 @@ pub struct OpenAiDecoder {
     refusal: bool,
     /// The last usage object seen (the usage chunk, or continuous usage stats).
     usage: Option<Usage>,
+    /// The `service_tier` the chunks reported.
+    service_tier: Option<String>,
     /// The failure that ended the stream; repeated by later calls.
     failed: Option<Failure>,
 }
@@ -178,6 +183,9 @@ impl OpenAiDecoder {
         }
         if let Some(u) = parse_usage(v.get("usage")) {
             self.usage = Some(u);
+        }
+        if let Some(t) = tier_field(&v) {
+            self.service_tier = Some(t);
         }
         match v.get("choices") {
             Some(Value::Array(choices)) => choices.iter().try_for_each(|c| self.on_choice(c, out)),
@@ -311,8 +319,17 @@ impl StreamDecoder for OpenAiDecoder {
         Ok(Completion {
             finish_reason,
             usage: self.usage,
+            service_tier: self.service_tier.clone(),
         })
     }
+}
+
+/// A `service_tier` string field, bounded (it is passed on).
+pub(crate) fn tier_field(v: &Value) -> Option<String> {
+    v.get("service_tier")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty() && t.len() <= 32 && t.chars().all(|c| c.is_ascii_graphic()))
+        .map(str::to_string)
 }
 
 /// Final checks shared by the streaming and non-streaming paths: tool-call
@@ -465,6 +482,7 @@ pub fn decode_non_streaming(body: &[u8]) -> Result<(Vec<Chunk>, Completion), Fai
         Completion {
             finish_reason,
             usage: parse_usage(v.get("usage")),
+            service_tier: tier_field(&v),
         },
     ))
 }
@@ -576,6 +594,7 @@ mod tests {
                 parameters: json!({"type": "object"}),
             }],
             tool_choice: ToolChoice::Tool("f".into()),
+            service_tier: Some("flex".into()),
             json_mode: true,
             stream: true,
         };
@@ -596,6 +615,7 @@ mod tests {
                 "name": "f", "description": "get weather", "parameters": {"type": "object"}}}],
             "tool_choice": {"type": "function", "function": {"name": "f"}},
             "response_format": {"type": "json_object"},
+            "service_tier": "flex",
             "stream": true,
             "stream_options": {"include_usage": true}
         });

@@ -69,6 +69,10 @@ pub(super) fn message(ids: &Ids, r: proto::CompletionResponse) -> Value {
         }));
     }
     let usage = r.usage.unwrap_or_default();
+    let mut usage = usage_json(usage.input_tokens, usage.output_tokens);
+    if !r.service_tier.is_empty() {
+        usage["service_tier"] = Value::from(r.service_tier.as_str());
+    }
     json!({
         "id": ids.id,
         "type": "message",
@@ -77,7 +81,7 @@ pub(super) fn message(ids: &Ids, r: proto::CompletionResponse) -> Value {
         "content": content,
         "stop_reason": proto_stop_reason(r.finish_reason),
         "stop_sequence": null,
-        "usage": usage_json(usage.input_tokens, usage.output_tokens),
+        "usage": usage,
     })
 }
 

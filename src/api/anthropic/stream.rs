@@ -226,6 +226,7 @@ mod tests {
             replayed: false,
             cache_age: None,
             cost_usd: 0.0,
+            service_tier: None,
         }
     }
 

@@ -65,6 +65,7 @@ pub(super) fn completion(ids: &Ids, r: proto::CompletionResponse) -> Value {
         "created": ids.created,
         "model": ids.model,
         "system_fingerprint": null,
+        "service_tier": (!r.service_tier.is_empty()).then_some(r.service_tier.as_str()),
         "choices": [{
             "index": 0,
             "message": message,
