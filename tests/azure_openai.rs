@@ -99,21 +99,10 @@ async fn a_throttled_deployment_fails_over() {
 
 #[tokio::test]
 async fn a_bad_azure_config_is_refused_with_its_field() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.toml");
     let no_version = azure("http://127.0.0.1:9").replace("api_version = \"2024-10-21\"\n", "");
-    std::fs::write(
-        &path,
-        format!("{no_version}{}", route("chat", &["azure/gpt-4o-mini"])),
-    )
-    .unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["check-config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let text =
-        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    let text = check_config_refuses(&format!(
+        "{no_version}{}",
+        route("chat", &["azure/gpt-4o-mini"])
+    ));
     assert!(text.contains("providers[0].api_version"), "{text}");
 }

@@ -66,24 +66,10 @@ async fn auto_goes_to_both_kinds_and_a_bad_tier_is_refused() {
         "auto"
     );
 
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "{}{}service_tier = \"turbo\"\n",
-            provider("p", "openai", "http://127.0.0.1:9/v1", "m"),
-            route("chat", &["p/m"])
-        ),
-    )
-    .unwrap();
-    let out = std::process::Command::new(BIN)
-        .arg("check-config")
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let text =
-        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    let text = check_config_refuses(&format!(
+        "{}{}service_tier = \"turbo\"\n",
+        provider("p", "openai", "http://127.0.0.1:9/v1", "m"),
+        route("chat", &["p/m"])
+    ));
     assert!(text.contains("routes[0].service_tier"), "{text}");
 }

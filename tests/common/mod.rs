@@ -653,3 +653,21 @@ pub async fn batch_phase(sy: &Switchyard, name: &str, extra: &[&str]) {
         sy.logs()
     );
 }
+
+/// Runs `switchyard check-config` on `config`; asserts that it is refused
+/// and returns what it printed.
+#[allow(dead_code)]
+pub fn check_config_refuses(config: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = std::process::Command::new(BIN)
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "accepted: {text}");
+    text
+}
