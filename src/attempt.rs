@@ -64,6 +64,8 @@ impl AttemptEnd {
 #[derive(Debug, Clone)]
 pub struct AttemptResult {
     pub end: AttemptEnd,
+    /// Key-local answers on the way (several keys): key name and event.
+    pub key_events: Vec<(String, &'static str)>,
     /// Time to the first forwarded chunk.
     pub ttft: Option<Duration>,
     pub elapsed: Duration,
@@ -100,6 +102,7 @@ pub async fn run(input: AttemptInput<'_>, sink: &mut EventSink) -> AttemptResult
     let started = Instant::now();
     let max_tokens = input.chat.max_tokens;
     let mut meta = Meta {
+        key_events: Vec::new(),
         started,
         ttft: None,
         upstream_request_id: None,
@@ -115,6 +118,7 @@ pub async fn run(input: AttemptInput<'_>, sink: &mut EventSink) -> AttemptResult
     let end = run_inner(&input, sink, &mut meta).await;
     AttemptResult {
         end,
+        key_events: meta.key_events,
         ttft: meta.ttft,
         elapsed: started.elapsed(),
         upstream_request_id: meta.upstream_request_id,
@@ -122,6 +126,7 @@ pub async fn run(input: AttemptInput<'_>, sink: &mut EventSink) -> AttemptResult
 }
 
 struct Meta {
+    key_events: Vec<(String, &'static str)>,
     started: Instant,
     ttft: Option<Duration>,
     upstream_request_id: Option<String>,
@@ -276,7 +281,9 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
             if let Some(event) =
                 pool.note(l.index, failure.class, failure.retry_after, Instant::now())
             {
-                tracing::warn!(provider = %rt.id, key = %pool.keys[l.index].name, ?event, "key-local refusal: the next key serves");
+                let name = pool.keys[l.index].name.clone();
+                tracing::warn!(provider = %rt.id, key = %name, ?event, "key-local refusal: the next key serves");
+                meta.key_events.push((name, event.as_str()));
                 tried.push(l.index);
                 continue;
             }

@@ -595,6 +595,16 @@ impl Dispatcher {
         };
         self.metrics
             .count_attempt(&call.candidate.provider, model, result.end.class().as_str());
+        for (key, event) in &result.key_events {
+            self.metrics
+                .key_events
+                .get_or_create(&crate::telemetry::metrics::KeyLabels {
+                    provider: call.candidate.provider.clone(),
+                    key: key.clone(),
+                    event,
+                })
+                .inc();
+        }
         permit.report(provider::Outcome::of(result, failed_output_tokens));
         price(entry, model).cost(0, failed_output_tokens)
     }

@@ -85,6 +85,22 @@ async fn a_key_local_429_is_served_by_the_other_key() {
         primary["cooldown_remaining_ms"], 0,
         "the provider did not cool down: {primary}"
     );
+    let keys = primary["keys"].as_array().unwrap();
+    let a_state = keys.iter().find(|k| k["name"] == "team-a").unwrap();
+    assert_eq!(a_state["state"], "cooling", "{keys:?}");
+    let metrics = reqwest::get(format!("http://{}/metrics", sy.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            r#"switchyard_key_events_total{provider="primary",key="team-a",event="rate_limited"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(!metrics.contains(KEY_A));
     let logs = sy.logs();
     assert!(logs.contains("team-a"), "the key is named in the log");
     assert!(!logs.contains(KEY_A) && !logs.contains(KEY_B) && !status.to_string().contains(KEY_A));

@@ -38,6 +38,9 @@ pub struct TargetView {
     pub cooldown_remaining_ms: u64,
     pub cooldown_reason: Option<&'static str>,
     pub failover_share: f64,
+    /// A provider with several keys: each key's state, by name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<crate::upstream::keys::KeyView>,
 }
 
 /// Everything `ListProviders` and `/v1/status` show.
@@ -82,6 +85,13 @@ pub async fn collect(registry: &Registry) -> StatusView {
                     .map_or(0, |u| u.saturating_duration_since(now).as_millis() as u64),
                 cooldown_reason: t.cooldown_until.filter(|u| *u > now).and(t.cooldown_reason),
                 failover_share: t.failover_share,
+                keys: p
+                    .runtime
+                    .endpoint
+                    .keys
+                    .as_ref()
+                    .map(|k| k.view(now))
+                    .unwrap_or_default(),
             });
         }
     }

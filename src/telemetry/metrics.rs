@@ -67,6 +67,15 @@ pub struct RefusalLabels {
     pub reason: &'static str,
 }
 
+/// One of a provider's keys, by name (never its value).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyLabels {
+    pub provider: String,
+    pub key: String,
+    /// `rate_limited`, `quota` or `disabled`.
+    pub event: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServedLabels {
     pub route: String,
@@ -126,6 +135,7 @@ pub struct Metrics {
     pub in_flight: Family<TrafficLabels, Gauge>,
     pub permits_refused: Family<RefusalLabels, Counter>,
     pub cooldowns: Family<RefusalLabels, Counter>,
+    pub key_events: Family<KeyLabels, Counter>,
     pub failed_stream_tokens: Family<TargetLabels, Counter>,
     pub served: Family<ServedLabels, Counter>,
     pub failover_rate: Family<RouteLabels, Gauge<f64, AtomicU64>>,
@@ -207,6 +217,12 @@ impl Metrics {
             "switchyard_cooldowns",
             "Cooldowns started (rate_limited, quota, auth)",
             cooldowns.clone(),
+        );
+        let key_events = Family::<KeyLabels, Counter>::default();
+        registry.register(
+            "switchyard_key_events",
+            "Key-local answers of a provider with several keys: the key cooled (rate_limited, quota) or was disabled (401/403)",
+            key_events.clone(),
         );
         let failed_stream_tokens = Family::<TargetLabels, Counter>::default();
         registry.register(
@@ -304,6 +320,7 @@ impl Metrics {
             in_flight,
             permits_refused,
             cooldowns,
+            key_events,
             failed_stream_tokens,
             served,
             failover_rate,

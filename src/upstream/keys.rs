@@ -71,7 +71,49 @@ pub enum KeyEvent {
     Disabled,
 }
 
+impl KeyEvent {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyEvent::Cooled(reason) => reason,
+            KeyEvent::Disabled => "disabled",
+        }
+    }
+}
+
+/// One key as operators see it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct KeyView {
+    pub name: String,
+    /// `ok`, `cooling` or `disabled`.
+    pub state: &'static str,
+    pub cooling_remaining_ms: u64,
+}
+
 impl KeyPool {
+    /// Every key's state now, by name.
+    pub fn view(&self, now: Instant) -> Vec<KeyView> {
+        self.keys
+            .iter()
+            .map(|k| {
+                let s = k.state.lock().unwrap_or_else(|e| e.into_inner());
+                let remaining = s
+                    .cooling_until
+                    .map_or(Duration::ZERO, |u| u.saturating_duration_since(now));
+                KeyView {
+                    name: k.name.clone(),
+                    state: if s.disabled {
+                        "disabled"
+                    } else if !remaining.is_zero() {
+                        "cooling"
+                    } else {
+                        "ok"
+                    },
+                    cooling_remaining_ms: remaining.as_millis() as u64,
+                }
+            })
+            .collect()
+    }
+
     pub fn new(keys: Vec<Key>, cooldown: CooldownConfig) -> Self {
         KeyPool { keys, cooldown }
     }
