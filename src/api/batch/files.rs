@@ -96,6 +96,7 @@ pub(super) async fn upload(
                 )
             })?;
         let limit = api.config.max_file_bytes;
+        let _slot = api.file_slot()?;
         let bytes = read(body, limit).await?;
         let mut form = multer::Multipart::new(
             futures_util::stream::once(async move { Ok::<_, std::convert::Infallible>(bytes) }),
@@ -194,6 +195,7 @@ pub(super) async fn content(
     request: Request,
 ) -> Response {
     api.answer(request, |api, tenant, _| async move {
+        let _slot = api.file_slot()?;
         let data = api.file_data(&tenant, &id).await?;
         let mut r = Response::new(Body::from(data));
         crate::api::door::insert(r.headers_mut(), "content-type", "application/octet-stream");

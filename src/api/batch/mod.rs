@@ -33,7 +33,13 @@ pub struct BatchApi {
     config: QueueConfig,
     /// Part of every id (with the time and random bits).
     seq: AtomicU64,
+    /// Files held in memory at once (uploads, downloads, validation): each is up
+    /// to `queue.max_file_bytes`, so this bounds their sum.
+    files_in_memory: Arc<tokio::sync::Semaphore>,
 }
+
+/// Files (uploads or batch inputs) in memory at once.
+const FILES_IN_MEMORY: usize = 4;
 
 /// The Batch API's routes, with their own state.
 pub fn routes(http: Arc<HttpState>) -> axum::Router {
@@ -46,6 +52,7 @@ pub fn routes(http: Arc<HttpState>) -> axum::Router {
         http,
         config,
         seq: AtomicU64::new(0),
+        files_in_memory: Arc::new(tokio::sync::Semaphore::new(FILES_IN_MEMORY)),
     });
     axum::Router::new()
         .route("/v1/files", post(files::upload))
@@ -64,6 +71,19 @@ pub(super) fn now_secs() -> u64 {
 }
 
 impl BatchApi {
+    /// A slot for one file in memory, or 429 while every slot is taken.
+    fn file_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, BatchError> {
+        self.files_in_memory
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| BatchError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                message: format!("{FILES_IN_MEMORY} files are being read already; retry shortly"),
+                param: None,
+                code: "FILES_BUSY",
+            })
+    }
+
     fn jobs(&self) -> Result<Arc<Jobs>, BatchError> {
         self.http.intake.dispatcher.jobs.clone().ok_or_else(|| {
             BatchError::from_request(&RequestError::QueueUnavailable(
