@@ -121,26 +121,35 @@ impl HttpState {
 
     /// Reads the body up to `limits.max_request_bytes` (REQUEST_TOO_LARGE beyond).
     pub async fn read_body(&self, body: Body, headers: &HeaderMap) -> Result<Bytes, RequestError> {
-        let limit = self.intake.limits().max_request_bytes;
-        let declared = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > limit as u64) {
-            return Err(RequestError::RequestTooLarge { limit });
+        read_body_up_to(body, headers, self.intake.limits().max_request_bytes).await
+    }
+}
+
+/// Reads a body up to `limit` bytes (REQUEST_TOO_LARGE beyond, before
+/// reading when `content-length` says so).
+pub async fn read_body_up_to(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+) -> Result<Bytes, RequestError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(RequestError::RequestTooLarge { limit });
+    }
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(RequestError::RequestTooLarge { limit })
         }
-        match http_body_util::Limited::new(body, limit).collect().await {
-            Ok(c) => Ok(c.to_bytes()),
-            Err(e)
-                if e.downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some() =>
-            {
-                Err(RequestError::RequestTooLarge { limit })
-            }
-            Err(e) => Err(RequestError::InvalidRequest(format!(
-                "cannot read the request body: {e}"
-            ))),
-        }
+        Err(e) => Err(RequestError::InvalidRequest(format!(
+            "cannot read the request body: {e}"
+        ))),
     }
 }
 
@@ -250,6 +259,33 @@ pub async fn open(rx: &mut Events) -> Result<Opening, Option<RequestError>> {
             pending: Some(other),
         },
     })
+}
+
+/// How a buffered (unary) answer ended.
+pub enum Unary {
+    /// The assembled answer and who served it.
+    Answer(proto::CompletionResponse, Option<Served>),
+    /// The `queue` rung took it: answer with [`queued`].
+    Queued(QueuedJob),
+}
+
+/// Reads a buffered request's events to its one answer. `Err(None)`: the
+/// request ended without one.
+pub async fn assemble(rx: &mut Events) -> Result<Unary, Option<RequestError>> {
+    let mut assembler = convert::Assembler::default();
+    let mut served = None;
+    while let Some(item) = rx.recv().await {
+        let event = item.map_err(Some)?;
+        match &event {
+            Event::Queued(q) => return Ok(Unary::Queued(q.clone())),
+            Event::Finished(f) => served = Some(Served::of_finished(f)),
+            _ => {}
+        }
+        if let Some(done) = assembler.push(event) {
+            return Ok(Unary::Answer(done, served));
+        }
+    }
+    Err(None)
 }
 
 /// The headers of every streamed answer.

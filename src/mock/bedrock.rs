@@ -96,21 +96,19 @@ fn check_signature(headers: &HeaderMap, path_and_query: &str, body: &[u8]) -> Op
     (want != Some(auth)).then(|| "the signature does not match".to_string())
 }
 
-/// `20251201T120000Z` as a time.
+/// `20251201T120000Z` (SigV4's basic ISO 8601) as a time.
 fn parse_amz_date(s: &str) -> Option<std::time::SystemTime> {
-    let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, mo, d) = (n(0..4)?, n(4..6)?, n(6..8)?);
-    let (h, mi, se) = (n(9..11)?, n(11..13)?, n(13..15)?);
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y2 = if mo <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + h * 3600 + mi * 60 + se;
-    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(u64::try_from(secs).ok()?))
+    let p = |r: std::ops::Range<usize>| s.get(r);
+    let rfc3339 = format!(
+        "{}-{}-{}T{}:{}:{}Z",
+        p(0..4)?,
+        p(4..6)?,
+        p(6..8)?,
+        p(9..11)?,
+        p(11..13)?,
+        p(13..15)?
+    );
+    humantime_serde::re::humantime::parse_rfc3339(&rfc3339).ok()
 }
 
 /// Bedrock's error name for an HTTP status.

@@ -17,17 +17,16 @@ pub mod vertex;
 
 use crate::policy::outcome::Failure;
 
-/// Percent-encodes one URL path segment (or query value): everything but
-/// RFC 3986's unreserved characters.
+/// Everything but RFC 3986's unreserved characters.
+const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// Percent-encodes one URL path segment (or query value).
 pub(crate) fn encode_path_segment(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(s, PATH_SEGMENT).to_string()
 }
 
 /// The wire format a provider speaks.

@@ -21,11 +21,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::json;
 
-use crate::api::convert;
 use crate::api::door::{self, served_headers, HttpState, Served};
 use crate::api::intake::Door;
 use crate::error::RequestError;
-use crate::sink::Event;
 
 use error::AnthropicError;
 
@@ -84,23 +82,16 @@ async fn serve(
     if parsed.stream {
         return stream::stream(rx, ids, request_id).await;
     }
-    let mut assembler = convert::Assembler::default();
-    let mut served = None;
-    while let Some(item) = rx.recv().await {
-        let event = item.map_err(refused)?;
-        if let Event::Queued(q) = &event {
-            return Ok(door::queued(q, request_id));
-        }
-        if let Event::Finished(f) = &event {
-            served = Some(Served::of_finished(f));
-        }
-        if let Some(done) = assembler.push(event) {
+    match door::assemble(&mut rx).await {
+        Ok(door::Unary::Queued(q)) => Ok(door::queued(&q, request_id)),
+        Ok(door::Unary::Answer(done, served)) => {
             let mut r = axum::Json(response::message(&ids, done)).into_response();
             headers(r.headers_mut(), served.as_ref(), request_id);
-            return Ok(r);
+            Ok(r)
         }
+        Err(Some(e)) => Err(refused(e)),
+        Err(None) => Err(AnthropicError::internal("request ended without an answer")),
     }
-    Err(AnthropicError::internal("request ended without an answer"))
 }
 
 /// The served-by headers and Anthropic's `request-id`.

@@ -4,9 +4,9 @@
 //! Redis): its metadata and its bytes, kept for `queue.file_ttl`, visible
 //! only to the tenant that owns it.
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -95,9 +95,11 @@ pub(super) async fn upload(
                     None,
                 )
             })?;
-        let limit = api.config.max_file_bytes;
         let _slot = api.file_slot()?;
-        let bytes = read(body, limit).await?;
+        let bytes =
+            crate::api::door::read_body_up_to(body, &parts.headers, api.config.max_file_bytes)
+                .await
+                .map_err(|e| BatchError::from_request(&e))?;
         let mut form = multer::Multipart::new(
             futures_util::stream::once(async move { Ok::<_, std::convert::Infallible>(bytes) }),
             boundary,
@@ -151,29 +153,6 @@ pub(super) async fn upload(
         Ok(axum::Json(meta.json()).into_response())
     })
     .await
-}
-
-/// Reads a body up to `limit` bytes (413 beyond it).
-async fn read(body: Body, limit: usize) -> Result<Bytes, BatchError> {
-    use http_body_util::BodyExt;
-    match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(BatchError {
-                status: StatusCode::PAYLOAD_TOO_LARGE,
-                message: format!("the file exceeds queue.max_file_bytes ({limit} bytes)"),
-                param: Some("file"),
-                code: "REQUEST_TOO_LARGE",
-            })
-        }
-        Err(e) => Err(BatchError::invalid(
-            format!("cannot read the body: {e}"),
-            None,
-        )),
-    }
 }
 
 /// `GET /v1/files/{id}`.

@@ -29,8 +29,7 @@ use request::*;
 use response::*;
 use stream::*;
 
-use crate::api::convert;
-use crate::api::door::{self, insert, served_headers, HttpState, Served};
+use crate::api::door::{self, insert, served_headers, HttpState};
 use crate::api::intake::Door;
 use crate::api::status::{http_status, reason};
 use crate::chat::{Chunk, FinishReason};
@@ -134,23 +133,16 @@ async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Respo
     if parsed.stream {
         stream(rx, ids, parsed.include_usage, request_id).await
     } else {
-        let mut assembler = convert::Assembler::default();
-        let mut served = None;
-        while let Some(item) = rx.recv().await {
-            let event = item.map_err(|e| HttpError::from_request(&e))?;
-            if let Event::Queued(q) = &event {
-                return Ok(door::queued(q, request_id));
-            }
-            if let Event::Finished(f) = &event {
-                served = Some(Served::of_finished(f));
-            }
-            if let Some(done) = assembler.push(event) {
+        match door::assemble(&mut rx).await {
+            Ok(door::Unary::Queued(q)) => Ok(door::queued(&q, request_id)),
+            Ok(door::Unary::Answer(done, served)) => {
                 let mut r = axum::Json(completion(&ids, done)).into_response();
                 served_headers(r.headers_mut(), served.as_ref(), request_id);
-                return Ok(r);
+                Ok(r)
             }
+            Err(Some(e)) => Err(refused(e)),
+            Err(None) => Err(HttpError::internal("request ended without an answer")),
         }
-        Err(HttpError::internal("request ended without an answer"))
     }
 }
 
