@@ -62,6 +62,16 @@ struct ServeArgs {
     accept_empty_queue: bool,
 }
 
+/// Counts allocations only when `SWITCHYARD_COUNT_ALLOCATIONS=1` (the bench).
+#[cfg(not(feature = "dhat-heap"))]
+#[global_allocator]
+static ALLOCATOR: switchyard::telemetry::alloc::Counting = switchyard::telemetry::alloc::Counting;
+
+/// `--features dhat-heap`: every allocation site, written to dhat-heap.json at exit.
+#[cfg(feature = "dhat-heap")]
+#[global_allocator]
+static ALLOCATOR: dhat::Alloc = dhat::Alloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
@@ -144,6 +154,11 @@ fn check_config(file: &std::path::Path) -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> ExitCode {
+    #[cfg(feature = "dhat-heap")]
+    let _profiler = dhat::Profiler::new_heap();
+    if std::env::var(switchyard::telemetry::alloc::ENV).as_deref() == Ok("1") {
+        switchyard::telemetry::alloc::enable();
+    }
     let mut mocks = Vec::new();
     let mut config = match &args.config {
         Some(path) => match Config::load(path) {

@@ -56,12 +56,29 @@ fn bench_quick_runs_every_scenario_correctly() {
     }
     // A few counts read straight from the data, independent of the checks.
     let data = |name: &str| &scenarios[SCENARIOS.iter().position(|s| *s == name).unwrap()]["data"];
-    for row in data("overhead")["rows"].as_array().unwrap() {
+    let overhead = data("overhead")["rows"].as_array().unwrap();
+    let mut modes: Vec<&str> = overhead
+        .iter()
+        .map(|r| r["mode"].as_str().unwrap())
+        .collect();
+    modes.dedup();
+    assert_eq!(
+        modes,
+        ["grpc-stream", "grpc-unary", "http-stream", "http-unary"]
+    );
+    for row in overhead {
         for side in ["direct", "switchyard"] {
             assert_eq!(row[side]["failed"], 0, "{row}");
             assert_eq!(row[side]["unfinished"], 0, "{row}");
             assert!(row[side]["ok"].as_u64().unwrap() > 0, "{row}");
         }
+        // The serve process counts its allocations in bench runs.
+        let allocations = row["switchyard_allocations_per_request"].as_f64();
+        assert!(allocations.is_some_and(|n| n > 1.0), "{row}");
+        assert!(
+            row["switchyard_cpu_us_per_request"].as_f64().unwrap() > 0.0,
+            "{row}"
+        );
     }
     for level in data("streams")["levels"].as_array().unwrap() {
         assert_eq!(level["streams_ok"], level["streams"], "{level}");

@@ -281,12 +281,18 @@ fn count(hay: &[u8], needle: &[u8]) -> usize {
 pub async fn openai_call(
     http: &reqwest::Client,
     base: &str,
+    model: &str,
     stream: bool,
     max_tokens: u32,
     t0: Instant,
     timeout: Duration,
 ) -> Outcome {
-    match tokio::time::timeout(timeout, openai_inner(http, base, stream, max_tokens, t0)).await {
+    match tokio::time::timeout(
+        timeout,
+        openai_inner(http, base, model, stream, max_tokens, t0),
+    )
+    .await
+    {
         Ok(o) => o,
         Err(_) => Outcome::failed(t0, 1, "timeout (client)".into()),
     }
@@ -295,12 +301,13 @@ pub async fn openai_call(
 async fn openai_inner(
     http: &reqwest::Client,
     base: &str,
+    model: &str,
     stream: bool,
     max_tokens: u32,
     t0: Instant,
 ) -> Outcome {
     let body = serde_json::json!({
-        "model": "m",
+        "model": model,
         "messages": [{"role": "user", "content": "benchmark"}],
         "stream": stream,
         "max_tokens": max_tokens,
@@ -378,7 +385,7 @@ pub async fn retry_loop(
 ) -> Outcome {
     let mut last = Outcome::failed(t0, 0, "no attempt".into());
     for a in 1..=max_attempts.max(1) {
-        let o = openai_call(http, base, stream, 1000, t0, timeout).await;
+        let o = openai_call(http, base, "m", stream, 1000, t0, timeout).await;
         last = Outcome { attempts: a, ..o };
         if last.ok {
             break;
@@ -396,7 +403,7 @@ pub async fn static_failover(
 ) -> Outcome {
     let mut last = Outcome::failed(t0, 0, "no attempt".into());
     for (i, base) in bases.iter().enumerate() {
-        let o = openai_call(http, base, false, 1000, t0, timeout).await;
+        let o = openai_call(http, base, "m", false, 1000, t0, timeout).await;
         last = Outcome {
             attempts: i as u32 + 1,
             ..o

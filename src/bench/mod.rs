@@ -49,9 +49,14 @@ pub struct BenchArgs {
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
     /// Also record a `perf` profile of Switchyard during the overhead runs at
-    /// 2,000 requests per second (needs `perf`; files perf-*.data under --out).
+    /// 3,000 requests per second (needs `perf`; files perf-*.data under --out).
     #[arg(long)]
     pub perf: bool,
+    /// Another `switchyard` build (e.g. the previous main's) that `overhead`
+    /// runs side by side with this one, interleaved in the same run, so the
+    /// before/after figures share the machine's conditions.
+    #[arg(long, value_name = "PATH")]
+    pub baseline: Option<PathBuf>,
 }
 
 /// Why a benchmark could not run (a failed correctness check is `Ok(false)`).
@@ -197,6 +202,8 @@ pub struct Ctx {
     pub out: PathBuf,
     /// Record perf profiles where a scenario offers them.
     pub perf: bool,
+    /// A second build to compare with (`--baseline`).
+    pub baseline: Option<PathBuf>,
     started: Instant,
 }
 
@@ -264,6 +271,7 @@ pub async fn run(args: BenchArgs) -> Result<bool, BenchError> {
         quick: args.quick,
         out: args.out.clone(),
         perf: args.perf,
+        baseline: args.baseline.clone(),
         started: Instant::now(),
     };
     let machine = Machine::detect();

@@ -23,6 +23,7 @@ const BANNER_TIMEOUT: Duration = Duration::from_secs(30);
 /// draining stdout; stderr goes to `log`.
 async fn spawn_with_banner(
     ctx: &Ctx,
+    exe: &std::path::Path,
     args: &[&str],
     marker: &str,
     log: &str,
@@ -30,10 +31,12 @@ async fn spawn_with_banner(
     let what = format!("switchyard {}", args.first().copied().unwrap_or(""));
     let log_file = std::fs::File::create(ctx.path(log))
         .map_err(|e| BenchError::start(&what, format!("log file {log}: {e}")))?;
-    let mut child = Command::new(&ctx.exe)
+    let mut child = Command::new(exe)
         .args(args)
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .env_remove("RUST_LOG")
+        // Allocations are counted in every bench run (one relaxed add each).
+        .env(crate::telemetry::alloc::ENV, "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log_file))
@@ -124,7 +127,7 @@ impl MockProc {
         }
         let log = format!("mock-{name}.log");
         let (child, line) =
-            spawn_with_banner(ctx, &args, "mock-upstream listening on", &log).await?;
+            spawn_with_banner(ctx, &ctx.exe, &args, "mock-upstream listening on", &log).await?;
         let addr = parse_addr(
             line.split("http://")
                 .nth(1)
@@ -286,10 +289,22 @@ pub fn config_text(top: &str, providers: &[Provider], routes: &[(&str, &[&str])]
     s
 }
 
+/// `config` with the OpenAI/Anthropic HTTP door on an ephemeral port.
+pub fn with_http_door(config: String) -> String {
+    config.replacen(
+        "admin_listen = \"127.0.0.1:0\"\n",
+        "admin_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n",
+        1,
+    )
+}
+
 /// A running `switchyard serve`.
 pub struct RouterProc {
     pub pid: u32,
     pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+    /// The HTTP front door, when the config opens one.
+    pub http: Option<SocketAddr>,
     child: Child,
 }
 
@@ -306,6 +321,16 @@ pub struct Usage {
 impl RouterProc {
     /// Writes `switchyard-TAG.toml` under `--out` and serves it.
     pub async fn start(ctx: &Ctx, tag: &str, config: &str) -> Result<RouterProc, BenchError> {
+        Self::start_exe(ctx, &ctx.exe, tag, config).await
+    }
+
+    /// Like [`RouterProc::start`], with another `switchyard` build.
+    pub async fn start_exe(
+        ctx: &Ctx,
+        exe: &std::path::Path,
+        tag: &str,
+        config: &str,
+    ) -> Result<RouterProc, BenchError> {
         crate::config::Config::from_toml_str(config)
             .map_err(|e| BenchError::start(format!("switchyard ({tag})"), e))?;
         let path = ctx.path(&format!("switchyard-{tag}.toml"));
@@ -314,6 +339,7 @@ impl RouterProc {
         let path_s = path.display().to_string();
         let (child, line) = spawn_with_banner(
             ctx,
+            exe,
             &["serve", "--config", &path_s],
             "switchyard serving grpc=",
             &format!("switchyard-{tag}.log"),
@@ -326,10 +352,43 @@ impl RouterProc {
             "switchyard",
             &line,
         )?;
+        let field = |name: &str| {
+            line.split(&format!(" {name}="))
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next())
+        };
+        let admin = parse_addr(field("admin"), "switchyard", &line)?;
+        let http = field("http").and_then(|s| s.parse().ok());
         let pid = child
             .id()
             .ok_or_else(|| BenchError::start("switchyard", "exited at once"))?;
-        Ok(RouterProc { pid, grpc, child })
+        Ok(RouterProc {
+            pid,
+            grpc,
+            admin,
+            http,
+            child,
+        })
+    }
+
+    /// Heap allocations and bytes counted so far (`/metrics`), if exported.
+    pub async fn allocations(&self, http: &reqwest::Client) -> Option<(u64, u64)> {
+        let text = http
+            .get(format!("http://{}/metrics", self.admin))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+        };
+        Some((
+            value("switchyard_process_allocations_total ")?,
+            value("switchyard_process_allocated_bytes_total ")?,
+        ))
     }
 
     /// CPU and memory now (zeros when `/proc` cannot be read).
@@ -348,19 +407,11 @@ impl RouterProc {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
     }
 
-    /// Records a `perf` profile (call graphs) of this process for `d` into
+    /// Records a flat `perf` profile of this process for `d` into
     /// `file`; returns when done. Errors are reported, never fatal.
     pub async fn perf_record(&self, file: &std::path::Path, d: Duration) -> Result<(), String> {
         let status = Command::new("perf")
-            .args([
-                "record",
-                "-F",
-                "499",
-                "-g",
-                "-p",
-                &self.pid.to_string(),
-                "-o",
-            ])
+            .args(["record", "-F", "999", "-p", &self.pid.to_string(), "-o"])
             .arg(file)
             .args(["--", "sleep", &format!("{:.1}", d.as_secs_f64())])
             .stdin(Stdio::null())

@@ -303,6 +303,9 @@ impl Metrics {
             "1 while /readyz answers 200 (started, not draining, some route can serve)",
             ready.clone(),
         );
+        if super::alloc::enabled() {
+            registry.register_collector(Box::new(super::alloc::AllocCollector));
+        }
         Metrics {
             registry,
             connections,

@@ -59,7 +59,7 @@ async fn drive(
         async move {
             match grpc {
                 Some(g) => grpc_call(g.client(i), &call, t0).await,
-                None => openai_call(&http, &base, stream, 1000, t0, TIMEOUT).await,
+                None => openai_call(&http, &base, "m", stream, 1000, t0, TIMEOUT).await,
             }
         }
     };
