@@ -174,12 +174,14 @@ impl Dispatcher {
         sink: &mut EventSink,
         progress: &Progress,
     ) -> Result<(), RequestError> {
-        let fingerprint = spec.fingerprint();
+        // Computed only when a cache or an idempotency key needs it.
+        let digest = std::sync::OnceLock::new();
+        let fingerprint = || *digest.get_or_init(|| spec.fingerprint());
         let guard = match spec.scoped_key() {
             None => None,
             Some(key) => match self
                 .idempotency
-                .claim(&key, fingerprint, Instant::now())
+                .claim(&key, fingerprint(), Instant::now())
                 .await?
             {
                 KeyClaim::Fresh(guard) => Some(guard),
@@ -202,7 +204,7 @@ impl Dispatcher {
             }
         }
         if let Some(fresh) = plan.serve_fresh_within {
-            if let Some(hit) = self.cache.get(&fingerprint, Some(fresh), Instant::now()) {
+            if let Some(hit) = self.cache.get(&fingerprint(), Some(fresh), Instant::now()) {
                 self.count_served(&plan.route, Tier::Cache, "cache");
                 replay_cached(sink, &hit, spec, 0).await;
                 return Ok(());
@@ -210,6 +212,7 @@ impl Dispatcher {
         }
         let caches = plan.has_rung(Rung::Cache) || plan.serve_fresh_within.is_some();
         if caches || guard.is_some() {
+            let fingerprint = fingerprint();
             let cache = caches.then(|| (self.cache.clone(), plan.cache_ttl));
             sink.record(Box::new(move |events| {
                 Box::pin(async move {
@@ -235,7 +238,7 @@ impl Dispatcher {
             Ok(()) => Ok(()),
             Err(e) if e.may_descend_ladder() && !sink.committed() => {
                 if plan.has_rung(Rung::Cache) {
-                    if let Some(hit) = self.cache.get(&fingerprint, None, Instant::now()) {
+                    if let Some(hit) = self.cache.get(&fingerprint(), None, Instant::now()) {
                         tracing::warn!(request_id = %spec.request_id, route = %plan.route, age_ms = hit.age.as_millis() as u64, error = %e, "no live answer; serving the cached one");
                         self.count_served(&plan.route, Tier::Cache, "cache");
                         replay_cached(sink, &hit, spec, e.attempts()).await;

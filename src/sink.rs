@@ -405,7 +405,16 @@ impl EventSink {
             }
         }
         if let Some(tx) = &self.tx {
-            match self.bounded(tx.send(Ok(event))).await {
+            // Room now (the common case): no timer at all.
+            let event = match tx.try_send(Ok(event)) {
+                Ok(()) => {
+                    self.committed = true;
+                    return Ok(());
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return Err(ClientGone),
+                Err(mpsc::error::TrySendError::Full(event)) => event,
+            };
+            match self.bounded(tx.send(event)).await {
                 Ok(()) => {}
                 Err(SendFailed::Gone) => return Err(ClientGone),
                 Err(SendFailed::GaveUp(e)) => {

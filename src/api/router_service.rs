@@ -77,25 +77,32 @@ impl RouterService {
             .start(Self::arrival(request, deadline, buffered))
             .await
             .map_err(|e| to_status(&e))?;
-        Ok(Waiting(started))
+        let timer = started
+            .deadline
+            .map(|d| Box::pin(tokio::time::sleep_until(d)));
+        Ok(Waiting { started, timer })
     }
 }
 
 /// A started request task, seen from the handler.
-struct Waiting(Started);
+struct Waiting {
+    started: Started,
+    /// The deadline's one timer, shared by every wait of the request.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
 
 impl Waiting {
     /// The next item, or DEADLINE_EXCEEDED once the deadline passes. tonic
     /// itself answers CANCELLED when a handler outlives `grpc-timeout`; the
     /// margin lets Switchyard's own, precise status reach the caller first.
     async fn next(&mut self) -> Option<Item> {
-        let Some(deadline) = self.0.deadline else {
-            return self.0.rx.recv().await;
+        let Some(timer) = self.timer.as_mut() else {
+            return self.started.rx.recv().await;
         };
         tokio::select! {
             biased;
-            item = self.0.rx.recv() => item,
-            _ = tokio::time::sleep_until(deadline) => {
+            item = self.started.rx.recv() => item,
+            _ = timer.as_mut() => {
                 Some(Err(RequestError::DeadlineExceeded { attempts: 0 }))
             }
         }
@@ -176,7 +183,7 @@ impl proto::router_server::Router for RouterService {
             Some(Err(e)) => return Err(to_status(&e)),
             None => return Err(Status::internal("request ended without an answer")),
         };
-        let (id, rest) = (started.0.request_id, started.0.rx);
+        let (id, rest) = (started.started.request_id, started.started.rx);
         let stream = futures_util::stream::once(async move { Ok(first) })
             .chain(rest)
             .map(|item| item.map(convert::event).map_err(|e| to_status(&e)));
@@ -188,7 +195,7 @@ impl proto::router_server::Router for RouterService {
         request: Request<proto::CompletionRequest>,
     ) -> Result<Response<proto::CompletionResponse>, Status> {
         let mut started = self.start(request, true).await?;
-        let id = started.0.request_id.clone();
+        let id = started.started.request_id.clone();
         let mut assembler = convert::Assembler::default();
         while let Some(item) = started.next().await {
             match item {

@@ -9,7 +9,8 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::filter::{self, FilterExt};
+use tracing_subscriber::layer::{Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::LogFormat;
@@ -34,31 +35,56 @@ impl Telemetry {
 }
 
 /// Installs the global subscriber. Call once.
+///
+/// The log layer sees events only: request and attempt spans exist for the
+/// OTLP exporter, so without one they are never created (no fields
+/// formatted, no allocation on the hot path); every log line carries its own
+/// request id and target fields instead of a span prefix.
 pub fn init(format: LogFormat) -> Telemetry {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let provider = std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT")
         .and_then(|_| std::thread::spawn(build_provider).join().ok().flatten());
-    let otel = provider
-        .as_ref()
-        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("switchyard")));
-    let registry = tracing_subscriber::registry().with(filter).with(otel);
-    match format {
-        LogFormat::Json => registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .with_writer(std::io::stderr),
-            )
-            .init(),
-        LogFormat::Pretty => registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-            .init(),
-    }
+    tracing_subscriber::registry()
+        .with(layers(format, provider.as_ref()))
+        .init();
     if provider.is_some() {
         tracing::info!("exporting spans over OTLP/HTTP");
     }
     Telemetry { provider }
+}
+
+type Boxed = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
+
+/// The log layer (events only) and, when exporting, the OTLP layer. Only
+/// layers that exist: an absent OTLP layer must not enable spans.
+fn layers(format: LogFormat, provider: Option<&SdkTracerProvider>) -> Vec<Boxed> {
+    let events = || env_filter().and(filter::filter_fn(|meta| meta.is_event()));
+    let log: Boxed = match format {
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .with_filter(events())
+            .boxed(),
+        LogFormat::Pretty => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(events())
+            .boxed(),
+    };
+    let mut layers = vec![log];
+    if let Some(p) = provider {
+        layers.push(
+            tracing_opentelemetry::layer()
+                .with_tracer(p.tracer("switchyard"))
+                .with_filter(env_filter())
+                .boxed(),
+        );
+    }
+    layers
+}
+
+/// `RUST_LOG`, or `info`.
+fn env_filter() -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
 }
 
 /// The OTLP/HTTP exporter (it reads the standard OTEL_* variables itself).
@@ -102,4 +128,30 @@ impl Extractor for MetadataExtractor<'_> {
 pub fn continue_trace(span: &tracing::Span, metadata: &tonic::metadata::MetadataMap) {
     let parent = TraceContextPropagator::new().extract(&MetadataExtractor(metadata));
     let _ = span.set_parent(parent);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_an_exporter_spans_are_never_created_and_events_are_logged() {
+        for format in [LogFormat::Pretty, LogFormat::Json] {
+            let subscriber = tracing_subscriber::registry().with(layers(format, None));
+            tracing::subscriber::with_default(subscriber, || {
+                assert!(tracing::info_span!("request").is_disabled());
+                assert!(tracing::event_enabled!(tracing::Level::WARN));
+            });
+        }
+    }
+
+    #[test]
+    fn with_an_exporter_spans_are_created() {
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber =
+            tracing_subscriber::registry().with(layers(LogFormat::Pretty, Some(&provider)));
+        tracing::subscriber::with_default(subscriber, || {
+            assert!(!tracing::info_span!("request").is_disabled());
+        });
+    }
 }

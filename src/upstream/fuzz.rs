@@ -826,6 +826,18 @@ proptest! {
         check_decoder(&bytes, &cuts, OpenAiDecoder::new)?;
     }
 
+    /// The common-shape reading decides every frame as the general one does.
+    #[test]
+    fn fuzz_openai_fast_path_agrees_with_the_general_one(bytes in prop_oneof![
+        3 => openai_stream(),
+        1 => sse_bytes(),
+    ]) {
+        prop_assert_eq!(
+            run(&[&bytes], &mut OpenAiDecoder::new()),
+            run(&[&bytes], &mut OpenAiDecoder::general_only())
+        );
+    }
+
     #[test]
     fn fuzz_anthropic_stream_decoder(bytes in anthropic_stream(), cuts in cuts()) {
         check_decoder(&bytes, &cuts, AnthropicDecoder::new)?;

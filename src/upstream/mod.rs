@@ -12,6 +12,7 @@ pub mod endpoint;
 pub(crate) mod fuzz;
 pub mod keys;
 pub mod openai;
+mod openai_frame;
 pub mod sse;
 pub mod vertex;
 

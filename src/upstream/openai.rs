@@ -145,11 +145,32 @@ pub struct OpenAiDecoder {
     service_tier: Option<String>,
     /// The failure that ended the stream; repeated by later calls.
     failed: Option<Failure>,
+    /// Tests: every frame through the general `Value` path.
+    #[cfg(test)]
+    general_only: bool,
 }
 
 impl OpenAiDecoder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A decoder that never takes the common-shape path (for comparing both).
+    #[cfg(test)]
+    pub(crate) fn general_only() -> Self {
+        Self {
+            general_only: true,
+            ..Self::default()
+        }
+    }
+
+    /// The common-shape reading of `data`, unless a test turned it off.
+    fn fast<'a>(&self, data: &'a str) -> Option<super::openai_frame::Frame<'a>> {
+        #[cfg(test)]
+        if self.general_only {
+            return None;
+        }
+        super::openai_frame::parse(data)
     }
 
     fn handle(&mut self, ev: &SseEvent, out: &mut Vec<Chunk>) -> Result<(), Failure> {
@@ -170,6 +191,9 @@ impl OpenAiDecoder {
         if data.is_empty() {
             return Ok(());
         }
+        if let Some(frame) = self.fast(data) {
+            return self.on_frame(frame, out);
+        }
         let v: Value = serde_json::from_str(data)
             .map_err(|_| in_body(OutcomeClass::Protocol, "malformed JSON in stream frame"))?;
         if !v.is_object() {
@@ -184,8 +208,8 @@ impl OpenAiDecoder {
         if let Some(u) = parse_usage(v.get("usage")) {
             self.usage = Some(u);
         }
-        if let Some(t) = tier_field(&v) {
-            self.service_tier = Some(t);
+        if let Some(t) = v.get("service_tier").and_then(Value::as_str) {
+            self.set_tier(t);
         }
         match v.get("choices") {
             Some(Value::Array(choices)) => choices.iter().try_for_each(|c| self.on_choice(c, out)),
@@ -194,8 +218,36 @@ impl OpenAiDecoder {
         }
     }
 
-    fn on_choice(&mut self, c: &Value, out: &mut Vec<Chunk>) -> Result<(), Failure> {
-        let index = u32_field(c, "index").unwrap_or(0);
+    /// A frame in the common shape: the same steps as the general path.
+    fn on_frame(
+        &mut self,
+        frame: super::openai_frame::Frame<'_>,
+        out: &mut Vec<Chunk>,
+    ) -> Result<(), Failure> {
+        if let Some(u) = frame.usage {
+            let v: Value = serde_json::from_str(u.get())
+                .map_err(|_| in_body(OutcomeClass::Protocol, "malformed JSON in stream frame"))?;
+            self.usage = parse_usage(Some(&v));
+        }
+        if let Some(t) = &frame.service_tier {
+            self.set_tier(t);
+        }
+        for c in &frame.choices {
+            self.begin_choice(c.index)?;
+            self.on_text(c.content.as_deref(), c.refusal.as_deref(), out);
+            self.end_choice(c.index, c.finish_reason.as_deref())?;
+        }
+        Ok(())
+    }
+
+    /// Keeps a bounded `service_tier`, allocating only when it changes.
+    fn set_tier(&mut self, t: &str) {
+        if tier_ok(t) && self.service_tier.as_deref() != Some(t) {
+            self.service_tier = Some(t.to_string());
+        }
+    }
+
+    fn begin_choice(&mut self, index: u32) -> Result<(), Failure> {
         if index != 0 {
             // Switchyard asks for one choice; a second one would be merged
             // into the first answer, so it is a protocol error, not output.
@@ -207,25 +259,42 @@ impl OpenAiDecoder {
             ));
         }
         self.choices.entry(index).or_insert(None);
-        if let Some(delta) = c.get("delta") {
-            self.on_delta(delta, out);
-        }
-        if let Some(reason) = c.get("finish_reason").and_then(Value::as_str) {
-            if !reason.is_empty() {
-                self.choices.insert(index, Some(map_finish_reason(reason)?));
-            }
+        Ok(())
+    }
+
+    fn end_choice(&mut self, index: u32, reason: Option<&str>) -> Result<(), Failure> {
+        if let Some(reason) = reason.filter(|r| !r.is_empty()) {
+            self.choices.insert(index, Some(map_finish_reason(reason)?));
         }
         Ok(())
     }
 
-    fn on_delta(&mut self, delta: &Value, out: &mut Vec<Chunk>) {
-        if let Some(text) = non_empty_str(delta, "content") {
+    fn on_choice(&mut self, c: &Value, out: &mut Vec<Chunk>) -> Result<(), Failure> {
+        let index = u32_field(c, "index").unwrap_or(0);
+        self.begin_choice(index)?;
+        if let Some(delta) = c.get("delta") {
+            self.on_delta(delta, out);
+        }
+        self.end_choice(index, c.get("finish_reason").and_then(Value::as_str))
+    }
+
+    /// Content, then refusal text (which marks the answer a refusal).
+    fn on_text(&mut self, content: Option<&str>, refusal: Option<&str>, out: &mut Vec<Chunk>) {
+        if let Some(text) = content.filter(|t| !t.is_empty()) {
             self.push_text(text, out);
         }
-        if let Some(text) = non_empty_str(delta, "refusal") {
+        if let Some(text) = refusal.filter(|t| !t.is_empty()) {
             self.refusal = true;
             self.push_text(text, out);
         }
+    }
+
+    fn on_delta(&mut self, delta: &Value, out: &mut Vec<Chunk>) {
+        self.on_text(
+            non_empty_str(delta, "content"),
+            non_empty_str(delta, "refusal"),
+            out,
+        );
         if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
             for (pos, call) in calls.iter().enumerate() {
                 let index = u32_field(call, "index").unwrap_or(pos_u32(pos));
@@ -328,8 +397,13 @@ impl StreamDecoder for OpenAiDecoder {
 pub(crate) fn tier_field(v: &Value) -> Option<String> {
     v.get("service_tier")
         .and_then(Value::as_str)
-        .filter(|t| !t.is_empty() && t.len() <= 32 && t.chars().all(|c| c.is_ascii_graphic()))
+        .filter(|t| tier_ok(t))
         .map(str::to_string)
+}
+
+/// A tier worth passing on: short, printable ASCII.
+fn tier_ok(t: &str) -> bool {
+    !t.is_empty() && t.len() <= 32 && t.chars().all(|c| c.is_ascii_graphic())
 }
 
 /// Final checks shared by the streaming and non-streaming paths: tool-call

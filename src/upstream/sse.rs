@@ -27,6 +27,10 @@ pub const MAX_LINE_BYTES: usize = 1024 * 1024;
 /// Largest event (all its fields) accepted by default.
 pub const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
 
+/// A line buffer up to this size is kept for the next line held across
+/// feeds; a larger one is freed (one huge line must not pin memory).
+const KEPT_LINE_CAPACITY: usize = 4096;
+
 /// A line or an event went past its bound; the stream cannot be parsed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("an SSE {what} exceeds {limit} bytes")]
@@ -135,8 +139,19 @@ impl SseParser {
             }
         }
         while let Some(pos) = bytes.iter().position(|&b| b == b'\r' || b == b'\n') {
-            self.extend_line(&bytes[..pos])?;
-            self.end_line(out)?;
+            if self.line.is_empty() {
+                // The whole line is in this feed: parse it where it is.
+                if pos > self.max_line {
+                    return Err(TooLarge {
+                        what: "line",
+                        limit: self.max_line,
+                    });
+                }
+                self.end_line_of(&bytes[..pos], out)?;
+            } else {
+                self.extend_line(&bytes[..pos])?;
+                self.end_line(out)?;
+            }
             let is_cr = bytes[pos] == b'\r';
             bytes = &bytes[pos + 1..];
             if is_cr {
@@ -181,9 +196,20 @@ impl SseParser {
         ended
     }
 
+    /// Ends the line held across feeds, keeping its buffer (unless large).
     fn end_line(&mut self, out: &mut Vec<SseEvent>) -> Result<(), TooLarge> {
-        if !self.line.starts_with(b":") {
-            self.event_bytes += self.line.len();
+        let mut held = std::mem::take(&mut self.line);
+        let ended = self.end_line_of(&held, out);
+        if held.capacity() <= KEPT_LINE_CAPACITY {
+            held.clear();
+            self.line = held;
+        }
+        ended
+    }
+
+    fn end_line_of(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), TooLarge> {
+        if !bytes.starts_with(b":") {
+            self.event_bytes += bytes.len();
         }
         if self.event_bytes > self.max_event {
             return Err(TooLarge {
@@ -191,8 +217,7 @@ impl SseParser {
                 limit: self.max_event,
             });
         }
-        let bytes = std::mem::take(&mut self.line);
-        let mut line = String::from_utf8_lossy(&bytes);
+        let mut line = String::from_utf8_lossy(bytes);
         if self.first_line {
             self.first_line = false;
             if let Some(rest) = line.strip_prefix('\u{feff}') {
