@@ -10,6 +10,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile([proto], ["proto"])?;
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("switchyard_descriptor.bin"), fds.encode_to_vec())?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    // Small starting buffers for every stream (src/api/codec.rs).
+    tonic_prost_build::configure()
+        .codec_path("crate::api::codec::SmallBufferCodec")
+        .compile_fds(fds)?;
     Ok(())
 }

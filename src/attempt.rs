@@ -492,20 +492,30 @@ async fn stream_body(
     let mut events = Vec::new();
     let mut chunks = Vec::new();
     let mut last_activity = Instant::now();
+    // One timer for the whole stream, moved as the limit moves.
+    let timer = tokio::time::sleep_until(first_limit);
+    tokio::pin!(timer);
     loop {
         let limit = if meta.ttft.is_none() {
             first_limit
         } else {
             (last_activity + rt.idle_timeout).min(input.deadline)
         };
+        if timer.deadline() != limit {
+            timer.as_mut().reset(limit);
+        }
         let what = if meta.ttft.is_none() {
             "no token before the first-token timeout"
         } else {
             "stream went idle past the idle timeout"
         };
+        // Bytes that are already there win over the timer, as they did
+        // inside `timeout_at`.
         let next = tokio::select! {
+            biased;
+            n = body.next() => Ok(n),
+            _ = &mut timer => Err(()),
             _ = sink.closed() => return AttemptEnd::ClientGone,
-            n = timeout_at(limit, body.next()) => n,
         };
         // A line or event past its bound ends the stream, after the events
         // completed before it are decoded and forwarded (as they would have

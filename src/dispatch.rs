@@ -31,7 +31,7 @@ use crate::queue::jobs::{Jobs, OwnedJob};
 use crate::request::RequestSpec;
 use crate::sink::{Event, EventSink, Finished, QueuedJob, Started, Tier};
 use crate::state::shared::{Idempotency, KeyClaim};
-use crate::telemetry::metrics::{GenAiLabels, Metrics, ServedLabels, ShedLabels, TokenLabels};
+use crate::telemetry::metrics::{Metrics, ServedLabels, ShedLabels, TargetSeries};
 
 /// Shared by all request tasks.
 pub struct Dispatcher {
@@ -596,8 +596,8 @@ impl Dispatcher {
         } else {
             0
         };
-        self.metrics
-            .count_attempt(&call.candidate.provider, model, result.end.class().as_str());
+        self.series(call.candidate, entry)
+            .count_attempt(&self.metrics, result.end.class().as_str());
         for (key, event) in &result.key_events {
             self.metrics
                 .key_events
@@ -742,40 +742,24 @@ impl Dispatcher {
         entry: &ProviderEntry,
         result: &attempt::AttemptResult,
     ) {
-        let labels = GenAiLabels {
-            gen_ai_provider_name: entry.runtime.kind.as_str().to_string(),
-            gen_ai_request_model: c.model.clone(),
-            gen_ai_operation_name: "chat",
-            provider: c.provider.clone(),
-        };
-        self.metrics
+        let series = self.series(c, entry);
+        series
             .operation_duration
-            .get_or_create(&labels)
             .observe(result.elapsed.as_secs_f64());
         if let Some(ttft) = result.ttft {
-            self.metrics
-                .time_to_first_token
-                .get_or_create(&labels)
-                .observe(ttft.as_secs_f64());
+            series.time_to_first_token.observe(ttft.as_secs_f64());
         }
     }
 
     fn record_usage(&self, c: &Candidate, entry: &ProviderEntry, usage: Usage) {
-        for (kind, n) in [
-            ("input", usage.input_tokens),
-            ("output", usage.output_tokens),
-        ] {
-            self.metrics
-                .token_usage
-                .get_or_create(&TokenLabels {
-                    gen_ai_provider_name: entry.runtime.kind.as_str().to_string(),
-                    gen_ai_request_model: c.model.clone(),
-                    gen_ai_operation_name: "chat",
-                    provider: c.provider.clone(),
-                    gen_ai_token_type: kind,
-                })
-                .observe(f64::from(n));
-        }
+        let series = self.series(c, entry);
+        series.input_tokens.observe(f64::from(usage.input_tokens));
+        series.output_tokens.observe(f64::from(usage.output_tokens));
+    }
+
+    fn series(&self, c: &Candidate, entry: &ProviderEntry) -> Arc<TargetSeries> {
+        self.metrics
+            .target(entry.runtime.kind.as_str(), &c.provider, &c.model)
     }
 
     fn served(&self, route: &str, c: &Candidate, tier: Tier) {

@@ -84,9 +84,11 @@ pub enum Event {
         reason: String,
         failed_attempt: u32,
     },
-    Finished(Finished),
+    /// Boxed, like `Queued`: the channel's slots are as large as its
+    /// largest event, and every open stream holds a block of them.
+    Finished(Box<Finished>),
     /// The `queue` rung accepted the request as a job (the last event).
-    Queued(QueuedJob),
+    Queued(Box<QueuedJob>),
 }
 
 /// A job accepted for a request, with its place in the queue.
@@ -283,7 +285,7 @@ impl EventSink {
         if let Some(started) = self.pending_start.take() {
             self.send(Event::Started(started)).await?;
         }
-        self.send(Event::Finished(finished)).await
+        self.send(Event::Finished(Box::new(finished))).await
     }
 
     /// Keeps a copy of the answer's events (a `Reset` starts over) and hands
@@ -305,7 +307,7 @@ impl EventSink {
     /// Answers with a job instead of tokens (the `queue` rung).
     pub async fn queued(&mut self, job: QueuedJob) -> Result<(), ClientGone> {
         self.pending_start = None;
-        self.send(Event::Queued(job)).await
+        self.send(Event::Queued(Box::new(job))).await
     }
 
     /// Ends the request with an error (bounded like every send: a caller
@@ -660,5 +662,18 @@ mod tests {
         discard.begin_attempt(started(1));
         assert!(discard.chunk(Chunk::Text("x".into())).await.is_ok());
         assert!(!discard.is_closed());
+    }
+}
+
+#[cfg(test)]
+mod size {
+    /// Every open stream holds its channel's blocks of 32 slots of this size.
+    #[test]
+    fn a_channel_slot_stays_small() {
+        assert!(
+            std::mem::size_of::<super::Item>() <= 128,
+            "{}",
+            std::mem::size_of::<super::Item>()
+        );
     }
 }

@@ -619,7 +619,7 @@ mod tests {
             arguments: "1}".into(),
         }));
         let done = a
-            .push(Event::Finished(Finished {
+            .push(Event::Finished(Box::new(Finished {
                 finish_reason: FinishReason::ToolCalls,
                 usage: Default::default(),
                 usage_estimated: false,
@@ -633,7 +633,7 @@ mod tests {
                 cache_age: None,
                 cost_usd: 0.0,
                 service_tier: None,
-            }))
+            })))
             .unwrap();
         assert_eq!(done.text, "");
         assert_eq!(done.tool_calls[0].arguments, "{\"a\":1}");

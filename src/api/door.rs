@@ -249,7 +249,7 @@ pub async fn open(rx: &mut Events) -> Result<Opening, Option<RequestError>> {
     Ok(match rx.recv().await {
         None => return Err(None),
         Some(Err(e)) => return Err(Some(e)),
-        Some(Ok(Event::Queued(q))) => Opening::Queued(q),
+        Some(Ok(Event::Queued(q))) => Opening::Queued(*q),
         Some(Ok(Event::Started(s))) => Opening::Stream {
             served: Some(Served::of_started(&s)),
             pending: None,
@@ -277,7 +277,7 @@ pub async fn assemble(rx: &mut Events) -> Result<Unary, Option<RequestError>> {
     while let Some(item) = rx.recv().await {
         let event = item.map_err(Some)?;
         match &event {
-            Event::Queued(q) => return Ok(Unary::Queued(q.clone())),
+            Event::Queued(q) => return Ok(Unary::Queued((**q).clone())),
             Event::Finished(f) => served = Some(Served::of_finished(f)),
             _ => {}
         }

@@ -7,6 +7,7 @@ pub mod admin_http;
 pub mod anthropic;
 pub mod auth;
 pub mod batch;
+pub mod codec;
 pub mod convert;
 pub mod door;
 pub mod grpc_limits;

@@ -123,9 +123,56 @@ fn token_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1.0, 4.0, 11))
 }
 
+/// The series one target (provider x model) records into on every attempt,
+/// resolved once and kept: the hot path builds and hashes no label sets.
+pub struct TargetSeries {
+    pub operation_duration: Histogram,
+    pub time_to_first_token: Histogram,
+    pub input_tokens: Histogram,
+    pub output_tokens: Histogram,
+    provider: String,
+    model: String,
+    /// Attempt counters by outcome class (a handful per target).
+    attempts: std::sync::RwLock<Vec<(&'static str, Counter)>>,
+}
+
+impl TargetSeries {
+    /// Counts one sent attempt of this target.
+    pub fn count_attempt(&self, metrics: &Metrics, outcome: &'static str) {
+        let found = self.attempts.read().ok().and_then(|a| {
+            a.iter()
+                .find(|(o, _)| *o == outcome)
+                .map(|(_, c)| c.clone())
+        });
+        let counter = found.unwrap_or_else(|| {
+            let c = metrics
+                .attempts
+                .get_or_create(&AttemptLabels {
+                    provider: self.provider.clone(),
+                    model: self.model.clone(),
+                    outcome,
+                })
+                .clone();
+            if let Ok(mut a) = self.attempts.write() {
+                a.push((outcome, c.clone()));
+            }
+            c
+        });
+        counter.inc();
+    }
+}
+
+/// provider -> model -> its series. Bounded by the configured targets (a
+/// removed provider's few handles stay, as its series do in the families).
+type TargetCache = std::collections::HashMap<
+    String,
+    std::collections::HashMap<String, std::sync::Arc<TargetSeries>>,
+>;
+
 /// Every metric Switchyard records. Share it behind an `Arc`.
 pub struct Metrics {
     registry: Registry,
+    targets: std::sync::RwLock<TargetCache>,
     pub operation_duration: Family<GenAiLabels, Histogram>,
     pub token_usage: Family<TokenLabels, Histogram>,
     pub time_to_first_token: Family<GenAiLabels, Histogram>,
@@ -308,6 +355,7 @@ impl Metrics {
         }
         Metrics {
             registry,
+            targets: std::sync::RwLock::default(),
             connections,
             connections_refused,
             concurrency_limit,
@@ -334,6 +382,57 @@ impl Metrics {
         }
     }
 
+    /// The series of `provider`/`model` (of wire kind `kind`), resolved on
+    /// first use.
+    pub fn target(
+        &self,
+        kind: &'static str,
+        provider: &str,
+        model: &str,
+    ) -> std::sync::Arc<TargetSeries> {
+        let cached = self
+            .targets
+            .read()
+            .ok()
+            .and_then(|t| t.get(provider)?.get(model).cloned());
+        if let Some(series) = cached {
+            return series;
+        }
+        let labels = GenAiLabels {
+            gen_ai_provider_name: kind.to_string(),
+            gen_ai_request_model: model.to_string(),
+            gen_ai_operation_name: "chat",
+            provider: provider.to_string(),
+        };
+        let tokens = |kind_of: &'static str| {
+            self.token_usage
+                .get_or_create(&TokenLabels {
+                    gen_ai_provider_name: kind.to_string(),
+                    gen_ai_request_model: model.to_string(),
+                    gen_ai_operation_name: "chat",
+                    provider: provider.to_string(),
+                    gen_ai_token_type: kind_of,
+                })
+                .clone()
+        };
+        let series = std::sync::Arc::new(TargetSeries {
+            operation_duration: self.operation_duration.get_or_create(&labels).clone(),
+            time_to_first_token: self.time_to_first_token.get_or_create(&labels).clone(),
+            input_tokens: tokens("input"),
+            output_tokens: tokens("output"),
+            provider: provider.to_string(),
+            model: model.to_string(),
+            attempts: std::sync::RwLock::default(),
+        });
+        if let Ok(mut t) = self.targets.write() {
+            t.entry(provider.to_string())
+                .or_default()
+                .entry(model.to_string())
+                .or_insert_with(|| series.clone());
+        }
+        series
+    }
+
     /// Counts one upstream attempt that was sent, where it was sent (the
     /// request task or a probe), so a provider actor's restart loses none.
     pub fn count_attempt(&self, provider: &str, model: &str, outcome: &'static str) {
@@ -358,3 +457,32 @@ impl Metrics {
 
 /// Content type of [`Metrics::render`].
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_series_are_resolved_once_and_record_into_the_families() {
+        let m = Metrics::new();
+        let a = m.target("openai", "primary", "m");
+        let b = m.target("openai", "primary", "m");
+        assert!(std::sync::Arc::ptr_eq(&a, &b), "one series per target");
+        a.count_attempt(&m, "success");
+        b.count_attempt(&m, "success");
+        a.count_attempt(&m, "server_error");
+        a.operation_duration.observe(0.5);
+        a.input_tokens.observe(3.0);
+        let text = m.render();
+        for line in [
+            r#"switchyard_upstream_attempts_total{provider="primary",model="m",outcome="success"} 2"#,
+            r#"switchyard_upstream_attempts_total{provider="primary",model="m",outcome="server_error"} 1"#,
+            r#"gen_ai_client_operation_duration_seconds_count{gen_ai_provider_name="openai",gen_ai_request_model="m",gen_ai_operation_name="chat",provider="primary"} 1"#,
+            r#"gen_ai_client_token_usage_count{gen_ai_provider_name="openai",gen_ai_request_model="m",gen_ai_operation_name="chat",provider="primary",gen_ai_token_type="input"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        let other = m.target("openai", "primary", "n");
+        assert!(!std::sync::Arc::ptr_eq(&a, &other));
+    }
+}

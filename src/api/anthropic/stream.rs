@@ -286,7 +286,7 @@ mod tests {
             call(Some("toolu_9"), ""),
             call(None, "{\"city\":"),
             call(None, "\"Paris\"}"),
-            Ok(Event::Finished(finished())),
+            Ok(Event::Finished(Box::new(finished()))),
         ])
         .await;
         let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();

@@ -52,27 +52,79 @@ pub(super) fn frame(v: &Value) -> String {
     format!("data: {v}\n\n")
 }
 
+/// One `chat.completion.chunk`, serialised straight from borrowed fields
+/// (keys in the order a `Value` would print them: it is on the per-token path).
+#[derive(serde::Serialize)]
+struct ChunkFrame<'a, D: serde::Serialize> {
+    choices: [ChoiceFrame<'a, D>; 1],
+    created: u64,
+    id: &'a str,
+    model: &'a str,
+    object: &'static str,
+    system_fingerprint: Option<()>,
+    /// `null` on every chunk but the usage chunk, when usage was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Option<()>>,
+}
+
+#[derive(serde::Serialize)]
+struct ChoiceFrame<'a, D: serde::Serialize> {
+    delta: D,
+    finish_reason: Option<&'a str>,
+    index: u32,
+    logprobs: Option<()>,
+}
+
+/// `{"content": ...}`, with `"role"` on the first chunk only.
+#[derive(serde::Serialize)]
+struct TextDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+}
+
 impl Sse {
-    pub(super) fn chunk(&self, delta: Value, finish: Option<&str>) -> String {
-        let mut v = json!({
-            "id": self.ids.id,
-            "object": "chat.completion.chunk",
-            "created": self.ids.created,
-            "model": self.ids.model,
-            "system_fingerprint": null,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-        });
-        if self.include_usage {
-            if let Some(o) = v.as_object_mut() {
-                o.insert("usage".into(), Value::Null);
-            }
-        }
-        frame(&v)
+    pub(super) fn chunk(&self, delta: impl serde::Serialize, finish: Option<&str>) -> String {
+        let frame = ChunkFrame {
+            choices: [ChoiceFrame {
+                delta,
+                finish_reason: finish,
+                index: 0,
+                logprobs: None,
+            }],
+            created: self.ids.created,
+            id: &self.ids.id,
+            model: &self.ids.model,
+            object: "chat.completion.chunk",
+            system_fingerprint: None,
+            usage: self.include_usage.then_some(None),
+        };
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(b"data: ");
+        // Serialising borrowed strings and numbers into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, &frame);
+        out.extend_from_slice(b"\n\n");
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    fn text(&self, content: &str, role: Option<&'static str>) -> String {
+        self.chunk(
+            TextDelta {
+                content: Some(content),
+                role,
+            },
+            None,
+        )
     }
 
     /// The finish chunk, the usage chunk when asked for, and `[DONE]`.
     fn last_frames(&self, f: &crate::sink::Finished) -> String {
-        let mut out = self.chunk(json!({}), Some(finish_reason(f.finish_reason)));
+        let empty = TextDelta {
+            content: None,
+            role: None,
+        };
+        let mut out = self.chunk(empty, Some(finish_reason(f.finish_reason)));
         if self.include_usage {
             out.push_str(&frame(&json!({
                 "id": self.ids.id,
@@ -95,7 +147,7 @@ impl Sse {
         }
         if !self.opened {
             self.opened = true;
-            return Some(self.chunk(json!({"role": "assistant", "content": ""}), None));
+            return Some(self.text("", Some("assistant")));
         }
         loop {
             let item = match self.pending.take() {
@@ -106,9 +158,7 @@ impl Sse {
                 // Only the first attempt's `Started` precedes output; a later
                 // one can't come (the stream ends at a `Reset`).
                 Some(Ok(Event::Started(_))) => continue,
-                Some(Ok(Event::Chunk(Chunk::Text(text)))) => {
-                    return Some(self.chunk(json!({ "content": text }), None))
-                }
+                Some(Ok(Event::Chunk(Chunk::Text(text)))) => return Some(self.text(&text, None)),
                 Some(Ok(Event::Chunk(call @ Chunk::ToolCall { .. }))) => {
                     return Some(
                         self.chunk(json!({ "tool_calls": [tool_call_delta(call)] }), None),

@@ -22,6 +22,8 @@ use crate::bench::{BenchError, Ctx, ScenarioResult};
 /// Streams per HTTP/2 connection from the load generator.
 const PER_CONNECTION: usize = 50;
 const TOKEN_DELAY_MS: u64 = 100;
+/// The bound on memory per open stream.
+const MAX_KB_PER_STREAM: f64 = 20.0;
 
 struct Window {
     /// Cores used in the window by the load generator and the mock.
@@ -183,6 +185,15 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
             full == n,
             format!("{full} of {n}"),
         ));
+        if n == 10_000 {
+            res.targets.push(super::super::Target {
+                target: format!(
+                    "10,000 concurrent slow streams: every one completes, at most {MAX_KB_PER_STREAM:.0} KB of RSS per stream"
+                ),
+                met: Some(full == n && per_stream_kb <= MAX_KB_PER_STREAM),
+                detail: format!("{full} of {n} complete, {per_stream_kb:.1} KB per stream"),
+            });
+        }
         data.push(json!({
             "streams": n, "tokens_per_stream": tokens,
             "expected_tokens_per_s": expected, "achieved_tokens_per_s": achieved,
