@@ -5,11 +5,14 @@
 //! body and renders its own answers and errors; both start requests through
 //! the one intake.
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
 use http_body_util::BodyExt;
 use serde_json::json;
 
@@ -312,6 +315,33 @@ pub fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
     }
 }
 
+/// A door's server-sent-event encoder: the frames of one answer, in order.
+pub trait SseFrames: Send + 'static {
+    /// The next frames; `None` once the stream is over. Cancel-safe: a call
+    /// dropped before it completes loses nothing.
+    fn next_frames(&mut self) -> impl Future<Output = Option<String>> + Send;
+}
+
+/// Frames that are ready together leave in one body chunk, up to this size.
+const COALESCE_BYTES: usize = 16 * 1024;
+
+/// An answer's frames as the response body. Frames already there when one is
+/// sent go out with it (one write instead of one per token); none waits for
+/// another.
+pub fn sse_body(frames: impl SseFrames) -> Body {
+    let body = futures_util::stream::unfold(frames, |mut f| async move {
+        let mut out = f.next_frames().await?;
+        while out.len() < COALESCE_BYTES {
+            match f.next_frames().now_or_never() {
+                Some(Some(more)) => out.push_str(&more),
+                _ => break,
+            }
+        }
+        Some((Ok::<_, Infallible>(Bytes::from(out)), f))
+    });
+    Body::from_stream(body)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
@@ -329,5 +359,30 @@ mod tests {
             HeaderValue::from_str(&"a".repeat(129)).unwrap(),
         );
         assert_eq!(caller_request_id(&h), None);
+    }
+
+    /// Frames fed one at a time through a channel.
+    struct Fed(tokio::sync::mpsc::Receiver<String>);
+
+    impl SseFrames for Fed {
+        fn next_frames(&mut self) -> impl Future<Output = Option<String>> + Send {
+            self.0.recv()
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_ready_together_leave_in_one_chunk_and_none_waits() {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        for f in ["a\n\n", "b\n\n", "c\n\n"] {
+            tx.send(f.to_string()).await.unwrap();
+        }
+        let mut body = sse_body(Fed(rx)).into_data_stream();
+        use futures_util::StreamExt;
+        assert_eq!(body.next().await.unwrap().unwrap(), "a\n\nb\n\nc\n\n");
+        // Nothing more is there: the next frame goes out alone, when it comes.
+        tx.send("d\n\n".into()).await.unwrap();
+        assert_eq!(body.next().await.unwrap().unwrap(), "d\n\n");
+        drop(tx);
+        assert!(body.next().await.is_none());
     }
 }

@@ -5,9 +5,6 @@
 //! `message_delta` with `stop_reason` and usage, `message_stop`. A stream
 //! that fails after output ends with an `error` event, never `message_stop`.
 
-use std::convert::Infallible;
-
-use axum::body::{Body, Bytes};
 use axum::response::Response;
 use serde_json::{json, Value};
 
@@ -38,11 +35,7 @@ pub(super) async fn stream(
         blocks: 0,
         done: false,
     };
-    let body = futures_util::stream::unfold(frames, |mut f| async move {
-        let out = f.next().await?;
-        Some((Ok::<_, Infallible>(Bytes::from(out)), f))
-    });
-    let mut r = Response::new(Body::from_stream(body));
+    let mut r = Response::new(door::sse_body(frames));
     door::sse_headers(r.headers_mut(), served.as_ref(), request_id);
     insert(r.headers_mut(), "request-id", request_id);
     Ok(r)
@@ -72,6 +65,12 @@ struct Frames {
 
 fn event(name: &str, data: &Value) -> String {
     format!("event: {name}\ndata: {data}\n\n")
+}
+
+impl door::SseFrames for Frames {
+    fn next_frames(&mut self) -> impl std::future::Future<Output = Option<String>> + Send {
+        self.next()
+    }
 }
 
 impl Frames {

@@ -28,11 +28,7 @@ pub(super) async fn stream(
         opened: false,
         done: false,
     };
-    let body = futures_util::stream::unfold(sse, |mut sse| async move {
-        let frames = sse.next().await?;
-        Some((Ok::<_, std::convert::Infallible>(Bytes::from(frames)), sse))
-    });
-    let mut r = Response::new(Body::from_stream(body));
+    let mut r = Response::new(door::sse_body(sse));
     door::sse_headers(r.headers_mut(), served.as_ref(), request_id);
     Ok(r)
 }
@@ -82,6 +78,12 @@ struct TextDelta<'a> {
     content: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     role: Option<&'static str>,
+}
+
+impl door::SseFrames for Sse {
+    fn next_frames(&mut self) -> impl std::future::Future<Output = Option<String>> + Send {
+        self.next()
+    }
 }
 
 impl Sse {
