@@ -293,7 +293,9 @@ pub fn config_text(top: &str, providers: &[Provider], routes: &[(&str, &[&str])]
 pub fn with_http_door(config: String) -> String {
     config.replacen(
         "admin_listen = \"127.0.0.1:0\"\n",
-        "admin_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n",
+        // Connections up to the load generator's in-flight cap: an overload
+        // shows as latency, not as connections refused at accept.
+        "admin_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\nhttp_max_connections = 6000\n",
         1,
     )
 }

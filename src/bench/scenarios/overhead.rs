@@ -491,18 +491,29 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     let mut profile_json = Vec::new();
     for (name, file, summary) in &profiles {
         match summary {
-            Ok(top) => {
+            Ok(p) => {
                 let mut t = Table::new(&["share of Switchyard's CPU samples", "function"]);
-                for (share, sym) in top {
+                for (share, sym) in &p.top {
                     t.row(vec![format!("{share:.1} %"), format!("`{sym}`")]);
                 }
+                let split: Vec<String> = p
+                    .dsos
+                    .iter()
+                    .map(|(s, d)| format!("{d} {s:.0} %"))
+                    .collect();
                 profile_md.push_str(&format!(
-                    "\nProfile, {name} at 3,000/s (perf, {}):\n\n{}",
+                    "\nProfile, {name} at 3,000/s (perf, {}): {}.\n\n{}",
                     file.display(),
+                    split.join(", "),
                     t.render()
                 ));
+                let shares = |v: &[(f64, String)], key: &str| {
+                    v.iter()
+                        .map(|(s, f)| json!({"share_pct": s, key: f}))
+                        .collect::<Vec<_>>()
+                };
                 profile_json.push(json!({"mode": name, "file": file.display().to_string(),
-                    "top": top.iter().map(|(s, f)| json!({"share_pct": s, "function": f})).collect::<Vec<_>>()}));
+                    "binaries": shares(&p.dsos, "binary"), "top": shares(&p.top, "function")}));
             }
             Err(e) => profile_json.push(json!({"mode": name, "error": e})),
         }
@@ -525,15 +536,21 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     Ok(res)
 }
 
-/// The functions with the largest share of a flat `perf` profile.
-async fn perf_summary(file: &std::path::Path) -> Result<Vec<(f64, String)>, String> {
+/// A flat `perf` profile summed up: the share of each binary (Switchyard's
+/// own code, the kernel, libc) and the functions with the largest shares.
+struct Profile {
+    dsos: Vec<(f64, String)>,
+    top: Vec<(f64, String)>,
+}
+
+async fn perf_report(file: &std::path::Path, sort: &str) -> Result<String, String> {
     let out = tokio::process::Command::new("perf")
         .args([
             "report",
             "--stdio",
             "--no-children",
             "--sort",
-            "dso,sym",
+            sort,
             "-g",
             "none",
             "-i",
@@ -545,7 +562,29 @@ async fn perf_summary(file: &std::path::Path) -> Result<Vec<(f64, String)>, Stri
     if !out.status.success() {
         return Err(format!("perf report exited with {}", out.status));
     }
-    Ok(top_functions(&String::from_utf8_lossy(&out.stdout), 15))
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+async fn perf_summary(file: &std::path::Path) -> Result<Profile, String> {
+    let dsos = perf_report(file, "dso").await?;
+    let syms = perf_report(file, "dso,sym").await?;
+    Ok(Profile {
+        dsos: dso_shares(&dsos, 4),
+        top: top_functions(&syms, 15),
+    })
+}
+
+/// `(share %, dso)` of the first `n` lines of a `perf report --sort dso` text.
+fn dso_shares(text: &str, n: usize) -> Vec<(f64, String)> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let share: f64 = it.next()?.strip_suffix('%')?.parse().ok()?;
+            Some((share, it.next()?.to_string()))
+        })
+        .take(n)
+        .collect()
 }
 
 /// `(share %, "dso: function")` of the first `n` sample lines of a
@@ -584,6 +623,14 @@ mod tests {
             ]
         );
         assert_eq!(top_functions(text, 1).len(), 1);
+        let dsos = "# Overhead\n    58.94%  switchyard       \n    23.81%  [kernel.kallsyms]\n";
+        assert_eq!(
+            dso_shares(dsos, 5),
+            vec![
+                (58.94, "switchyard".to_string()),
+                (23.81, "[kernel.kallsyms]".to_string())
+            ]
+        );
     }
 
     #[test]
