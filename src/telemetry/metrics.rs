@@ -130,6 +130,8 @@ pub struct TargetSeries {
     pub time_to_first_token: Histogram,
     pub input_tokens: Histogram,
     pub output_tokens: Histogram,
+    /// The wire kind it was resolved for (a reload may change a provider's).
+    kind: &'static str,
     provider: String,
     model: String,
     /// Attempt counters by outcome class (a handful per target).
@@ -394,7 +396,8 @@ impl Metrics {
             .targets
             .read()
             .ok()
-            .and_then(|t| t.get(provider)?.get(model).cloned());
+            .and_then(|t| t.get(provider)?.get(model).cloned())
+            .filter(|s| s.kind == kind);
         if let Some(series) = cached {
             return series;
         }
@@ -420,6 +423,7 @@ impl Metrics {
             time_to_first_token: self.time_to_first_token.get_or_create(&labels).clone(),
             input_tokens: tokens("input"),
             output_tokens: tokens("output"),
+            kind,
             provider: provider.to_string(),
             model: model.to_string(),
             attempts: std::sync::RwLock::default(),
@@ -427,8 +431,7 @@ impl Metrics {
         if let Ok(mut t) = self.targets.write() {
             t.entry(provider.to_string())
                 .or_default()
-                .entry(model.to_string())
-                .or_insert_with(|| series.clone());
+                .insert(model.to_string(), series.clone());
         }
         series
     }
@@ -484,5 +487,12 @@ mod tests {
         }
         let other = m.target("openai", "primary", "n");
         assert!(!std::sync::Arc::ptr_eq(&a, &other));
+        // A reload that changes the provider's kind gets series of the new kind.
+        let renamed = m.target("azure_openai", "primary", "m");
+        assert!(!std::sync::Arc::ptr_eq(&a, &renamed));
+        renamed.operation_duration.observe(0.1);
+        assert!(m
+            .render()
+            .contains(r#"gen_ai_provider_name="azure_openai",gen_ai_request_model="m""#));
     }
 }
