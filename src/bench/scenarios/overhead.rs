@@ -310,15 +310,9 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         for (load, d) in &loads {
             env.mock.clear().await?;
             let direct = drive(ctx, &env, None, mode, *load, *d).await;
-            res.checks.push(check_complete(
-                &format!("{name} {} direct", load_text(load)),
-                &direct,
-            ));
-            res.checks.push(check_errors(
-                &format!("{name} {} direct", load_text(load)),
-                &direct.outcomes,
-                &[],
-            ));
+            let label = format!("{name} {} direct", load_text(load));
+            res.checks.push(check_complete(&label, &direct));
+            res.checks.push(check_errors(&label, &direct.outcomes, &[]));
             for b in &env.builds {
                 let this = b.build == "this build";
                 let router = &b.router;
