@@ -486,6 +486,49 @@ fn data(value: Value) -> Frame {
     }
 }
 
+/// Streams in the common shape the decoder reads without a `Value` tree:
+/// text and refusal deltas, finish reasons, usage and the service tier.
+fn common_shape_stream() -> impl Strategy<Value = Vec<u8>> {
+    let tier = proptest::sample::select(vec!["default", "flex", "", "a b"]);
+    let chunk = (
+        proptest::option::of(text()),
+        proptest::option::weighted(0.2, text()),
+        finish_reason(),
+        any::<bool>(),
+        proptest::option::of(tier),
+    )
+        .prop_map(|(content, refusal, finish, usage, tier)| {
+            let mut delta = Map::new();
+            if let Some(c) = content {
+                delta.insert("content".into(), c.into());
+            }
+            if let Some(r) = refusal {
+                delta.insert("refusal".into(), r.into());
+            }
+            let mut v = json!({
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+            });
+            if usage {
+                v["usage"] = json!({"prompt_tokens": 3, "completion_tokens": 5});
+            }
+            if let Some(t) = tier {
+                v["service_tier"] = t.into();
+            }
+            data(v)
+        });
+    (vec(chunk, 0..6), any::<bool>()).prop_map(|(frames, done)| {
+        let mut out = String::new();
+        for f in &frames {
+            f.render(&mut out);
+        }
+        if done {
+            Frame::Done.render(&mut out);
+        }
+        out.into_bytes()
+    })
+}
+
 /// A plausible OpenAI stream: deltas, a finish frame, maybe usage, `[DONE]`.
 fn openai_skeleton() -> impl Strategy<Value = Vec<Frame>> {
     let reason = prop_oneof![
@@ -830,6 +873,7 @@ proptest! {
     #[test]
     fn fuzz_openai_fast_path_agrees_with_the_general_one(bytes in prop_oneof![
         3 => openai_stream(),
+        3 => common_shape_stream(),
         1 => sse_bytes(),
     ]) {
         prop_assert_eq!(
