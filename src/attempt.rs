@@ -465,7 +465,7 @@ fn request_id(headers: &reqwest::header::HeaderMap) -> Option<String> {
         .find_map(|h| headers.get(*h)?.to_str().ok().map(str::to_string))
 }
 
-async fn read_capped(response: reqwest::Response, cap: usize) -> Vec<u8> {
+pub(crate) async fn read_capped(response: reqwest::Response, cap: usize) -> Vec<u8> {
     let mut body = Vec::new();
     let mut stream = response.bytes_stream();
     while let Some(Ok(bytes)) = stream.next().await {

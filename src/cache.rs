@@ -38,7 +38,7 @@ pub struct ResponseCache {
 }
 
 /// Rough memory of an answer.
-fn size_of(events: &[Event]) -> usize {
+pub(crate) fn size_of(events: &[Event]) -> usize {
     events
         .iter()
         .map(|e| match e {

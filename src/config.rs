@@ -383,6 +383,8 @@ pub enum Capability {
     Tools,
     Json,
     Vision,
+    /// Serves OpenAI-compatible `/v1/embeddings` (a route's `semantic_cache.embedder`).
+    Embeddings,
 }
 
 impl Capability {
@@ -393,6 +395,7 @@ impl Capability {
             Capability::Tools => "tools",
             Capability::Json => "json",
             Capability::Vision => "vision",
+            Capability::Embeddings => "embeddings",
         }
     }
 }
@@ -672,6 +675,58 @@ pub struct RouteConfig {
     /// Highest `max_tokens` a caller may ask for on this route.
     #[serde(default)]
     pub max_tokens_limit: Option<u32>,
+    /// Near-repeat questions answered from earlier answers (opt in).
+    #[serde(default)]
+    pub semantic_cache: Option<SemanticCacheConfig>,
+}
+
+/// A route's `semantic_cache = { embedder = "provider/model", threshold = 0.92, ... }`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SemanticCacheConfig {
+    /// `provider/model` of a model with the `embeddings` capability on an
+    /// `openai`-kind provider (its `/embeddings` endpoint).
+    pub embedder: String,
+    /// Cosine similarity a stored question needs to answer, in (0, 1].
+    #[serde(default = "default_semantic_threshold")]
+    pub threshold: f32,
+    /// Most answers kept for the route (the oldest go first).
+    #[serde(default = "default_semantic_entries")]
+    pub max_entries: usize,
+    /// Most memory the route's answers and vectors may take.
+    #[serde(default = "default_semantic_bytes")]
+    pub max_bytes: usize,
+    /// How long an answer may be served.
+    #[serde(default = "default_semantic_ttl", with = "humantime_serde")]
+    pub ttl: Duration,
+    /// Requests with a higher `temperature` never use the cache (a request
+    /// that sets none uses it).
+    #[serde(default)]
+    pub max_temperature: f32,
+    /// Longest the embedding of a question may take; past it the cache is
+    /// skipped, never the request failed.
+    #[serde(default = "default_semantic_lookup_timeout", with = "humantime_serde")]
+    pub lookup_timeout: Duration,
+    /// Serve a hit younger than this before routing (tier SEMANTIC_CACHE,
+    /// no inference); without it the cache is only the ladder's rung.
+    #[serde(default, with = "humantime_serde")]
+    pub fresh_within: Option<Duration>,
+}
+
+fn default_semantic_threshold() -> f32 {
+    0.92
+}
+fn default_semantic_entries() -> usize {
+    100_000
+}
+fn default_semantic_bytes() -> usize {
+    256 * 1024 * 1024
+}
+fn default_semantic_ttl() -> Duration {
+    Duration::from_secs(3600)
+}
+fn default_semantic_lookup_timeout() -> Duration {
+    Duration::from_millis(200)
 }
 
 /// A rung of the degradation ladder.
@@ -684,6 +739,10 @@ pub enum Rung {
     Downshift,
     /// The last good answer for the same request, with its age.
     Cache,
+    /// The closest earlier answer for a near-identical question
+    /// (`semantic_cache`), with its similarity and age.
+    #[serde(rename = "semantic_cache")]
+    SemanticCache,
     /// Accepted into the durable job queue, finished later.
     Queue,
     /// UNAVAILABLE with RetryInfo.
@@ -933,6 +992,7 @@ impl Config {
                 "downshift targets are set but the ladder has no `downshift` rung",
             ));
         }
+        self.validate_semantic(i, r)?;
         if r.has_rung(Rung::Queue) && self.queue.is_none() {
             return Err(ConfigError::new(
                 format!("routes[{i}].ladder"),
@@ -970,6 +1030,89 @@ impl Config {
             return Err(ConfigError::new(
                 format!("routes[{i}].deadline"),
                 "must be positive",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A route's `semantic_cache` and its `semantic_cache` rung.
+    fn validate_semantic(&self, i: usize, r: &RouteConfig) -> Result<(), ConfigError> {
+        let path = format!("routes[{i}].semantic_cache");
+        let Some(s) = &r.semantic_cache else {
+            if r.has_rung(Rung::SemanticCache) {
+                return Err(ConfigError::new(
+                    format!("routes[{i}].ladder"),
+                    "the `semantic_cache` rung needs the route's `semantic_cache` settings",
+                ));
+            }
+            return Ok(());
+        };
+        let at = self
+            .resolve_target(&s.embedder)
+            .map_err(|m| ConfigError::new(format!("{path}.embedder"), m))?;
+        let p = &self.providers[at.provider];
+        if !p.models[at.model].has(Capability::Embeddings) {
+            return Err(ConfigError::new(
+                format!("{path}.embedder"),
+                format!(
+                    "`{}` does not declare the `embeddings` capability",
+                    s.embedder
+                ),
+            ));
+        }
+        if p.kind != ProviderKind::Openai {
+            return Err(ConfigError::new(
+                format!("{path}.embedder"),
+                format!(
+                    "provider `{}` is `{}`; embeddings are read from an `openai`-kind provider's /embeddings (vLLM, llama.cpp, Ollama, OpenAI)",
+                    p.id,
+                    p.kind.as_str()
+                ),
+            ));
+        }
+        if !(s.threshold > 0.0 && s.threshold <= 1.0) {
+            return Err(ConfigError::new(
+                format!("{path}.threshold"),
+                format!("{} is outside (0, 1]", s.threshold),
+            ));
+        }
+        if s.max_entries == 0 || s.max_entries > 10_000_000 {
+            return Err(ConfigError::new(
+                format!("{path}.max_entries"),
+                format!("{} is outside 1..=10000000", s.max_entries),
+            ));
+        }
+        if s.max_bytes < 64 * 1024 {
+            return Err(ConfigError::new(
+                format!("{path}.max_bytes"),
+                "must be at least 65536",
+            ));
+        }
+        if s.ttl.is_zero() {
+            return Err(ConfigError::new(format!("{path}.ttl"), "must be positive"));
+        }
+        if !(0.0..=2.0).contains(&s.max_temperature) {
+            return Err(ConfigError::new(
+                format!("{path}.max_temperature"),
+                format!("{} is outside 0..=2", s.max_temperature),
+            ));
+        }
+        if s.lookup_timeout.is_zero() || s.lookup_timeout > Duration::from_secs(10) {
+            return Err(ConfigError::new(
+                format!("{path}.lookup_timeout"),
+                "must be positive and at most 10s",
+            ));
+        }
+        if s.fresh_within.is_some_and(|f| f.is_zero() || f > s.ttl) {
+            return Err(ConfigError::new(
+                format!("{path}.fresh_within"),
+                "must be positive and at most `ttl`",
+            ));
+        }
+        if s.fresh_within.is_none() && !r.has_rung(Rung::SemanticCache) {
+            return Err(ConfigError::new(
+                path,
+                "set `fresh_within` or add the `semantic_cache` rung to the ladder, or the cache is never read",
             ));
         }
         Ok(())
@@ -1138,6 +1281,7 @@ impl Config {
                 cache_ttl: default_cache_ttl(),
                 serve_fresh_within: None,
                 max_tokens_limit: None,
+                semantic_cache: None,
             }],
         }
     }
@@ -1533,6 +1677,95 @@ targets = ["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
     fn duplicate_provider_is_rejected() {
         let e = err(&GOOD.replace("id = \"secondary\"", "id = \"primary\""));
         assert_eq!(e.path, "providers[1].id");
+    }
+
+    #[test]
+    fn semantic_cache_settings_are_checked_with_their_paths() {
+        let with = |settings: &str, ladder: &str| {
+            GOOD.replace(
+                "  name = \"gpt-4o-mini\"",
+                "  name = \"emb\"\n  capabilities = [\"embeddings\"]\n  [[providers.models]]\n  name = \"gpt-4o-mini\"",
+            ) + &format!("ladder = {ladder}\nsemantic_cache = {{ {settings} }}\n")
+        };
+        let rung = "[\"fallback\", \"semantic_cache\", \"refuse\"]";
+        let c = Config::from_toml_str(&with("embedder = \"primary/emb\"", rung)).unwrap();
+        let s = c.routes[0].semantic_cache.as_ref().unwrap();
+        assert_eq!(s.threshold, 0.92);
+        assert_eq!(s.max_entries, 100_000);
+        assert_eq!(s.ttl, Duration::from_secs(3600));
+        assert!(c.routes[0].has_rung(Rung::SemanticCache));
+        for (settings, ladder, path, says) in [
+            (
+                "embedder = \"primary/gpt-4o-mini\"",
+                rung,
+                "embedder",
+                "embeddings",
+            ),
+            (
+                "embedder = \"secondary/claude-sonnet-4-5\"",
+                rung,
+                "embedder",
+                "embeddings",
+            ),
+            ("embedder = \"primary/nope\"", rung, "embedder", "no model"),
+            (
+                "embedder = \"primary/emb\", threshold = 1.5",
+                rung,
+                "threshold",
+                "(0, 1]",
+            ),
+            (
+                "embedder = \"primary/emb\", max_entries = 0",
+                rung,
+                "max_entries",
+                "outside",
+            ),
+            (
+                "embedder = \"primary/emb\", ttl = \"0s\"",
+                rung,
+                "ttl",
+                "positive",
+            ),
+            (
+                "embedder = \"primary/emb\", fresh_within = \"2h\"",
+                rung,
+                "fresh_within",
+                "ttl",
+            ),
+            (
+                "embedder = \"primary/emb\", lookup_timeout = \"1m\"",
+                rung,
+                "lookup_timeout",
+                "10s",
+            ),
+            (
+                "embedder = \"primary/emb\", threshhold = 0.9",
+                rung,
+                "threshhold",
+                "unknown",
+            ),
+            (
+                "embedder = \"primary/emb\"",
+                "[\"fallback\", \"refuse\"]",
+                "",
+                "never read",
+            ),
+        ] {
+            let e = err(&with(settings, ladder));
+            let want = if path.is_empty() {
+                "routes[0].semantic_cache".to_string()
+            } else {
+                format!("routes[0].semantic_cache.{path}")
+            };
+            assert_eq!(e.path, want, "{settings}: {e}");
+            assert!(e.message.contains(says), "{settings}: {e}");
+        }
+        let e = err(&GOOD.replace(
+            "targets = [",
+            "ladder = [\"fallback\", \"semantic_cache\"]\ntargets = [",
+        ));
+        assert_eq!(e.path, "routes[0].ladder");
+        assert!(e.message.contains("semantic_cache"), "{e}");
     }
 
     #[test]

@@ -29,6 +29,7 @@ use crate::policy::backoff::Backoff;
 use crate::policy::next::{next, Next, Outcome, Tried, View};
 use crate::queue::jobs::{Jobs, OwnedJob};
 use crate::request::RequestSpec;
+use crate::semantic::SemanticCache;
 use crate::sink::{Event, EventSink, Finished, QueuedJob, Started, Tier};
 use crate::state::shared::{Idempotency, KeyClaim};
 use crate::telemetry::metrics::{Metrics, ServedLabels, ShedLabels, TargetSeries};
@@ -39,6 +40,8 @@ pub struct Dispatcher {
     pub metrics: Arc<Metrics>,
     pub idempotency: Arc<Idempotency>,
     pub cache: Arc<ResponseCache>,
+    /// Near-repeat answers of the routes with a `semantic_cache`.
+    pub semantic: Arc<SemanticCache>,
     pub cost: Arc<CostLedger>,
     pub backoff: Backoff,
     pub default_deadline: Duration,
@@ -127,6 +130,7 @@ impl Dispatcher {
             metrics,
             idempotency,
             cache,
+            semantic: SemanticCache::new(),
             cost,
             jobs: None,
             backoff,
@@ -205,18 +209,32 @@ impl Dispatcher {
         }
         if let Some(fresh) = plan.serve_fresh_within {
             if let Some(hit) = self.cache.get(&fingerprint(), Some(fresh), Instant::now()) {
-                self.count_served(&plan.route, Tier::Cache, "cache");
-                replay_cached(sink, &hit, spec, 0).await;
+                self.serve_stored(sink, spec, &plan.route, Stored::exact(&hit), 0)
+                    .await;
+                return Ok(());
+            }
+        }
+        let semantic = self.semantic_begin(spec, &plan);
+        if let Some(p) = semantic.as_ref().filter(|p| p.cfg.fresh_within.is_some()) {
+            if let Some(hit) = self.semantic_hit(p, true).await {
+                self.serve_stored(sink, spec, &plan.route, Stored::semantic(&hit), 0)
+                    .await;
                 return Ok(());
             }
         }
         let caches = plan.has_rung(Rung::Cache) || plan.serve_fresh_within.is_some();
-        if caches || guard.is_some() {
-            let fingerprint = fingerprint();
-            let cache = caches.then(|| (self.cache.clone(), plan.cache_ttl));
+        if caches || guard.is_some() || semantic.is_some() {
+            let fingerprint = caches.then(fingerprint);
+            let cache = fingerprint.map(|f| (self.cache.clone(), plan.cache_ttl, f));
+            let fill = semantic
+                .clone()
+                .map(|p| (self.semantic.clone(), self.metrics.clone(), p));
             sink.record(Box::new(move |events| {
                 Box::pin(async move {
-                    if let Some((cache, ttl)) = cache {
+                    if let Some((semantic, metrics, pending)) = fill {
+                        crate::semantic::lookup::fill(semantic, metrics, pending, events.clone());
+                    }
+                    if let Some((cache, ttl, fingerprint)) = cache {
                         cache.put(fingerprint, events.clone(), ttl, Instant::now());
                     }
                     if let Some(guard) = guard {
@@ -237,20 +255,49 @@ impl Dispatcher {
         match live {
             Ok(()) => Ok(()),
             Err(e) if e.may_descend_ladder() && !sink.committed() => {
-                if plan.has_rung(Rung::Cache) {
-                    if let Some(hit) = self.cache.get(&fingerprint(), None, Instant::now()) {
-                        tracing::warn!(request_id = %spec.request_id, route = %plan.route, age_ms = hit.age.as_millis() as u64, error = %e, "no live answer; serving the cached one");
-                        self.count_served(&plan.route, Tier::Cache, "cache");
-                        replay_cached(sink, &hit, spec, e.attempts()).await;
-                        return Ok(());
+                // The rest of the ladder, in the route's order.
+                for rung in &plan.ladder {
+                    match rung {
+                        Rung::Cache => {
+                            if let Some(hit) = self.cache.get(&fingerprint(), None, Instant::now())
+                            {
+                                tracing::warn!(request_id = %spec.request_id, route = %plan.route, age_ms = hit.age.as_millis() as u64, error = %e, "no live answer; serving the cached one");
+                                self.serve_stored(
+                                    sink,
+                                    spec,
+                                    &plan.route,
+                                    Stored::exact(&hit),
+                                    e.attempts(),
+                                )
+                                .await;
+                                return Ok(());
+                            }
+                        }
+                        Rung::SemanticCache => {
+                            let Some(p) = &semantic else { continue };
+                            if let Some(hit) = self.semantic_hit(p, false).await {
+                                tracing::warn!(request_id = %spec.request_id, route = %plan.route, age_ms = hit.age.as_millis() as u64, similarity = hit.similarity, error = %e, "no live answer; serving the closest stored one");
+                                self.serve_stored(
+                                    sink,
+                                    spec,
+                                    &plan.route,
+                                    Stored::semantic(&hit),
+                                    e.attempts(),
+                                )
+                                .await;
+                                return Ok(());
+                            }
+                        }
+                        Rung::Queue if !spec.from_queue => {
+                            let job = self.enqueue(spec).await?;
+                            tracing::warn!(request_id = %spec.request_id, route = %plan.route, error = %e, "no live answer; queued");
+                            self.count_served(&plan.route, Tier::Queued, "queue");
+                            let _ = sink.queued(job).await;
+                            return Ok(());
+                        }
+                        Rung::Refuse => break,
+                        Rung::Fallback | Rung::Downshift | Rung::Queue => {}
                     }
-                }
-                if plan.has_rung(Rung::Queue) && !spec.from_queue {
-                    let job = self.enqueue(spec).await?;
-                    tracing::warn!(request_id = %spec.request_id, route = %plan.route, error = %e, "no live answer; queued");
-                    self.count_served(&plan.route, Tier::Queued, "queue");
-                    let _ = sink.queued(job).await;
-                    return Ok(());
                 }
                 Err(e)
             }
@@ -718,6 +765,7 @@ impl Dispatcher {
                 upstream_request_id: served.upstream_request_id,
                 replayed: false,
                 cache_age: None,
+                cache_similarity: None,
                 cost_usd,
                 service_tier: completion.service_tier,
             })
@@ -799,32 +847,100 @@ async fn replay(
     }
 }
 
-/// Replays a cached answer labelled as such: tier CACHE, with its age.
-async fn replay_cached(
-    sink: &mut EventSink,
-    hit: &crate::cache::Hit,
-    spec: &RequestSpec,
-    attempts: u32,
-) {
-    let events: Vec<Event> = hit
-        .events
-        .iter()
-        .cloned()
-        .map(|e| match e {
-            Event::Started(mut s) => {
-                s.tier = Tier::Cache;
-                s.attempt = attempts;
-                Event::Started(s)
-            }
-            other => other,
+/// A stored answer about to be served, from either cache.
+struct Stored<'a> {
+    events: &'a [Event],
+    tier: Tier,
+    age: Duration,
+    similarity: Option<f32>,
+}
+
+impl<'a> Stored<'a> {
+    fn exact(hit: &'a crate::cache::Hit) -> Self {
+        Stored {
+            events: &hit.events,
+            tier: Tier::Cache,
+            age: hit.age,
+            similarity: None,
+        }
+    }
+
+    fn semantic(hit: &'a crate::semantic::Hit) -> Self {
+        Stored {
+            events: &hit.events,
+            tier: Tier::SemanticCache,
+            age: hit.age,
+            similarity: Some(hit.similarity),
+        }
+    }
+}
+
+impl Dispatcher {
+    /// Serves a stored answer labelled as such (its tier, age and, from the
+    /// semantic cache, similarity); it cost nothing now. Counts it served
+    /// and, for the semantic tier, what it deflected.
+    async fn serve_stored(
+        &self,
+        sink: &mut EventSink,
+        spec: &RequestSpec,
+        route: &str,
+        stored: Stored<'_>,
+        attempts: u32,
+    ) {
+        self.count_served(route, stored.tier, stored.tier.as_str());
+        if stored.tier == Tier::SemanticCache {
+            self.count_deflected(route, stored.events);
+        }
+        let events: Vec<Event> = stored
+            .events
+            .iter()
+            .cloned()
+            .map(|e| match e {
+                Event::Started(mut s) => {
+                    s.tier = stored.tier;
+                    s.attempt = attempts;
+                    Event::Started(s)
+                }
+                other => other,
+            })
+            .collect();
+        replay(sink, &events, spec, |f| {
+            f.tier = stored.tier;
+            f.cache_age = Some(stored.age);
+            f.cache_similarity = stored.similarity;
+            f.attempts = attempts;
+            f.cost_usd = 0.0;
+            f.upstream_request_id = None;
         })
-        .collect();
-    replay(sink, &events, spec, |f| {
-        f.tier = Tier::Cache;
-        f.cache_age = Some(hit.age);
-        f.attempts = attempts;
-    })
-    .await;
+        .await;
+    }
+
+    /// The tokens and cost an answer served from the semantic cache saved.
+    fn count_deflected(&self, route: &str, events: &[Event]) {
+        let Some(f) = events.iter().find_map(|e| match e {
+            Event::Finished(f) => Some(f),
+            _ => None,
+        }) else {
+            return;
+        };
+        let m = &self.metrics.semantic;
+        for (kind, n) in [
+            ("input", f.usage.input_tokens),
+            ("output", f.usage.output_tokens),
+        ] {
+            m.deflected_tokens
+                .get_or_create(&crate::telemetry::metrics::DeflectedLabels {
+                    route: route.to_string(),
+                    gen_ai_token_type: kind,
+                })
+                .inc_by(u64::from(n));
+        }
+        m.deflected_cost
+            .get_or_create(&crate::telemetry::metrics::RouteLabels {
+                route: route.to_string(),
+            })
+            .inc_by(f.cost_usd);
+    }
 }
 
 /// A target's price table entry.
@@ -837,7 +953,7 @@ fn price(entry: &ProviderEntry, model: &str) -> crate::config::Price {
 }
 
 /// The answer to an admission request.
-enum Admission {
+pub(crate) enum Admission {
     Granted(ProviderEntry, Permit),
     Refused(Refusal),
     /// The actor is gone and no new incarnation appeared in time.
@@ -858,35 +974,54 @@ impl Dispatcher {
         traffic: TrafficClass,
         deadline: Instant,
     ) -> Admission {
-        let give_up = Instant::now() + RESTART_GRACE;
-        loop {
-            let Some(entry) = self.registry.provider(&candidate.provider) else {
-                return Admission::Unreachable;
-            };
-            let wait = deadline.saturating_duration_since(Instant::now());
-            if wait.is_zero() {
-                return Admission::Unreachable;
+        admit(
+            &self.registry,
+            &candidate.provider,
+            &candidate.model,
+            traffic,
+            deadline,
+        )
+        .await
+    }
+}
+
+/// Asks a provider actor for a permit to send one call to `model` (see
+/// [`Dispatcher::admit`]); the semantic cache's embedder calls come here too.
+pub(crate) async fn admit(
+    registry: &Registry,
+    provider: &str,
+    model: &str,
+    traffic: TrafficClass,
+    deadline: Instant,
+) -> Admission {
+    let give_up = Instant::now() + RESTART_GRACE;
+    loop {
+        let Some(entry) = registry.provider(provider) else {
+            return Admission::Unreachable;
+        };
+        let wait = deadline.saturating_duration_since(Instant::now());
+        if wait.is_zero() {
+            return Admission::Unreachable;
+        }
+        let answer = entry
+            .actor
+            .call(
+                |reply| ProviderMsg::Admit {
+                    model: model.to_string(),
+                    class: traffic,
+                    reply,
+                },
+                Some(wait),
+            )
+            .await;
+        match answer {
+            Ok(CallResult::Success(Ok(permit))) => return Admission::Granted(entry, permit),
+            Ok(CallResult::Success(Err(refusal))) => return Admission::Refused(refusal),
+            Ok(CallResult::Timeout) => return Admission::Unreachable,
+            _ if Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            let answer = entry
-                .actor
-                .call(
-                    |reply| ProviderMsg::Admit {
-                        model: candidate.model.clone(),
-                        class: traffic,
-                        reply,
-                    },
-                    Some(wait),
-                )
-                .await;
-            match answer {
-                Ok(CallResult::Success(Ok(permit))) => return Admission::Granted(entry, permit),
-                Ok(CallResult::Success(Err(refusal))) => return Admission::Refused(refusal),
-                Ok(CallResult::Timeout) => return Admission::Unreachable,
-                _ if Instant::now() < give_up => {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                _ => return Admission::Unreachable,
-            }
+            _ => return Admission::Unreachable,
         }
     }
 }

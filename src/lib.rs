@@ -35,6 +35,7 @@ pub mod policy;
 pub mod queue;
 pub mod reload;
 pub mod request;
+pub mod semantic;
 pub mod sink;
 pub mod state;
 pub mod telemetry;

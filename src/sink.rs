@@ -24,6 +24,8 @@ pub enum Tier {
     Fallback,
     Downshift,
     Cache,
+    /// A stored answer to a near-identical question (the semantic cache).
+    SemanticCache,
     Queued,
     Refused,
 }
@@ -35,6 +37,7 @@ impl Tier {
             Tier::Fallback => "fallback",
             Tier::Downshift => "downshift",
             Tier::Cache => "cache",
+            Tier::SemanticCache => "semantic_cache",
             Tier::Queued => "queued",
             Tier::Refused => "refused",
         }
@@ -67,6 +70,9 @@ pub struct Finished {
     pub replayed: bool,
     /// For a cached answer: how old it is.
     pub cache_age: Option<std::time::Duration>,
+    /// For a semantic cache answer: the cosine similarity of its question.
+    #[serde(default)]
+    pub cache_similarity: Option<f32>,
     /// What the serving attempt cost, from the target's price table.
     pub cost_usd: f64,
     /// The upstream service tier that served, when it said.
@@ -488,6 +494,7 @@ mod tests {
             upstream_request_id: None,
             replayed: false,
             cache_age: None,
+            cache_similarity: None,
             cost_usd: 0.0,
             service_tier: None,
         }

@@ -16,7 +16,9 @@ use tokio::time::Instant;
 
 use super::provider::Unavailable;
 use super::registry::Registry;
-use crate::config::{Capability, Config, MidStreamPolicy, RetryBudgetConfig, Rung};
+use crate::config::{
+    Capability, Config, MidStreamPolicy, RetryBudgetConfig, Rung, SemanticCacheConfig,
+};
 use crate::policy::budget::RetryBudget;
 use crate::policy::next::RoutePolicy;
 use crate::policy::share::ShareWindow;
@@ -54,6 +56,8 @@ pub struct Plan {
     pub cache_ttl: Duration,
     pub serve_fresh_within: Option<Duration>,
     pub max_tokens_limit: Option<u32>,
+    /// The route's semantic cache settings, when it has one.
+    pub semantic: Option<Arc<SemanticCacheConfig>>,
     /// When the plan is empty because every capable target is tripped or
     /// cooling down: the soonest one may take traffic again.
     pub unavailable_for: Option<Duration>,
@@ -134,6 +138,7 @@ struct RouteEntry {
     cache_ttl: Duration,
     serve_fresh_within: Option<Duration>,
     max_tokens_limit: Option<u32>,
+    semantic: Option<Arc<SemanticCacheConfig>>,
     default_max_tokens: Option<u32>,
     service_tier: Option<String>,
     deadline: Option<Duration>,
@@ -242,6 +247,7 @@ fn build_routes(
                 cache_ttl: r.cache_ttl,
                 serve_fresh_within: r.serve_fresh_within,
                 max_tokens_limit: r.max_tokens_limit,
+                semantic: r.semantic_cache.clone().map(Arc::new),
                 default_max_tokens: r.default_max_tokens,
                 service_tier: r.service_tier.clone(),
                 deadline: r.deadline,
@@ -429,6 +435,7 @@ impl RouterState {
             cache_ttl: entry.cache_ttl,
             serve_fresh_within: entry.serve_fresh_within,
             max_tokens_limit: entry.max_tokens_limit,
+            semantic: entry.semantic.clone(),
             unavailable_for: if ranked_empty { soonest } else { None },
         })
     }

@@ -294,6 +294,7 @@ pub fn tier(t: Tier) -> proto::Tier {
         Tier::Fallback => proto::Tier::Fallback,
         Tier::Downshift => proto::Tier::Downshift,
         Tier::Cache => proto::Tier::Cache,
+        Tier::SemanticCache => proto::Tier::SemanticCache,
         Tier::Queued => proto::Tier::Queued,
         Tier::Refused => proto::Tier::Refused,
     }
@@ -336,6 +337,7 @@ fn finished(f: &Finished) -> proto::Finished {
         request_id: f.request_id.clone(),
         upstream_request_id: f.upstream_request_id.clone().unwrap_or_default(),
         cache_age_ms: f.cache_age.map_or(0, |a| a.as_millis() as u64),
+        cache_similarity: f.cache_similarity.unwrap_or(0.0),
         replayed: f.replayed,
         cost_usd: f.cost_usd,
         service_tier: f.service_tier.clone().unwrap_or_default(),
@@ -432,6 +434,7 @@ impl Assembler {
                     request_id: fin.request_id,
                     upstream_request_id: fin.upstream_request_id,
                     cache_age_ms: fin.cache_age_ms,
+                    cache_similarity: fin.cache_similarity,
                     replayed: fin.replayed,
                     cost_usd: fin.cost_usd,
                     job: None,
@@ -631,6 +634,7 @@ mod tests {
                 upstream_request_id: None,
                 replayed: false,
                 cache_age: None,
+                cache_similarity: None,
                 cost_usd: 0.0,
                 service_tier: None,
             })))

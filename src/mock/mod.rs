@@ -2,6 +2,8 @@
 //! server used by every integration test, drill and benchmark. It serves both
 //! `POST /v1/chat/completions` and `POST /v1/messages` (deterministic text:
 //! token `i` is `"tok{i} "`), logs every request, and injects faults on demand.
+//! `POST /v1/embeddings` answers with a deterministic bag-of-words vector
+//! (see [`embeddings`]).
 //! It never forwards anything anywhere and never stores credentials.
 //!
 //! # Control API (never logged, never faulted)
@@ -47,6 +49,7 @@
 //! `max_concurrency` > 0) answers 503 (OpenAI) / 529 (Anthropic) at once.
 
 mod bedrock;
+pub mod embeddings;
 mod faults;
 mod log;
 mod script;

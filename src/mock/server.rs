@@ -93,7 +93,7 @@ pub(crate) struct KeyRules {
     pub refused: Vec<String>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -118,6 +118,11 @@ impl Shared {
 
     pub(crate) fn config(&self) -> MockConfig {
         *lock(&self.config)
+    }
+
+    /// The fault for the next request (and counts it against `times`).
+    pub(crate) fn pick_fault(&self) -> Fault {
+        lock(&self.faults).pick().unwrap_or(Fault::None)
     }
 
     pub(crate) fn current_fault(&self) -> FaultSpec {
@@ -322,6 +327,7 @@ impl AsyncWrite for ConnIo {
 
 fn router(shared: Arc<Shared>) -> Router {
     Router::new()
+        .route("/v1/embeddings", post(super::embeddings::embeddings))
         .route(
             "/v1/chat/completions",
             post(|s: State<Arc<Shared>>, r: Request| completion(s, MockKind::Openai, r)),
@@ -461,14 +467,14 @@ fn request_key(headers: &HeaderMap) -> Option<String> {
 
 // ---- Provider endpoints -----------------------------------------------------
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
 }
 
-fn new_record(
+pub(super) fn new_record(
     dialect: MockKind,
     path: &str,
     headers: &HeaderMap,
@@ -642,19 +648,7 @@ pub(super) async fn completion_as(
                 false,
             )
         }
-        Fault::Status {
-            status,
-            preset,
-            headers,
-            body,
-        } => {
-            let preset = preset.unwrap_or_else(|| Preset::for_status(status.unwrap_or(500)));
-            let (preset_status, preset_body) =
-                wire::preset_error(dialect, preset, gen.model_name(), &gen.request_id());
-            let code = status.unwrap_or(preset_status);
-            let raw = body.as_ref().map(|b| Bytes::from(b.clone()));
-            error_response(&gen, attempt, code, preset_body, headers, raw)
-        }
+        Fault::Status { .. } => status_response(&gen, attempt, &fault),
         Fault::ErrorEvent { error_type, .. } if !gen.req.stream => {
             let preset = match error_type.as_deref() {
                 None | Some("overloaded_error") => Preset::Overloaded,
@@ -688,7 +682,7 @@ fn request_id_header(dialect: MockKind) -> HeaderName {
 }
 
 /// A response whose body plays `steps`.
-fn respond(
+pub(super) fn respond(
     gen: &Gen,
     attempt: Attempt,
     status: u16,
@@ -715,8 +709,35 @@ fn respond(
     resp
 }
 
+/// The answer of a `status` fault: its status, preset body (or raw
+/// body) and headers, in the request's dialect.
+pub(super) fn status_response(gen: &Gen, attempt: Attempt, fault: &Fault) -> Response {
+    let Fault::Status {
+        status,
+        preset,
+        headers,
+        body,
+    } = fault
+    else {
+        return error_response(
+            gen,
+            attempt,
+            500,
+            serde_json::json!({}),
+            &BTreeMap::new(),
+            None,
+        );
+    };
+    let preset = preset.unwrap_or_else(|| Preset::for_status(status.unwrap_or(500)));
+    let (preset_status, preset_body) =
+        wire::preset_error(gen.dialect, preset, gen.model_name(), &gen.request_id());
+    let code = status.unwrap_or(preset_status);
+    let raw = body.as_ref().map(|b| Bytes::from(b.clone()));
+    error_response(gen, attempt, code, preset_body, headers, raw)
+}
+
 /// An error response: `body` (or `raw`) with `status` and extra `headers`.
-fn error_response(
+pub(super) fn error_response(
     gen: &Gen,
     attempt: Attempt,
     status: u16,

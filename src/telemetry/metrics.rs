@@ -113,6 +113,102 @@ pub struct StateLabels {
     pub function: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SemanticLabels {
+    pub route: String,
+    /// `hit`, `miss`, `embedder_slow`, `embedder_unavailable`, `ineligible`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EmbedLabels {
+    pub route: String,
+    /// `ok`, or the failure's outcome class, `refused` or `timeout`.
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeflectedLabels {
+    pub route: String,
+    /// `input` or `output`.
+    pub gen_ai_token_type: &'static str,
+}
+
+/// The semantic cache's series, per route.
+pub struct SemanticMetrics {
+    pub lookups: Family<SemanticLabels, Counter>,
+    pub similarity: Family<RouteLabels, Histogram>,
+    pub embed_duration: Family<EmbedLabels, Histogram>,
+    pub deflected_tokens: Family<DeflectedLabels, Counter>,
+    pub deflected_cost: Family<RouteLabels, Counter<f64, AtomicU64>>,
+    pub entries: Family<RouteLabels, Gauge>,
+    pub bytes: Family<RouteLabels, Gauge>,
+}
+
+impl SemanticMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let lookups = Family::<SemanticLabels, Counter>::default();
+        registry.register(
+            "switchyard_semantic_cache_lookups",
+            "Semantic cache lookups by result (hit rate = hit / (hit + miss + embedder_*))",
+            lookups.clone(),
+        );
+        let similarity = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.92, 0.94, 0.96, 0.98, 0.99, 1.0,
+            ])
+        });
+        registry.register(
+            "switchyard_semantic_cache_similarity",
+            "Cosine similarity of the closest stored question, per lookup that found one",
+            similarity.clone(),
+        );
+        let embed_duration = Family::<EmbedLabels, Histogram>::new_with_constructor(|| {
+            // 1 ms .. ~16 s
+            Histogram::new(exponential_buckets(0.001, 2.0, 15))
+        });
+        registry.register_with_unit(
+            "switchyard_semantic_cache_embed_duration",
+            "Time to embed a question (admission and the embeddings call)",
+            prometheus_client::registry::Unit::Seconds,
+            embed_duration.clone(),
+        );
+        let deflected_tokens = Family::<DeflectedLabels, Counter>::default();
+        registry.register(
+            "switchyard_semantic_cache_deflected_tokens",
+            "Tokens of the answers served from the semantic cache instead of an inference",
+            deflected_tokens.clone(),
+        );
+        let deflected_cost = Family::<RouteLabels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "switchyard_semantic_cache_deflected_cost_usd",
+            "What the answers served from the semantic cache cost when generated",
+            deflected_cost.clone(),
+        );
+        let entries = Family::<RouteLabels, Gauge>::default();
+        registry.register(
+            "switchyard_semantic_cache_entries",
+            "Answers held by the semantic cache",
+            entries.clone(),
+        );
+        let bytes = Family::<RouteLabels, Gauge>::default();
+        registry.register(
+            "switchyard_semantic_cache_bytes",
+            "Approximate memory held by the semantic cache",
+            bytes.clone(),
+        );
+        SemanticMetrics {
+            lookups,
+            similarity,
+            embed_duration,
+            deflected_tokens,
+            deflected_cost,
+            entries,
+            bytes,
+        }
+    }
+}
+
 fn latency_histogram() -> Histogram {
     // 5 ms .. ~82 s
     Histogram::new(exponential_buckets(0.005, 2.0, 15))
@@ -198,6 +294,7 @@ pub struct Metrics {
     pub connections_refused: Family<ListenerLabels, Counter>,
     pub concurrency_limit: Family<TrafficLabels, Gauge>,
     pub ready: Gauge,
+    pub semantic: SemanticMetrics,
 }
 
 impl Default for Metrics {
@@ -352,11 +449,13 @@ impl Metrics {
             "1 while /readyz answers 200 (started, not draining, some route can serve)",
             ready.clone(),
         );
+        let semantic = SemanticMetrics::register(&mut registry);
         if super::alloc::enabled() {
             registry.register_collector(Box::new(super::alloc::AllocCollector));
         }
         Metrics {
             registry,
+            semantic,
             targets: std::sync::RwLock::default(),
             connections,
             connections_refused,

@@ -671,3 +671,28 @@ pub fn check_config_refuses(config: &str) -> String {
     assert!(!out.status.success(), "accepted: {text}");
     text
 }
+
+/// Checks (time to first token, whole stream) samples of a feature's route
+/// against a plain route's: every first token was forwarded as it arrived
+/// (well before the stream's end) and the median TTFTs differ by < 60 ms.
+pub fn assert_ttft_unchanged(
+    mut with: Vec<(Duration, Duration)>,
+    mut without: Vec<(Duration, Duration)>,
+    feature: &str,
+) {
+    for (first, total) in &with {
+        assert!(
+            *first * 3 < *total,
+            "the first token is forwarded as it arrives: {first:?} of {total:?}"
+        );
+    }
+    let median = |v: &mut Vec<(Duration, Duration)>| {
+        v.sort();
+        v[v.len() / 2].0
+    };
+    let (w, wo) = (median(&mut with), median(&mut without));
+    assert!(
+        w.abs_diff(wo) < Duration::from_millis(60),
+        "TTFT with {feature} {w:?} vs without {wo:?}"
+    );
+}

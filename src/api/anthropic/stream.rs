@@ -224,6 +224,7 @@ mod tests {
             upstream_request_id: None,
             replayed: false,
             cache_age: None,
+            cache_similarity: None,
             cost_usd: 0.0,
             service_tier: None,
         }

@@ -1,0 +1,196 @@
+//! Which requests may use a route's semantic cache, and what they are
+//! looked up by: the scope (a digest of everything that shapes the answer
+//! except the last question, plus the embedder) and the question's text.
+//! Pure.
+
+use sha2::{Digest, Sha256};
+
+use crate::config::SemanticCacheConfig;
+use crate::idempotency::Fingerprint;
+use crate::request::RequestSpec;
+
+/// Longest question embedded (longer ones are not near-repeats worth it).
+pub const MAX_QUESTION_BYTES: usize = 16 * 1024;
+
+/// A request's key into the semantic cache.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Query {
+    pub scope: Fingerprint,
+    pub question: String,
+}
+
+/// Why a request does not use the semantic cache (a metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// It offers tools: the answer may be an action, not text.
+    Tools,
+    /// Its temperature is above the route's `max_temperature`.
+    Temperature,
+    /// An idempotency key on a `side_effects` route.
+    SideEffects,
+    /// The last message is not a user's question with text.
+    NoQuestion,
+    TooLong,
+}
+
+impl Skip {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Skip::Tools => "tools",
+            Skip::Temperature => "temperature",
+            Skip::SideEffects => "side_effects",
+            Skip::NoQuestion => "no_question",
+            Skip::TooLong => "too_long",
+        }
+    }
+}
+
+/// The request's key, or why it may not use the cache.
+pub fn query(
+    spec: &RequestSpec,
+    side_effects: bool,
+    cfg: &SemanticCacheConfig,
+) -> Result<Query, Skip> {
+    let chat = &spec.chat;
+    if !chat.tools.is_empty() || spec.needs.tools {
+        return Err(Skip::Tools);
+    }
+    if chat.temperature.is_some_and(|t| t > cfg.max_temperature) {
+        return Err(Skip::Temperature);
+    }
+    if side_effects && spec.idempotency_key.is_some() {
+        return Err(Skip::SideEffects);
+    }
+    let last = chat
+        .messages
+        .last()
+        .filter(|m| m.role == "user" && !m.content.trim().is_empty())
+        .ok_or(Skip::NoQuestion)?;
+    if last.content.len() > MAX_QUESTION_BYTES {
+        return Err(Skip::TooLong);
+    }
+    // The request without its question: route, system prompt, earlier
+    // turns, sampling and needs, digested as the exact cache digests them.
+    let mut rest = spec.clone();
+    rest.chat.messages.pop();
+    rest.source = None;
+    let mut h = Sha256::new();
+    h.update(b"semantic\0");
+    h.update(cfg.embedder.as_bytes());
+    h.update(b"\0");
+    h.update(rest.fingerprint());
+    Ok(Query {
+        scope: h.finalize().into(),
+        question: last.content.clone(),
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::chat::{ChatMessage, ChatRequest, ToolSpec};
+    use crate::request::Needs;
+
+    fn cfg() -> SemanticCacheConfig {
+        SemanticCacheConfig {
+            embedder: "emb/e".into(),
+            threshold: 0.9,
+            max_entries: 10,
+            max_bytes: 1 << 20,
+            ttl: std::time::Duration::from_secs(60),
+            max_temperature: 0.3,
+            lookup_timeout: std::time::Duration::from_millis(100),
+            fresh_within: None,
+        }
+    }
+
+    fn msg(role: &str, text: &str) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: text.into(),
+            ..Default::default()
+        }
+    }
+
+    fn spec(system: &str, question: &str) -> RequestSpec {
+        RequestSpec {
+            request_id: "id".into(),
+            route: "support".into(),
+            chat: ChatRequest {
+                messages: vec![msg("system", system), msg("user", question)],
+                ..Default::default()
+            },
+            needs: Needs::default(),
+            deadline: None,
+            tenant: "t".into(),
+            idempotency_key: None,
+            source: None,
+            from_queue: false,
+            pin: None,
+        }
+    }
+
+    #[test]
+    fn the_scope_is_everything_but_the_question() {
+        let a = query(&spec("be brief", "refund policy?"), false, &cfg()).unwrap();
+        let b = query(
+            &spec("be brief", "what is the refund policy"),
+            false,
+            &cfg(),
+        )
+        .unwrap();
+        assert_eq!(a.scope, b.scope);
+        assert_eq!(b.question, "what is the refund policy");
+        let other = query(&spec("be verbose", "refund policy?"), false, &cfg()).unwrap();
+        assert_ne!(
+            a.scope, other.scope,
+            "another system prompt is another scope"
+        );
+        let mut s = spec("be brief", "refund policy?");
+        s.chat.max_tokens = Some(10);
+        assert_ne!(query(&s, false, &cfg()).unwrap().scope, a.scope);
+        let mut s = spec("be brief", "refund policy?");
+        s.route = "sales".into();
+        assert_ne!(query(&s, false, &cfg()).unwrap().scope, a.scope);
+        let mut other_embedder = cfg();
+        other_embedder.embedder = "emb/f".into();
+        assert_ne!(
+            query(&spec("be brief", "refund policy?"), false, &other_embedder)
+                .unwrap()
+                .scope,
+            a.scope
+        );
+        // Ids, tenants and deadlines are not part of it.
+        let mut s = spec("be brief", "refund policy?");
+        s.request_id = "other".into();
+        s.tenant = "u".into();
+        assert_eq!(query(&s, false, &cfg()).unwrap().scope, a.scope);
+    }
+
+    #[test]
+    fn tools_hot_sampling_keyed_side_effects_and_non_questions_skip() {
+        let mut s = spec("", "q");
+        s.chat.tools.push(ToolSpec {
+            name: "t".into(),
+            description: String::new(),
+            parameters: serde_json::json!({}),
+        });
+        assert_eq!(query(&s, false, &cfg()), Err(Skip::Tools));
+        let mut s = spec("", "q");
+        s.chat.temperature = Some(0.7);
+        assert_eq!(query(&s, false, &cfg()), Err(Skip::Temperature));
+        s.chat.temperature = Some(0.3);
+        assert!(query(&s, false, &cfg()).is_ok(), "at the route's setting");
+        let mut s = spec("", "q");
+        s.idempotency_key = Some("k".into());
+        assert_eq!(query(&s, true, &cfg()), Err(Skip::SideEffects));
+        assert!(query(&s, false, &cfg()).is_ok());
+        let mut s = spec("", "q");
+        s.chat.messages.push(msg("assistant", "a"));
+        assert_eq!(query(&s, false, &cfg()), Err(Skip::NoQuestion));
+        assert_eq!(query(&spec("", "  "), false, &cfg()), Err(Skip::NoQuestion));
+        let long = "x".repeat(MAX_QUESTION_BYTES + 1);
+        assert_eq!(query(&spec("", &long), false, &cfg()), Err(Skip::TooLong));
+    }
+}
