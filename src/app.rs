@@ -30,6 +30,7 @@ use crate::cache::ResponseCache;
 use crate::config::AuthMode;
 use crate::config::{Config, ConfigError};
 use crate::dispatch::Dispatcher;
+use crate::golden::store::ValidationStore;
 use crate::proto;
 use crate::queue::jobs::Jobs;
 use crate::queue::{JobStore, Limits};
@@ -195,6 +196,7 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         current: Mutex::new(config.clone()),
         tls: tls.clone(),
     });
+    tokio::spawn(core.validations.clone().watch(stop.clone()));
     let auth = Authenticator::from_config(&config.auth)?;
     if auth.is_open() {
         tracing::warn!("auth.mode = \"open\": callers are not authenticated and their `tenant` field is trusted (local use only)");
@@ -275,6 +277,8 @@ struct Core {
     dispatcher: Arc<Dispatcher>,
     intake: Arc<Intake>,
     jobs: Option<Arc<Jobs>>,
+    /// The golden-set validations (`Admin.RecordValidation`, `[golden] record`).
+    validations: Arc<ValidationStore>,
     supervisor: ActorRef<SupervisorMsg>,
     supervisor_done: JoinHandle<()>,
 }
@@ -338,12 +342,18 @@ impl Core {
         let supervisor_done = tokio::spawn(async move {
             let _ = supervisor_handle.await;
         });
+        let validations = ValidationStore::open(
+            registry.clone(),
+            config.golden.as_ref().map(|g| g.record.clone()),
+        )
+        .await;
         Ok(Core {
             registry,
             metrics,
             dispatcher,
             intake,
             jobs,
+            validations,
             supervisor,
             supervisor_done,
         })
@@ -440,6 +450,7 @@ async fn serve_grpc(
         proto::admin_server::AdminServer::new(AdminService::new(
             core.registry.clone(),
             reloader.clone(),
+            core.validations.clone(),
         )),
         move |req| admin_access.check(req),
     );

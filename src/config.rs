@@ -68,6 +68,18 @@ pub struct Config {
     /// Where jobs, idempotency records, cost reservations and tenant limits live.
     #[serde(default)]
     pub state: StateConfig,
+    /// Where golden-set validations are kept (`switchyard golden`).
+    #[serde(default)]
+    pub golden: Option<GoldenConfig>,
+}
+
+/// `[golden]`: the validation record file. Read at start and whenever it
+/// changes (replicas sharing a volume see each other's validations);
+/// written when `Admin.RecordValidation` stores a route's validation.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GoldenConfig {
+    pub record: std::path::PathBuf,
 }
 
 /// `[cache]`: the in-process response cache.
@@ -678,6 +690,10 @@ pub struct RouteConfig {
     /// Near-repeat questions answered from earlier answers (opt in).
     #[serde(default)]
     pub semantic_cache: Option<SemanticCacheConfig>,
+    /// The `downshift` rung uses only targets the route's last golden-set
+    /// validation (`switchyard golden`) passed.
+    #[serde(default)]
+    pub require_validated: bool,
 }
 
 /// A route's `semantic_cache = { embedder = "provider/model", threshold = 0.92, ... }`.
@@ -993,6 +1009,12 @@ impl Config {
             ));
         }
         self.validate_semantic(i, r)?;
+        if r.require_validated && (r.downshift.is_empty() || !r.has_rung(Rung::Downshift)) {
+            return Err(ConfigError::new(
+                format!("routes[{i}].require_validated"),
+                "is set but the route has no `downshift` targets and rung to restrict",
+            ));
+        }
         if r.has_rung(Rung::Queue) && self.queue.is_none() {
             return Err(ConfigError::new(
                 format!("routes[{i}].ladder"),
@@ -1263,6 +1285,7 @@ impl Config {
             cost: CostConfig::default(),
             queue: None,
             state: StateConfig::default(),
+            golden: None,
             providers,
             routes: vec![RouteConfig {
                 name: "chat".into(),
@@ -1282,6 +1305,7 @@ impl Config {
                 serve_fresh_within: None,
                 max_tokens_limit: None,
                 semantic_cache: None,
+                require_validated: false,
             }],
         }
     }

@@ -28,6 +28,7 @@ pub mod cost;
 pub mod dispatch;
 pub mod drill;
 pub mod error;
+pub mod golden;
 pub mod idempotency;
 pub mod mock;
 pub mod plan;

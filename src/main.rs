@@ -40,6 +40,9 @@ enum Command {
     /// Failover capacity per route from a running Switchyard (or Prometheus) and
     /// the config: exit 0 all fits, 1 a ceiling would be exceeded, 2 could not run.
     Plan(switchyard::plan::PlanArgs),
+    /// Run a golden set through every target of a route and record which
+    /// targets behave like the first: exit 0 all validated, 1 some not, 2 could not run.
+    Golden(switchyard::golden::GoldenArgs),
 }
 
 #[derive(clap::Args)]
@@ -100,6 +103,10 @@ fn main() -> ExitCode {
         Command::Drill(args) => verdict(
             runtime.block_on(switchyard::drill::run(args)),
             switchyard::drill::DrillError::exit_code,
+        ),
+        Command::Golden(args) => verdict(
+            runtime.block_on(switchyard::golden::run(args)),
+            switchyard::golden::GoldenError::exit_code,
         ),
         Command::Plan(args) => verdict(
             runtime.block_on(switchyard::plan::run(args)),

@@ -19,6 +19,7 @@ use super::registry::Registry;
 use crate::config::{
     Capability, Config, MidStreamPolicy, RetryBudgetConfig, Rung, SemanticCacheConfig,
 };
+use crate::golden::record::{Records, RouteValidation};
 use crate::policy::budget::RetryBudget;
 use crate::policy::next::RoutePolicy;
 use crate::policy::share::ShareWindow;
@@ -121,6 +122,8 @@ pub enum RouterMsg {
     Status(RpcReplyPort<Vec<RouteStatus>>),
     /// A new, validated config: rebuild the route table.
     Reload(Arc<Config>),
+    /// The golden-set validations now on record (replaces the previous).
+    Validations(Arc<Records>),
 }
 
 /// One route as the admin surfaces show it.
@@ -130,6 +133,10 @@ pub struct RouteStatus {
     pub targets: Vec<String>,
     pub failover_rate: f64,
     pub retry_budget_remaining: f64,
+    /// The downshift rung uses only validated targets.
+    pub require_validated: bool,
+    /// The route's last golden-set validation, if any.
+    pub validation: Option<RouteValidation>,
 }
 
 struct RouteEntry {
@@ -139,6 +146,7 @@ struct RouteEntry {
     serve_fresh_within: Option<Duration>,
     max_tokens_limit: Option<u32>,
     semantic: Option<Arc<SemanticCacheConfig>>,
+    require_validated: bool,
     default_max_tokens: Option<u32>,
     service_tier: Option<String>,
     deadline: Option<Duration>,
@@ -201,6 +209,8 @@ pub struct RouterState {
     metrics: Arc<Metrics>,
     /// Weighted tie-breaking among equals, and the demoted targets' trickle.
     rng: StdRng,
+    /// The golden-set validations on record.
+    validations: Arc<Records>,
 }
 
 fn build_routes(
@@ -248,6 +258,7 @@ fn build_routes(
                 serve_fresh_within: r.serve_fresh_within,
                 max_tokens_limit: r.max_tokens_limit,
                 semantic: r.semantic_cache.clone().map(Arc::new),
+                require_validated: r.require_validated,
                 default_max_tokens: r.default_max_tokens,
                 service_tier: r.service_tier.clone(),
                 deadline: r.deadline,
@@ -326,6 +337,7 @@ impl RouterState {
         pin: Option<&str>,
         now: Instant,
     ) -> Result<Plan, PlanError> {
+        let validations = self.validations.clone();
         let entry = self
             .routes
             .get_mut(route)
@@ -336,7 +348,28 @@ impl RouterState {
             .enumerate()
             .filter(|(_, t)| t.unmet(needs).is_empty())
             .filter(|(_, t)| pin.is_none_or(|p| p.split_once('/') == Some((&t.provider, &t.model))))
+            // A pinned request (a golden run) may reach an unvalidated target.
+            .filter(|(_, t)| {
+                pin.is_some()
+                    || !(t.downshift && entry.require_validated)
+                    || validations
+                        .routes
+                        .get(route)
+                        .is_some_and(|v| v.validated(&format!("{}/{}", t.provider, t.model)))
+            })
             .collect();
+        if let Some(p) = pin.filter(|_| capable.is_empty()) {
+            let listed = entry
+                .targets
+                .iter()
+                .any(|t| p.split_once('/') == Some((&t.provider, &t.model)));
+            if !listed {
+                return Err(PlanError::NoCapableTarget {
+                    route: route.to_string(),
+                    missing: vec![format!("target `{p}` (not one of the route's targets)")],
+                });
+            }
+        }
         if capable.is_empty() {
             // Name what no target offers.
             let mut missing: Vec<String> = Vec::new();
@@ -457,6 +490,7 @@ impl Actor for RouterActor {
             registry: args.registry,
             metrics: args.metrics,
             rng: StdRng::from_os_rng(),
+            validations: Arc::default(),
         })
     }
 
@@ -517,6 +551,8 @@ impl Actor for RouterActor {
                             .collect(),
                         failover_rate: e.served.share(now),
                         retry_budget_remaining: e.budget.remaining(now),
+                        require_validated: e.require_validated,
+                        validation: state.validations.routes.get(name).cloned(),
                     })
                     .collect();
                 routes.sort_by(|a, b| a.name.cmp(&b.name));
@@ -533,6 +569,7 @@ impl Actor for RouterActor {
                 }
                 state.routes = fresh;
             }
+            RouterMsg::Validations(records) => state.validations = records,
         }
         Ok(())
     }
@@ -585,6 +622,7 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
             registry: Arc::new(Registry::default()),
             metrics: Arc::new(Metrics::new()),
             rng: StdRng::seed_from_u64(7),
+            validations: Arc::default(),
         }
     }
 

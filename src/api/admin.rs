@@ -17,6 +17,8 @@ use crate::actors::provider::{BreakerOverride, ProviderMsg};
 use crate::actors::registry::Registry;
 use crate::actors::router::{RouteStatus, RouterMsg};
 use crate::actors::CALL_TIMEOUT;
+use crate::golden::record::RouteValidation;
+use crate::golden::store::ValidationStore;
 use crate::policy::breaker::{BreakerState, Forced};
 use crate::proto;
 use crate::reload::Reloader;
@@ -130,12 +132,39 @@ fn target_proto(t: &TargetView) -> proto::TargetStatus {
 pub struct AdminService {
     registry: Arc<Registry>,
     reloader: Arc<Reloader>,
+    validations: Arc<ValidationStore>,
 }
 
 impl AdminService {
-    pub fn new(registry: Arc<Registry>, reloader: Arc<Reloader>) -> Self {
-        AdminService { registry, reloader }
+    pub fn new(
+        registry: Arc<Registry>,
+        reloader: Arc<Reloader>,
+        validations: Arc<ValidationStore>,
+    ) -> Self {
+        AdminService {
+            registry,
+            reloader,
+            validations,
+        }
     }
+}
+
+/// One route's validations as `ListProviders` shows them.
+fn validations_proto(r: &RouteStatus) -> Vec<proto::TargetValidation> {
+    let Some(v) = &r.validation else {
+        return Vec::new();
+    };
+    v.targets
+        .iter()
+        .map(|t| proto::TargetValidation {
+            target: t.target.clone(),
+            validated: t.validated,
+            validated_unix_ms: v.validated_unix_ms,
+            set_sha256: v.set_sha256.clone(),
+            answer_similarity: t.answer_similarity,
+            failures: t.failures.clone(),
+        })
+        .collect()
 }
 
 /// Who may call the Admin service.
@@ -179,6 +208,8 @@ impl proto::admin_server::Admin for AdminService {
                     targets: r.targets.clone(),
                     failover_rate: r.failover_rate,
                     retry_budget_remaining: r.retry_budget_remaining,
+                    validations: validations_proto(r),
+                    require_validated: r.require_validated,
                 })
                 .collect(),
         }))
@@ -237,6 +268,32 @@ impl proto::admin_server::Admin for AdminService {
             .find(|t| t.provider == r.provider && t.model == r.model)
             .map(target_proto);
         Ok(Response::new(proto::SetBreakerResponse { target }))
+    }
+
+    async fn record_validation(
+        &self,
+        request: Request<proto::RecordValidationRequest>,
+    ) -> Result<Response<proto::RecordValidationResponse>, Status> {
+        let record = RouteValidation::parse(&request.into_inner().record_json)
+            .map_err(Status::invalid_argument)?;
+        let known = self
+            .reloader
+            .config()
+            .iter()
+            .flat_map(|c| c.routes.iter())
+            .any(|r| r.name == record.route);
+        if !known {
+            return Err(Status::not_found(format!(
+                "route: unknown route `{}`",
+                record.route
+            )));
+        }
+        let persisted = self
+            .validations
+            .record(record)
+            .await
+            .map_err(|e| Status::unavailable(format!("the record file: {e}")))?;
+        Ok(Response::new(proto::RecordValidationResponse { persisted }))
     }
 
     async fn reload_config(

@@ -48,6 +48,16 @@ pub fn request_spec(
         vision: reqs.vision,
         min_context_tokens: reqs.min_context_tokens,
     };
+    let pin = match req.target.as_str() {
+        "" => None,
+        t if t.len() <= 256
+            && t.split_once('/')
+                .is_some_and(|(p, m)| !p.is_empty() && !m.is_empty()) =>
+        {
+            Some(req.target.clone())
+        }
+        t => return Err(invalid(format!("target: `{t}` is not `provider/model`"))),
+    };
     let tenant = if req.tenant.is_empty() {
         "default".to_string()
     } else {
@@ -56,7 +66,7 @@ pub fn request_spec(
     Ok(RequestSpec {
         source: Some(source),
         from_queue: false,
-        pin: None,
+        pin,
         request_id,
         tenant,
         idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),

@@ -131,7 +131,10 @@ impl Intake {
             // An authenticated caller's tenant is its token's, not what it claims.
             spec.tenant = tenant;
         }
-        spec.pin = arrival.pin;
+        // The HTTP doors pin by `model = "provider/model"`; gRPC by `target`.
+        if arrival.pin.is_some() {
+            spec.pin = arrival.pin;
+        }
         let slot = match arrival.door {
             Door::Job => {
                 // A job run never goes to the queue again, and the job's own

@@ -139,6 +139,9 @@ pub enum Fault {
     },
     /// OpenAI: every token also as a second choice (`index: 1`).
     SecondChoice,
+    /// A JSON-mode answer under the key `reply` instead of `answer` (a
+    /// target that breaks the caller's schema).
+    OffSchema,
     /// Anthropic: an `input_json_delta` for a block no `content_block_start` opened.
     OrphanDelta,
     /// llama.cpp legacy `error: {...}` line, then `data: [DONE]`.
@@ -171,6 +174,7 @@ impl Fault {
             Fault::HugeLine { .. } => "huge_line",
             Fault::Trickle { .. } => "trickle",
             Fault::SecondChoice => "second_choice",
+            Fault::OffSchema => "off_schema",
             Fault::OrphanDelta => "orphan_delta",
         }
     }

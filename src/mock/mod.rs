@@ -2,6 +2,8 @@
 //! server used by every integration test, drill and benchmark. It serves both
 //! `POST /v1/chat/completions` and `POST /v1/messages` (deterministic text:
 //! token `i` is `"tok{i} "`), logs every request, and injects faults on demand.
+//! With OpenAI's `response_format: {"type":"json_object"}` the answer is the
+//! JSON object `{"answer":"tok0 tok1 ..."}`.
 //! `POST /v1/embeddings` answers with a deterministic bag-of-words vector
 //! (see [`embeddings`]).
 //! It never forwards anything anywhere and never stores credentials.
@@ -40,6 +42,7 @@
 //! {"type":"huge_line","bytes":160000000}             // one SSE line that never ends, then a stall
 //! {"type":"trickle","after_tokens":2,"byte_delay_ms":1000}  // the next frame one byte at a time
 //! {"type":"second_choice"}                           // OpenAI: every token again as choice 1
+//! {"type":"off_schema"}                              // OpenAI JSON mode: {"reply":..} where {"answer":..} is the norm
 //! {"type":"orphan_delta"}                            // Anthropic: input_json_delta for an unopened block
 //! ```
 //! Non-streaming requests: `error_event` becomes the matching HTTP error

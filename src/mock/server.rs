@@ -589,6 +589,9 @@ pub(super) async fn completion_as(
             token_bytes,
         } => Gen::ignoring_max_tokens(dialect, parsed, attempt.seq(), tokens, unix_now())
             .padded(token_bytes),
+        Fault::OffSchema => {
+            Gen::new(dialect, parsed, attempt.seq(), cfg.tokens, unix_now()).off_schema()
+        }
         _ => Gen::new(dialect, parsed, attempt.seq(), cfg.tokens, unix_now()),
     };
 

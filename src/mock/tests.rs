@@ -635,3 +635,54 @@ async fn control_endpoints() {
     );
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn json_mode_answers_a_json_object_and_off_schema_changes_its_key() {
+    let h = mock(3).await;
+    let mut body = oa_body(true);
+    body["response_format"] = json!({"type": "json_object"});
+    let streamed = |text: String| -> String {
+        data_lines(&text)
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|v| {
+                v.pointer("/choices/0/delta/content")?
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect()
+    };
+    let text = post(&h, "/chat/completions", &body)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let answer: Value = serde_json::from_str(&streamed(text)).unwrap();
+    assert_eq!(answer, json!({"answer": text_of(3)}));
+    body["stream"] = json!(false);
+    let whole: Value = post(&h, "/chat/completions", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let content = whole["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(serde_json::from_str::<Value>(content).unwrap(), answer);
+    put_fault(&h, json!({"type": "off_schema"})).await;
+    let off: Value = post(&h, "/chat/completions", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let content = off["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(content).unwrap(),
+        json!({"reply": text_of(3)})
+    );
+    // Without JSON mode the answer is the usual text.
+    let plain: Value = post(&h, "/chat/completions", &oa_body(false))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(plain["choices"][0]["message"]["content"], text_of(3));
+}

@@ -24,6 +24,8 @@ pub(crate) struct Parsed {
     pub input_tokens: u32,
     /// The `service_tier` asked for.
     pub service_tier: Option<String>,
+    /// OpenAI `response_format: {"type": "json_object"}`: the answer is JSON.
+    pub json_object: bool,
 }
 
 impl Parsed {
@@ -58,6 +60,10 @@ impl Parsed {
                 .get("service_tier")
                 .and_then(Value::as_str)
                 .map(str::to_owned),
+            json_object: body
+                .pointer("/response_format/type")
+                .and_then(Value::as_str)
+                == Some("json_object"),
         }
     }
 }
@@ -89,6 +95,9 @@ pub(crate) struct Gen {
     pub capped: bool,
     /// Streamed tokens are padded to this many bytes.
     pub pad: usize,
+    /// A JSON-mode answer is `{"<key>":"<the tokens>"}`: `answer`, or
+    /// `reply` under the `off_schema` fault.
+    pub json_key: &'static str,
 }
 
 impl Gen {
@@ -105,6 +114,7 @@ impl Gen {
             n,
             capped,
             pad: 0,
+            json_key: JSON_KEY,
         }
     }
 
@@ -124,7 +134,23 @@ impl Gen {
             n: tokens,
             capped: false,
             pad: 0,
+            json_key: JSON_KEY,
         }
+    }
+
+    /// A JSON-mode answer under another key than a golden set expects.
+    pub(crate) fn off_schema(mut self) -> Gen {
+        self.json_key = "reply";
+        self
+    }
+
+    /// The answer is a JSON object (OpenAI JSON mode, no tool call).
+    fn json(&self) -> bool {
+        self.req.json_object && self.req.tool.is_none() && self.dialect == MockKind::Openai
+    }
+
+    fn json_open(&self) -> String {
+        format!("{{\"{}\":\"", self.json_key)
     }
 
     /// Each token padded to `bytes` bytes.
@@ -184,6 +210,11 @@ impl Gen {
 pub fn token_text(i: u32) -> String {
     format!("tok{i} ")
 }
+
+/// The key of a JSON-mode answer.
+const JSON_KEY: &str = "answer";
+/// Closes a JSON-mode answer.
+const JSON_CLOSE: &str = "\"}";
 
 /// Tool arguments open with this fragment and close with [`ARGS_CLOSE`].
 const ARGS_OPEN: &str = "{\"query\":\"";
@@ -317,6 +348,9 @@ pub(crate) fn prelude(g: &Gen) -> Vec<Bytes> {
 /// The frame carrying token `i`.
 pub(crate) fn token(g: &Gen, i: u32) -> Bytes {
     let mut t = token_text(i);
+    if i == 0 && g.json() {
+        t.insert_str(0, &g.json_open());
+    }
     if t.len() < g.pad {
         t.extend(std::iter::repeat_n('x', g.pad - t.len()));
     }
@@ -340,6 +374,14 @@ pub(crate) fn epilogue(g: &Gen, finish: Finish, k: u32, terminator: bool) -> Vec
         MockKind::Openai => {
             if finish == Finish::Tool {
                 out.push(oa_args(g, ARGS_CLOSE));
+            }
+            if g.json() && finish != Finish::Refusal {
+                let close = if k == 0 {
+                    format!("{}{JSON_CLOSE}", g.json_open())
+                } else {
+                    JSON_CLOSE.to_string()
+                };
+                out.push(oa_chunk(g, json!({"content": close}), None));
             }
             out.push(oa_chunk(g, json!({}), Some(reason)));
             if g.req.include_usage {
@@ -426,7 +468,11 @@ fn oa_usage(g: &Gen, k: u32) -> Value {
 
 /// A whole non-streaming answer with `k` tokens.
 pub(crate) fn full_body(g: &Gen, finish: Finish, k: u32) -> Bytes {
-    let text = text_of(k);
+    let text = if g.json() && finish != Finish::Refusal {
+        format!("{}{}{JSON_CLOSE}", g.json_open(), text_of(k))
+    } else {
+        text_of(k)
+    };
     let args = if finish == Finish::Tool {
         format!("{ARGS_OPEN}{text}{ARGS_CLOSE}")
     } else {

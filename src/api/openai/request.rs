@@ -152,6 +152,7 @@ pub(super) fn to_proto(b: ChatBody) -> Result<Parsed, HttpError> {
             stop,
             response_format: response_format as i32,
             tool_choice,
+            target: String::new(),
         },
         stream,
         include_usage: stream
