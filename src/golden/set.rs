@@ -181,6 +181,14 @@ expect_tool = "lookup_order"
     }
 
     #[test]
+    fn the_example_set_parses() {
+        let text = include_str!("../../examples/golden/support.toml");
+        let cases = parse(text, false).unwrap();
+        assert_eq!(cases.len(), 4);
+        assert!(cases.iter().any(|c| c.refusal == Some(true)));
+    }
+
+    #[test]
     fn bad_sets_say_which_case_and_why() {
         let cases = [
             ("", "no cases"),
