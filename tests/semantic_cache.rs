@@ -153,6 +153,10 @@ async fn a_near_repeat_is_answered_from_the_semantic_tier_and_another_system_pro
     assert_eq!(body["choices"][0]["message"]["content"], live.text.as_str());
     assert_eq!(chat.requests().await.len(), 3);
 
+    assert!(
+        !sy.logs().contains("Hnsw"),
+        "the HNSW crate's per-index lines stay out of the log"
+    );
     let m = metrics(&sy).await;
     assert_eq!(lookups(&m, "hit"), 2.0, "{m}");
     assert!(lookups(&m, "miss") >= 3.0);

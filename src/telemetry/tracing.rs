@@ -81,10 +81,17 @@ fn layers(format: LogFormat, provider: Option<&SdkTracerProvider>) -> Vec<Boxed>
     layers
 }
 
-/// `RUST_LOG`, or `info`.
+/// `RUST_LOG`, or `info`; the HNSW crate's INFO lines (five per new index)
+/// at `warn` unless `RUST_LOG` names it.
 fn env_filter() -> tracing_subscriber::EnvFilter {
-    tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    let spec = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+    let spec = if spec.contains("hnsw_rs") {
+        spec
+    } else {
+        format!("{spec},hnsw_rs=warn")
+    };
+    tracing_subscriber::EnvFilter::try_new(&spec)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,hnsw_rs=warn"))
 }
 
 /// The OTLP/HTTP exporter (it reads the standard OTEL_* variables itself).
