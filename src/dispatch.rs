@@ -231,10 +231,15 @@ impl Dispatcher {
                 .map(|p| (self.semantic.clone(), self.metrics.clone(), p));
             sink.record(Box::new(move |events| {
                 Box::pin(async move {
-                    if let Some((semantic, metrics, pending)) = fill {
+                    // An answer a cache rung served is stored already (and
+                    // storing it again would reset its age).
+                    let fresh = !events.iter().any(|e| {
+                        matches!(e, Event::Finished(f) if matches!(f.tier, Tier::Cache | Tier::SemanticCache))
+                    });
+                    if let Some((semantic, metrics, pending)) = fill.filter(|_| fresh) {
                         crate::semantic::lookup::fill(semantic, metrics, pending, events.clone());
                     }
-                    if let Some((cache, ttl, fingerprint)) = cache {
+                    if let Some((cache, ttl, fingerprint)) = cache.filter(|_| fresh) {
                         cache.put(fingerprint, events.clone(), ttl, Instant::now());
                     }
                     if let Some(guard) = guard {

@@ -82,6 +82,16 @@ async fn the_cache_rung_serves_the_last_good_answer_with_its_age() {
         "a cached answer is labelled as such"
     );
     assert!(f.cache_age_ms >= 30, "with its age: {}", f.cache_age_ms);
+    // Serving it does not store it again: its age keeps growing.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let again = stream(&mut client, request("chat")).await.finished.unwrap();
+    assert_eq!(again.tier, Tier::Cache as i32);
+    assert!(
+        again.cache_age_ms >= f.cache_age_ms + 100,
+        "{} then {}",
+        f.cache_age_ms,
+        again.cache_age_ms
+    );
     assert_eq!(cached.text, live.text);
     assert!(f.attempts >= 1, "the live targets were tried first");
     assert_eq!(cached.started[0].tier, Tier::Cache as i32);

@@ -206,6 +206,14 @@ async fn the_rung_serves_a_near_repeat_when_the_live_targets_fail() {
     assert_eq!(f.tier, Tier::SemanticCache as i32);
     assert!(f.attempts >= 1, "the live target was tried first");
     assert!(f.cache_similarity >= 0.8);
+    // Serving it does not store it again: its age keeps growing.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let again = stream(&mut client, ask(SUPPORT, "Can you ship to Canada?"))
+        .await
+        .finished
+        .unwrap();
+    assert_eq!(again.tier, Tier::SemanticCache as i32);
+    assert!(again.cache_age_ms >= f.cache_age_ms + 100);
     // Nothing close enough: refused, as the ladder says.
     let s = stream(&mut client, ask(SUPPORT, "How do I reset my password?"))
         .await
