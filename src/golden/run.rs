@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use tonic::metadata::MetadataValue;
 
@@ -327,6 +328,9 @@ fn case_request(route: &str, case: &Case, target: &str) -> proto::CompletionRequ
     }
 }
 
+/// Cases in flight at once for one target.
+const CONCURRENT_CASES: usize = 4;
+
 /// Every target's answers to every case, in order (the first target first).
 async fn answers(
     session: &Session,
@@ -339,18 +343,24 @@ async fn answers(
     };
     let mut all = Vec::new();
     for target in targets {
-        let mut given = Vec::new();
-        for case in cases {
+        let ask = |case: &Case| {
             let mut client = proto::router_client::RouterClient::new(channel.clone());
             let req = session.request(case_request(route, case, target), session.caller.as_ref());
-            given.push(match client.complete(req).await {
-                Ok(r) => answer_of(r.into_inner(), target),
-                Err(status) => Answer {
-                    error: Some(format!("{:?}: {}", status.code(), status.message())),
-                    ..Answer::default()
-                },
-            });
-        }
+            async move {
+                match client.complete(req).await {
+                    Ok(r) => answer_of(r.into_inner(), target),
+                    Err(status) => Answer {
+                        error: Some(format!("{:?}: {}", status.code(), status.message())),
+                        ..Answer::default()
+                    },
+                }
+            }
+        };
+        // A few cases at once per target, answers kept in case order.
+        let given: Vec<Answer> = futures_util::stream::iter(cases.iter().map(ask))
+            .buffered(CONCURRENT_CASES)
+            .collect()
+            .await;
         all.push((target.clone(), given));
     }
     all
