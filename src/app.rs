@@ -92,6 +92,38 @@ fn any_route_can_serve(config: &Config, registry: &Registry) -> bool {
     })
 }
 
+/// Every 10 s: drops semantic cache answers past their TTL and the routes
+/// the config in force no longer caches, and updates the size gauges.
+async fn sweep_semantic(
+    reloader: Arc<Reloader>,
+    semantic: Arc<crate::semantic::SemanticCache>,
+    metrics: Arc<crate::telemetry::metrics::Metrics>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
+        }
+        let Some(config) = reloader.config() else {
+            continue;
+        };
+        for (route, entries, bytes) in semantic.sweep(&config, tokio::time::Instant::now()) {
+            let labels = crate::telemetry::metrics::RouteLabels { route };
+            metrics
+                .semantic
+                .entries
+                .get_or_create(&labels)
+                .set(entries as i64);
+            metrics
+                .semantic
+                .bytes
+                .get_or_create(&labels)
+                .set(bytes as i64);
+        }
+    }
+}
+
 /// Keeps readiness (gRPC health of the Router service and `/readyz`) in step
 /// with whether any route can serve; draining overrides it.
 async fn readiness(
@@ -197,6 +229,12 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         tls: tls.clone(),
     });
     tokio::spawn(core.validations.clone().watch(stop.clone()));
+    tokio::spawn(sweep_semantic(
+        reloader.clone(),
+        core.dispatcher.semantic.clone(),
+        core.metrics.clone(),
+        stop.clone(),
+    ));
     let auth = Authenticator::from_config(&config.auth)?;
     if auth.is_open() {
         tracing::warn!("auth.mode = \"open\": callers are not authenticated and their `tenant` field is trusted (local use only)");

@@ -221,6 +221,44 @@ impl SemanticCache {
         }
     }
 
+    /// Drops the routes that no longer have a semantic cache and what
+    /// expired on the others (a quiet route's answers do not outlive their
+    /// TTL in memory). Returns each kept route's entries and bytes.
+    pub fn sweep(
+        &self,
+        config: &crate::config::Config,
+        now: Instant,
+    ) -> Vec<(String, usize, usize)> {
+        let Ok(mut routes) = self.routes.lock() else {
+            return Vec::new();
+        };
+        let settings: HashMap<&str, Bounds> = config
+            .routes
+            .iter()
+            .filter_map(|r| {
+                let s = r.semantic_cache.as_ref()?;
+                Some((
+                    r.name.as_str(),
+                    Bounds {
+                        max_entries: s.max_entries,
+                        max_bytes: s.max_bytes,
+                        ttl: s.ttl,
+                    },
+                ))
+            })
+            .collect();
+        routes.retain(|name, _| settings.contains_key(name.as_str()));
+        routes
+            .iter_mut()
+            .map(|(name, store)| {
+                if let Some(bounds) = settings.get(name.as_str()) {
+                    store.trim(bounds, now);
+                }
+                (name.clone(), store.entries, store.bytes)
+            })
+            .collect()
+    }
+
     /// Entries and bytes held for `route`.
     pub fn size(&self, route: &str) -> (usize, usize) {
         self.routes
@@ -315,6 +353,43 @@ mod tests {
         ));
         c.expire("r", &BOUNDS, expired);
         assert_eq!(c.size("r"), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_drops_expired_answers_and_routes_without_a_cache() {
+        let c = SemanticCache::new();
+        let t0 = Instant::now();
+        let config = |semantic: bool| {
+            let mut cfg = crate::config::Config::builtin(Some("http://127.0.0.1:1/v1"), None);
+            cfg.routes[0].semantic_cache = semantic.then(|| crate::config::SemanticCacheConfig {
+                embedder: "x/y".into(),
+                threshold: 0.9,
+                max_entries: 10,
+                max_bytes: 1 << 20,
+                ttl: Duration::from_secs(60),
+                max_temperature: 0.0,
+                lookup_timeout: Duration::from_millis(100),
+                fresh_within: None,
+            });
+            cfg
+        };
+        let route = config(true).routes[0].name.clone();
+        c.insert(&route, [1; 32], unit(&[1.0, 0.0]), answer("a"), &BOUNDS, t0);
+        c.insert(
+            &route,
+            [1; 32],
+            unit(&[0.0, 1.0]),
+            answer("b"),
+            &BOUNDS,
+            t0 + Duration::from_secs(30),
+        );
+        let swept = c.sweep(&config(true), t0 + Duration::from_secs(61));
+        assert_eq!(swept.len(), 1);
+        assert_eq!(swept[0].1, 1, "the first answer expired");
+        assert!(c
+            .sweep(&config(false), t0 + Duration::from_secs(62))
+            .is_empty());
+        assert_eq!(c.size(&route), (0, 0));
     }
 
     #[tokio::test(start_paused = true)]
