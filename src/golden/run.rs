@@ -182,6 +182,12 @@ pub async fn run_to(args: GoldenArgs, out: &mut (dyn Write + Send)) -> Result<bo
             local.server.grpc_listen = any;
             local.server.admin_listen = any;
             local.server.http_listen = None;
+            // Its own state: never the fleet's queue, jobs or ledger.
+            local.queue = None;
+            local.state = crate::config::StateConfig::default();
+            for r in &mut local.routes {
+                r.ladder.retain(|rung| *rung != crate::config::Rung::Queue);
+            }
             let running = crate::app::start(local, None)
                 .await
                 .map_err(|e| GoldenError::Start(e.to_string()))?;
