@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::{check_complete, check_errors, errors_json, result};
 use crate::bench::clients::{
-    grpc_call, http_client, retry_loop, static_failover, Call, Grpc, Outcome,
+    grpc_call, http_client, retry_loop, static_failover, Call, Grpc, Outcome, Prompt,
 };
 use crate::bench::load::{open_loop, Dist, Run};
 use crate::bench::procs::{config_text, MockProc, MockSpec, Provider, RouterProc};
@@ -138,7 +138,9 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
             5_000,
             move |_, t0| {
                 let (http, bases) = (http.clone(), bases.clone());
-                async move { static_failover(&http, &bases, t0, TIMEOUT).await }
+                async move {
+                    static_failover(&http, &bases, &Prompt::default(), false, t0, TIMEOUT).await
+                }
             },
         )
     };
