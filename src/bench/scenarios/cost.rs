@@ -53,7 +53,7 @@ const EMBEDDER: Price = Price {
 /// What the naive client may be answered by; the static client's order.
 const NAIVE_BASES: &[Price] = &[PRIMARY];
 const STATIC_BASES: &[Price] = &[PRIMARY, SECONDARY];
-/// The system prompt every task carries (its input tokens are most of a task's).
+/// The system prompt every task carries (most of a task's input tokens).
 const SYSTEM: &str = "You are the support assistant of Acme Cloud, a hosted workspace \
     for small teams. Answer in at most three short sentences, in the customer's language. \
     Name the menu path (Settings, Billing, Security, Devices) when an action is done in the \
@@ -127,8 +127,8 @@ fn price_line(p: Price) -> String {
     )
 }
 
-/// A chat request in a chat mock's log that a caller caused (not a
-/// synthetic `max_tokens: 1` probe).
+/// A synthetic probe (`max_tokens: 1`) in a chat mock's log: Switchyard's
+/// breaker sent it, no client did.
 fn is_probe(r: &RequestRecord) -> bool {
     r.max_tokens == Some(1)
 }
@@ -485,7 +485,11 @@ fn markdown(plan: &Plan, clients: &[Client], sums: &[Summary], logs: &Logs) -> S
                 p.to_string(),
                 st.n.to_string(),
                 pct(st.availability),
-                format!("{} / {}", ms(st.ttft.p50), ms(st.ttft.p95)),
+                if st.ttft.n == 0 {
+                    "-".into()
+                } else {
+                    format!("{} / {}", ms(st.ttft.p50), ms(st.ttft.p95))
+                },
                 pct(*d),
                 format!("{:.2}", st.attempts_per_request),
             ]);
