@@ -90,6 +90,20 @@ fn bench_quick_runs_every_scenario_correctly() {
         assert!(row["throughput_rps"].as_f64().unwrap() > 0.0, "{row}");
         assert_eq!(row["errors"], serde_json::json!({}), "{row}");
     }
+    let cost = data("cost")["clients"].as_array().unwrap();
+    let ids: Vec<&str> = cost.iter().map(|c| c["client"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["naive", "static", "exact", "semantic"]);
+    let client = |id: &str| &cost[ids.iter().position(|i| *i == id).unwrap()];
+    let number = |id: &str, key: &str| client(id)[key].as_f64().unwrap();
+    assert!(number("exact", "deflection") > 0.0);
+    assert!(number("semantic", "deflection") > number("exact", "deflection"));
+    let blackout = |id: &str| client(id)["phases"][1]["availability"].as_f64().unwrap();
+    assert!(blackout("semantic") > blackout("naive"), "{cost:?}");
+    assert!(blackout("exact") > blackout("naive"), "{cost:?}");
+    assert!(number("semantic", "cost_cents_per_task") < number("static", "cost_cents_per_task"));
+    for c in cost {
+        assert_eq!(c["tasks"], data("cost")["tasks"], "{c}");
+    }
     assert_eq!(json["correctness_passed"], true);
     assert!(out.status.success(), "stderr:\n{stderr}");
     assert!(json["machine"]["cores"].as_u64().unwrap() >= 1);

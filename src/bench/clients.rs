@@ -2,7 +2,8 @@
 //! channels), the mock's OpenAI endpoint called straight with reqwest, and
 //! the naive baselines (an immediate-retry loop, a static primary/secondary
 //! client with buffered answers). Each call yields one [`Outcome`], with its
-//! latency measured from the *scheduled* start so queueing counts.
+//! latency measured from the *scheduled* start so queueing counts, and what
+//! the answer said about itself (usage; Switchyard's tier and cost).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +21,8 @@ use crate::proto::router_client::RouterClient;
 /// How one caller request ended.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Outcome {
+    /// The request's number in its load run (0-based, in schedule order).
+    pub index: u64,
     /// Scheduled start, seconds after the run began.
     pub at: f64,
     pub ok: bool,
@@ -31,6 +34,38 @@ pub struct Outcome {
     pub tokens: u32,
     /// `CODE REASON` (gRPC), `HTTP 503`, or `transport: ...`.
     pub error: Option<String>,
+    /// What a successful answer said about itself.
+    pub answer: Option<Answer>,
+}
+
+/// What an answer reported about itself: the usage (a mock's, or
+/// Switchyard's `Finished.usage`) and, from Switchyard, tier and cost.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Answer {
+    /// Tokens in and out, when the answer carried usage.
+    pub usage: Option<(u32, u32)>,
+    /// Switchyard's tier name (`TIER_PRIMARY`, `TIER_CACHE`, ...).
+    pub tier: Option<&'static str>,
+    /// Switchyard's `cost_usd` (0 for cache hits).
+    pub cost_usd: f64,
+    /// Switchyard's `cache_similarity` (semantic cache hits).
+    pub cache_similarity: f32,
+}
+
+impl Answer {
+    fn from_switchyard(
+        tier: i32,
+        usage: Option<&proto::Usage>,
+        cost_usd: f64,
+        cache_similarity: f32,
+    ) -> Answer {
+        Answer {
+            usage: usage.map(|u| (u.input_tokens, u.output_tokens)),
+            tier: proto::Tier::try_from(tier).ok().map(|t| t.as_str_name()),
+            cost_usd,
+            cache_similarity,
+        }
+    }
 }
 
 impl Outcome {
@@ -55,10 +90,52 @@ pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// The conversation a call sends: an optional system prompt, one user turn.
+#[derive(Debug, Clone)]
+pub struct Prompt {
+    pub system: Option<Arc<str>>,
+    pub user: Arc<str>,
+}
+
+impl Default for Prompt {
+    /// The one-word question most scenarios send.
+    fn default() -> Self {
+        Prompt {
+            system: None,
+            user: "benchmark".into(),
+        }
+    }
+}
+
+impl Prompt {
+    /// `(role, content)` in order.
+    fn turns(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        let system = self.system.as_deref().map(|s| ("system", s));
+        system.into_iter().chain([("user", &*self.user)])
+    }
+
+    fn proto(&self) -> Vec<proto::Message> {
+        self.turns()
+            .map(|(role, content)| proto::Message {
+                role: role.into(),
+                content: content.into(),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    fn json(&self) -> serde_json::Value {
+        self.turns()
+            .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
+            .collect()
+    }
+}
+
 /// What to ask for.
 #[derive(Debug, Clone)]
 pub struct Call {
     pub route: Arc<str>,
+    pub prompt: Prompt,
     pub stream: bool,
     pub max_tokens: u32,
     pub timeout: Duration,
@@ -70,6 +147,7 @@ impl Call {
     pub fn new(route: &str, stream: bool, timeout: Duration) -> Call {
         Call {
             route: route.into(),
+            prompt: Prompt::default(),
             stream,
             max_tokens: 1000,
             timeout,
@@ -80,6 +158,12 @@ impl Call {
     /// Every call with its own idempotency key.
     pub fn keyed(mut self) -> Call {
         self.keyed = true;
+        self
+    }
+
+    /// Sends `prompt` instead of the one-word default.
+    pub fn prompt(mut self, prompt: Prompt) -> Call {
+        self.prompt = prompt;
         self
     }
 }
@@ -121,11 +205,7 @@ impl Grpc {
 fn request(call: &Call) -> tonic::Request<proto::CompletionRequest> {
     let mut req = tonic::Request::new(proto::CompletionRequest {
         route: call.route.to_string(),
-        messages: vec![proto::Message {
-            role: "user".into(),
-            content: "benchmark".into(),
-            ..Default::default()
-        }],
+        messages: call.prompt.proto(),
         max_tokens: call.max_tokens,
         idempotency_key: if call.keyed {
             format!(
@@ -206,6 +286,12 @@ async fn grpc_inner(
                     ttft_ms: Some(latency),
                     attempts: c.attempts,
                     tokens: c.text.split_whitespace().count() as u32,
+                    answer: Some(Answer::from_switchyard(
+                        c.tier,
+                        c.usage.as_ref(),
+                        c.cost_usd,
+                        c.cache_similarity,
+                    )),
                     ..Outcome::default()
                 }
             }
@@ -240,6 +326,12 @@ async fn grpc_inner(
                 Some(proto::completion_event::Event::Finished(f)) => {
                     out.ok = true;
                     out.attempts = f.attempts;
+                    out.answer = Some(Answer::from_switchyard(
+                        f.tier,
+                        f.usage.as_ref(),
+                        f.cost_usd,
+                        f.cache_similarity,
+                    ));
                 }
                 _ => {}
             },
@@ -277,7 +369,20 @@ fn count(hay: &[u8], needle: &[u8]) -> usize {
     hay.windows(needle.len()).filter(|w| *w == needle).count()
 }
 
-/// One call to a mock's OpenAI endpoint (`base` is `http://ADDR/v1`).
+/// What to ask a mock's OpenAI endpoint directly.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    pub model: &'a str,
+    pub prompt: &'a Prompt,
+    pub stream: bool,
+    pub max_tokens: u32,
+    /// A stream asks for the usage chunk (`stream_options.include_usage`),
+    /// as Switchyard does upstream; a buffered answer always has usage.
+    pub include_usage: bool,
+}
+
+/// One call to a mock's OpenAI endpoint (`base` is `http://ADDR/v1`), with
+/// the one-word default prompt.
 pub async fn openai_call(
     http: &reqwest::Client,
     base: &str,
@@ -287,31 +392,42 @@ pub async fn openai_call(
     t0: Instant,
     timeout: Duration,
 ) -> Outcome {
-    match tokio::time::timeout(
-        timeout,
-        openai_inner(http, base, model, stream, max_tokens, t0),
-    )
-    .await
-    {
+    let prompt = Prompt::default();
+    let ask = Ask {
+        model,
+        prompt: &prompt,
+        stream,
+        max_tokens,
+        include_usage: false,
+    };
+    openai_ask(http, base, &ask, t0, timeout).await
+}
+
+/// One call to a mock's OpenAI endpoint as `ask` says.
+pub async fn openai_ask(
+    http: &reqwest::Client,
+    base: &str,
+    ask: &Ask<'_>,
+    t0: Instant,
+    timeout: Duration,
+) -> Outcome {
+    match tokio::time::timeout(timeout, openai_inner(http, base, ask, t0)).await {
         Ok(o) => o,
         Err(_) => Outcome::failed(t0, 1, "timeout (client)".into()),
     }
 }
 
-async fn openai_inner(
-    http: &reqwest::Client,
-    base: &str,
-    model: &str,
-    stream: bool,
-    max_tokens: u32,
-    t0: Instant,
-) -> Outcome {
-    let body = serde_json::json!({
-        "model": model,
-        "messages": [{"role": "user", "content": "benchmark"}],
+async fn openai_inner(http: &reqwest::Client, base: &str, ask: &Ask<'_>, t0: Instant) -> Outcome {
+    let stream = ask.stream;
+    let mut body = serde_json::json!({
+        "model": ask.model,
+        "messages": ask.prompt.json(),
         "stream": stream,
-        "max_tokens": max_tokens,
+        "max_tokens": ask.max_tokens,
     });
+    if stream && ask.include_usage {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
     let resp = match http
         .post(format!("{base}/chat/completions"))
         .json(&body)
@@ -344,19 +460,18 @@ async fn openai_inner(
         }
     }
     let latency = ms(t0.elapsed());
-    let (ok, tokens) = if stream {
-        (count(&buf, b"[DONE]") > 0, count(&buf, CONTENT) as u32)
+    let (ok, tokens, usage) = if stream {
+        let usage = ask.include_usage.then(|| stream_usage(&buf)).flatten();
+        (
+            count(&buf, b"[DONE]") > 0,
+            count(&buf, CONTENT) as u32,
+            usage,
+        )
     } else {
-        let text = serde_json::from_slice::<serde_json::Value>(&buf)
-            .ok()
-            .and_then(|v| {
-                v["choices"][0]["message"]["content"]
-                    .as_str()
-                    .map(String::from)
-            });
-        match text {
-            Some(t) => (true, t.split_whitespace().count() as u32),
-            None => (false, 0),
+        let v = serde_json::from_slice::<serde_json::Value>(&buf).unwrap_or_default();
+        match v["choices"][0]["message"]["content"].as_str() {
+            Some(t) => (true, t.split_whitespace().count() as u32, usage_of(&v)),
+            None => (false, 0, None),
         }
     };
     Outcome {
@@ -370,8 +485,27 @@ async fn openai_inner(
         } else {
             Some("INTERNAL malformed answer".into())
         },
+        answer: ok.then(|| Answer {
+            usage,
+            ..Answer::default()
+        }),
         ..Outcome::default()
     }
+}
+
+/// `(prompt_tokens, completion_tokens)` of an OpenAI body or chunk.
+fn usage_of(v: &serde_json::Value) -> Option<(u32, u32)> {
+    let n = |k: &str| v["usage"][k].as_u64().and_then(|n| u32::try_from(n).ok());
+    Some((n("prompt_tokens")?, n("completion_tokens")?))
+}
+
+/// The usage of an OpenAI stream: its last `data:` chunk that has one.
+fn stream_usage(body: &[u8]) -> Option<(u32, u32)> {
+    body.split(|b| *b == b'\n')
+        .rev()
+        .filter_map(|line| line.strip_prefix(b"data: "))
+        .filter(|data| count(data, b"\"usage\"") > 0)
+        .find_map(|data| usage_of(&serde_json::from_slice(data).ok()?))
 }
 
 /// Baseline A: one provider, retried at once on any failure, up to `max_attempts`.
@@ -394,16 +528,26 @@ pub async fn retry_loop(
     last
 }
 
-/// Baseline B: primary, then secondary, each a buffered (non-streamed) call.
+/// Baseline B: primary, then secondary, streamed (with usage) or buffered;
+/// `attempts` says which of `bases` answered (1-based).
 pub async fn static_failover(
     http: &reqwest::Client,
     bases: &[String],
+    prompt: &Prompt,
+    stream: bool,
     t0: Instant,
     timeout: Duration,
 ) -> Outcome {
+    let ask = Ask {
+        model: "m",
+        prompt,
+        stream,
+        max_tokens: 1000,
+        include_usage: stream,
+    };
     let mut last = Outcome::failed(t0, 0, "no attempt".into());
     for (i, base) in bases.iter().enumerate() {
-        let o = openai_call(http, base, "m", false, 1000, t0, timeout).await;
+        let o = openai_ask(http, base, &ask, t0, timeout).await;
         last = Outcome {
             attempts: i as u32 + 1,
             ..o
@@ -425,6 +569,33 @@ mod tests {
         let body = b"data: {\"choices\":[{\"delta\":{\"content\":\"tok0 \"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"tok1 \"}}]}\n\ndata: [DONE]\n\n";
         assert_eq!(count(body, CONTENT), 2);
         assert_eq!(count(body, b"[DONE]"), 1);
+    }
+
+    #[test]
+    fn bench_reads_openai_usage_from_bodies_and_streams() {
+        let body = serde_json::json!({"usage": {"prompt_tokens": 12, "completion_tokens": 3}});
+        assert_eq!(usage_of(&body), Some((12, 3)));
+        assert_eq!(usage_of(&serde_json::json!({"usage": null})), None);
+        let stream =
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"tok0 \"}}],\"usage\":null}\n\n\
+            data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":1}}\n\n\
+            data: [DONE]\n\n";
+        assert_eq!(stream_usage(stream), Some((40, 1)));
+        assert_eq!(stream_usage(b"data: [DONE]\n\n"), None);
+    }
+
+    #[test]
+    fn bench_prompts_keep_the_system_turn_first() {
+        let p = Prompt {
+            system: Some("be brief".into()),
+            user: "hi".into(),
+        };
+        assert_eq!(
+            p.json(),
+            serde_json::json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+        );
+        assert_eq!(p.proto()[1].content, "hi");
+        assert_eq!(Prompt::default().proto().len(), 1);
     }
 
     #[test]

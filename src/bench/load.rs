@@ -220,6 +220,7 @@ where
         let p = progress.clone();
         tokio::spawn(async move {
             let mut o = fut.await;
+            o.index = i;
             o.at = due.saturating_duration_since(start).as_secs_f64();
             p.finish(&o);
             let _ = tx.send(o);
@@ -292,6 +293,7 @@ where
                 p.in_flight.fetch_add(1, Ordering::Relaxed);
                 p.sent.fetch_add(1, Ordering::Relaxed);
                 let mut o = f(i, t0).await;
+                o.index = i;
                 o.at = t0.saturating_duration_since(start).as_secs_f64();
                 p.finish(&o);
                 if tx.send(o).is_err() {

@@ -25,6 +25,7 @@ pub const SCENARIOS: &[&str] = &[
     "amplification",
     "streams",
     "state",
+    "cost",
 ];
 /// Scenarios run only when named (not part of `all`).
 pub const EXTRA_SCENARIOS: &[&str] = &["peers", "soak"];
@@ -32,8 +33,8 @@ pub const EXTRA_SCENARIOS: &[&str] = &["peers", "soak"];
 /// Arguments of `switchyard bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// overhead | blackout | burst | amplification | streams | state | all |
-    /// peers | soak. `soak` (15 minutes of mixed load under seeded random
+    /// overhead | blackout | burst | amplification | streams | state | cost |
+    /// all | peers | soak. `soak` (15 minutes of mixed load under seeded random
     /// faults, reloads and actor kills, with invariants checked at the end)
     /// is NOT part of `all`.
     /// `peers` (LiteLLM proxy and Portkey gateway side by side with Switchyard)

@@ -226,6 +226,8 @@ pub struct Provider {
     pub failover_max_concurrency: u32,
     /// Extra `key = value` lines (breaker, probes, ...).
     pub extra: String,
+    /// Extra `key = value` lines of its model `m` (price, capabilities).
+    pub model_extra: String,
     /// `first_token_timeout` and `idle_timeout`.
     pub timeout: &'static str,
 }
@@ -239,6 +241,7 @@ impl Provider {
             max_concurrency: 64,
             failover_max_concurrency: 16,
             extra: String::new(),
+            model_extra: String::new(),
             timeout: "5s",
         }
     }
@@ -251,6 +254,11 @@ impl Provider {
 
     pub fn extra(mut self, extra: impl Into<String>) -> Self {
         self.extra = extra.into();
+        self
+    }
+
+    pub fn model_extra(mut self, extra: impl Into<String>) -> Self {
+        self.model_extra = extra.into();
         self
     }
 }
@@ -269,24 +277,31 @@ pub fn config_text(top: &str, providers: &[Provider], routes: &[(&str, &[&str])]
             "\n[[providers]]\nid = \"{}\"\nkind = \"{}\"\nbase_url = \"{}\"\n\
              max_concurrency = {}\nfailover_max_concurrency = {}\n\
              connect_timeout = \"1s\"\nfirst_token_timeout = \"{t}\"\nidle_timeout = \"{t}\"\n{}\n\
-             [[providers.models]]\nname = \"m\"\n",
+             [[providers.models]]\nname = \"m\"\n{}\n",
             p.id,
             p.kind,
             p.url,
             p.max_concurrency,
             p.failover_max_concurrency,
             p.extra,
+            p.model_extra,
             t = p.timeout
         ));
     }
     for (name, targets) in routes {
-        let t: Vec<String> = targets.iter().map(|t| format!("\"{t}/m\"")).collect();
-        s.push_str(&format!(
-            "\n[[routes]]\nname = \"{name}\"\ntargets = [{}]\n",
-            t.join(", ")
-        ));
+        s.push_str(&route_text(name, targets, ""));
     }
     s
+}
+
+/// One `[[routes]]` block over model `m` of `targets`, with `extra` lines
+/// (caches, ladder) after them.
+pub fn route_text(name: &str, targets: &[&str], extra: &str) -> String {
+    let t: Vec<String> = targets.iter().map(|t| format!("\"{t}/m\"")).collect();
+    format!(
+        "\n[[routes]]\nname = \"{name}\"\ntargets = [{}]\n{extra}\n",
+        t.join(", ")
+    )
 }
 
 /// `config` with the OpenAI/Anthropic HTTP door on an ephemeral port.
@@ -482,6 +497,7 @@ mod tests {
             max_concurrency: 10,
             failover_max_concurrency: 5,
             extra: "synthetic_probes = true\nbreaker = { consecutive_failures = 3 }".into(),
+            model_extra: "price = { input_per_mtok = 2.5, output_per_mtok = 10.0 }".into(),
             timeout: "30s",
         };
         let text = config_text(
@@ -492,5 +508,6 @@ mod tests {
         let c = crate::config::Config::from_toml_str(&text).unwrap();
         assert_eq!(c.providers[0].failover_max_concurrency, 5);
         assert_eq!(c.routes[0].targets.len(), 1);
+        assert_eq!(c.providers[0].models[0].price.output_per_mtok, 10.0);
     }
 }

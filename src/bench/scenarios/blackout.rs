@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::{check_complete, check_errors, errors_json, result};
 use crate::bench::clients::{
-    grpc_call, http_client, retry_loop, static_failover, Call, Grpc, Outcome,
+    grpc_call, http_client, retry_loop, static_failover, Call, Grpc, Outcome, Prompt,
 };
 use crate::bench::load::{open_loop, Dist, Run};
 use crate::bench::procs::{config_text, MockProc, MockSpec, Provider, RouterProc};
@@ -45,19 +45,35 @@ fn phase_stats(outcomes: &[&Outcome]) -> PhaseStats {
     }
 }
 
+/// The phase (0, 1 or 2 of [`PHASES`]) of a request scheduled `at` seconds
+/// into the run; anything late counts as `after`.
+pub(super) fn phase_index(at: f64, phase_s: f64) -> usize {
+    ((at / phase_s).floor().max(0.0) as usize).min(2)
+}
+
 pub(super) fn by_phase(run: &Run, phase_s: f64) -> Vec<PhaseStats> {
     (0..3)
         .map(|p| {
-            let lo = phase_s * p as f64;
-            let hi = lo + phase_s;
             let v: Vec<&Outcome> = run
                 .outcomes
                 .iter()
-                .filter(|o| o.at >= lo && (o.at < hi || p == 2))
+                .filter(|o| phase_index(o.at, phase_s) == p)
                 .collect();
             phase_stats(&v)
         })
         .collect()
+}
+
+/// Provider lines for a blackout `phase` long, and the breaker's `open_for`
+/// in ms: the default breaker opens for 30 s against a 120 s blackout, so
+/// it is scaled to a quarter of the phase; synthetic probes.
+pub(super) fn scaled_breaker(phase: Duration) -> (String, u128) {
+    let open_ms = phase.as_millis() / 4;
+    let lines = format!(
+        "synthetic_probes = true\nbreaker = {{ open_for = \"{open_ms}ms\", max_open_for = \"{}ms\" }}",
+        phase.as_millis()
+    );
+    (lines, open_ms)
 }
 
 /// Rotates the primary's fault through 500, 503 and 429 during the blackout.
@@ -101,12 +117,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         },
     )
     .await?;
-    // The default breaker opens for 30 s against a 120 s blackout: scale it.
-    let open_ms = phase.as_millis() / 4;
-    let breaker = format!(
-        "synthetic_probes = true\nbreaker = {{ open_for = \"{open_ms}ms\", max_open_for = \"{}ms\" }}",
-        phase.as_millis()
-    );
+    let (breaker, open_ms) = scaled_breaker(phase);
     let cfg = config_text(
         "",
         &[
@@ -138,7 +149,9 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
             5_000,
             move |_, t0| {
                 let (http, bases) = (http.clone(), bases.clone());
-                async move { static_failover(&http, &bases, t0, TIMEOUT).await }
+                async move {
+                    static_failover(&http, &bases, &Prompt::default(), false, t0, TIMEOUT).await
+                }
             },
         )
     };
@@ -268,4 +281,20 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     primary.stop().await;
     secondary.stop().await;
     Ok(res)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_requests_fall_into_their_phase_and_late_ones_into_after() {
+        let phases: Vec<usize> = [0.0, 0.99, 1.0, 1.5, 2.0, 2.99, 3.0, 7.0]
+            .iter()
+            .map(|at| phase_index(*at, 1.0))
+            .collect();
+        assert_eq!(phases, [0, 0, 1, 1, 2, 2, 2, 2]);
+        assert_eq!(phase_index(0.3, 0.1), 2);
+    }
 }

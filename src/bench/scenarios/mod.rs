@@ -1,11 +1,12 @@
-//! The five scenarios of the issue, one module each, plus `peers` (not in
-//! `all`). Every scenario starts
+//! The five scenarios of the issue, one module each, `state` and `cost`,
+//! plus `peers` and `soak` (not in `all`). Every scenario starts
 //! its own mocks and Switchyard processes, returns its data, its Markdown,
 //! its correctness checks and the issue's targets, and stops what it started.
 
 mod amplification;
 mod blackout;
 mod burst;
+mod cost;
 mod overhead;
 mod peers;
 mod soak;
@@ -25,6 +26,7 @@ pub async fn run(name: &str, ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "amplification" => amplification::run(ctx).await,
         "streams" => streams::run(ctx).await,
         "state" => state::run(ctx).await,
+        "cost" => cost::run(ctx).await,
         "peers" => peers::run(ctx).await,
         "soak" => soak::run(ctx).await,
         other => Err(BenchError::Usage(format!("unknown scenario `{other}`"))),
