@@ -274,13 +274,11 @@ async fn golden_in_process_takes_jsonl_and_exits_0_when_every_target_passes() {
         .await
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("(in process)"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stderr.contains("(in process)"), "{stderr}");
+    let printed: Value = serde_json::from_str(&stdout).expect("--json prints the record alone");
+    assert_eq!(printed["route"], "support");
     // Both the in-process server's [golden] record and --record hold it.
     for file in [s.dir.path().join("golden.json"), local] {
         let all: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();

@@ -194,8 +194,11 @@ pub async fn run_to(args: GoldenArgs, out: &mut (dyn Write + Send)) -> Result<bo
             (running.grpc_addr.to_string(), Some(running))
         }
     };
+    let mut stderr = std::io::stderr();
+    // With --json, stdout carries the record alone.
+    let notes: &mut (dyn Write + Send) = if args.json { &mut stderr } else { out };
     let _ = writeln!(
-        out,
+        notes,
         "golden set {} ({} cases, sha256 {}) on route `{}`: {} targets through {}{}",
         args.set.display(),
         cases.len(),
@@ -244,7 +247,8 @@ pub async fn run_to(args: GoldenArgs, out: &mut (dyn Write + Send)) -> Result<bo
                 targets,
             };
             print(out, &record, args.json);
-            store(&session, &record, args.record.as_ref(), out)
+            let notes: &mut (dyn Write + Send) = if args.json { &mut stderr } else { out };
+            store(&session, &record, args.record.as_ref(), notes)
                 .await
                 .map(|()| record)
         }
