@@ -609,6 +609,12 @@ targets = ["a/small", "a/big", "b/claude"]
 [[routes]]
 name = "spread"
 targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude", priority = 0, weight = 1 }]
+[[routes]]
+name = "gated"
+targets = ["b/claude"]
+ladder = ["fallback", "downshift", "refuse"]
+downshift = ["a/small", "a/big"]
+require_validated = true
 "#,
         )
         .unwrap()
@@ -631,6 +637,55 @@ targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude"
             .iter()
             .map(|c| format!("{}/{}", c.provider, c.model))
             .collect()
+    }
+
+    #[test]
+    fn require_validated_downshifts_only_to_validated_targets_unless_pinned() {
+        use crate::golden::record::TargetValidation;
+        let mut s = state();
+        let plan = |s: &mut RouterState, pin: Option<&str>| {
+            names(
+                &s.plan("gated", &Needs::default(), pin, Instant::now())
+                    .unwrap(),
+            )
+        };
+        assert_eq!(plan(&mut s, None), ["b/claude"], "nothing validated yet");
+        let target = |t: &str, validated| TargetValidation {
+            target: t.into(),
+            validated,
+            cases: 1,
+            schema_cases: 0,
+            schema_valid: 0,
+            refusal_cases: 0,
+            refusal_agreed: 0,
+            tool_cases: 0,
+            tool_agreed: 0,
+            answer_similarity: 1.0,
+            similarity_kind: "lexical".into(),
+            failures: Vec::new(),
+        };
+        let mut records = Records::default();
+        records.routes.insert(
+            "gated".into(),
+            RouteValidation {
+                route: "gated".into(),
+                validated_unix_ms: 1,
+                set: "s".into(),
+                set_sha256: "0".into(),
+                targets: vec![target("a/small", false), target("a/big", true)],
+            },
+        );
+        s.validations = Arc::new(records);
+        assert_eq!(plan(&mut s, None), ["b/claude", "a/big"]);
+        // A golden run reaches the unvalidated one, and only it.
+        assert_eq!(plan(&mut s, Some("a/small")), ["a/small"]);
+        let e = s
+            .plan("gated", &Needs::default(), Some("b/other"), Instant::now())
+            .unwrap_err();
+        assert!(
+            format!("{e:?}").contains("not one of the route's targets"),
+            "{e:?}"
+        );
     }
 
     #[test]
