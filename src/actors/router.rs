@@ -650,20 +650,7 @@ require_validated = true
             )
         };
         assert_eq!(plan(&mut s, None), ["b/claude"], "nothing validated yet");
-        let target = |t: &str, validated| TargetValidation {
-            target: t.into(),
-            validated,
-            cases: 1,
-            schema_cases: 0,
-            schema_valid: 0,
-            refusal_cases: 0,
-            refusal_agreed: 0,
-            tool_cases: 0,
-            tool_agreed: 0,
-            answer_similarity: 1.0,
-            similarity_kind: "lexical".into(),
-            failures: Vec::new(),
-        };
+        let target = TargetValidation::sample;
         let mut records = Records::default();
         records.routes.insert(
             "gated".into(),

@@ -49,6 +49,27 @@ pub struct RouteValidation {
     pub targets: Vec<TargetValidation>,
 }
 
+impl TargetValidation {
+    /// A one-case verdict, for tests.
+    #[cfg(test)]
+    pub(crate) fn sample(target: &str, validated: bool) -> Self {
+        TargetValidation {
+            target: target.into(),
+            validated,
+            cases: 1,
+            schema_cases: 0,
+            schema_valid: 0,
+            refusal_cases: 0,
+            refusal_agreed: 0,
+            tool_cases: 0,
+            tool_agreed: 0,
+            answer_similarity: 1.0,
+            similarity_kind: "lexical".into(),
+            failures: Vec::new(),
+        }
+    }
+}
+
 impl RouteValidation {
     /// Whether `target` passed this route's last validation.
     pub fn validated(&self, target: &str) -> bool {
@@ -114,21 +135,8 @@ impl Records {
 mod tests {
     use super::*;
 
-    pub(crate) fn target(name: &str, validated: bool) -> TargetValidation {
-        TargetValidation {
-            target: name.into(),
-            validated,
-            cases: 1,
-            schema_cases: 0,
-            schema_valid: 0,
-            refusal_cases: 0,
-            refusal_agreed: 0,
-            tool_cases: 0,
-            tool_agreed: 0,
-            answer_similarity: 1.0,
-            similarity_kind: "lexical".into(),
-            failures: Vec::new(),
-        }
+    fn target(name: &str, validated: bool) -> TargetValidation {
+        TargetValidation::sample(name, validated)
     }
 
     fn route(name: &str, targets: Vec<TargetValidation>) -> RouteValidation {
