@@ -322,3 +322,145 @@ async fn the_semantic_cache_adds_nothing_to_time_to_first_token() {
     assert_ttft_unchanged(with, without, "the semantic cache");
     wait_entries(&sy, 3.0).await;
 }
+
+/// The all-MiniLM-L6-v2 directory `.ci/run` prepares, or `None` after a
+/// loud skip (outside CI only: under CI it must be there).
+fn minilm_dir() -> Option<String> {
+    let why = match std::env::var("SWITCHYARD_MINILM") {
+        Ok(dir)
+            if std::path::Path::new(&dir)
+                .join("model.safetensors")
+                .exists() =>
+        {
+            let probe = std::process::Command::new("python3")
+                .args(["-c", "import numpy, tokenizers, safetensors"])
+                .output();
+            match probe {
+                Ok(o) if o.status.success() => return Some(dir),
+                _ => "python3 lacks numpy, tokenizers or safetensors (tests/fixtures/minilm-requirements.txt)".to_string(),
+            }
+        }
+        Ok(dir) => format!("{dir} has no model.safetensors"),
+        Err(_) => "SWITCHYARD_MINILM is not set (see .ci/run)".to_string(),
+    };
+    if std::env::var_os("CI").is_some() {
+        panic!("CI is set but the real sentence embedder is missing: {why}");
+    }
+    eprintln!("\n*** SKIPPED the all-MiniLM-L6-v2 semantic cache test: {why} ***\n");
+    None
+}
+
+/// What the real model says of two texts, straight from its server.
+async fn model_similarity(base: &str, a: &str, b: &str) -> f32 {
+    let http = reqwest::Client::new();
+    let mut v = Vec::new();
+    for text in [a, b] {
+        let body = http
+            .post(format!("{base}/embeddings"))
+            .json(&json!({"model": "all-minilm-l6-v2", "input": text}))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let raw = switchyard::semantic::embed::parse(&body).unwrap();
+        v.push(switchyard::semantic::index::normalized(raw).unwrap());
+    }
+    switchyard::semantic::index::cosine(&v[0], &v[1])
+}
+
+#[tokio::test]
+async fn a_real_sentence_embedder_answers_paraphrases_and_keeps_other_questions_apart() {
+    let Some(dir) = minilm_dir() else { return };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/minilm_server.py"
+    );
+    let _server = tokio::process::Command::new("python3")
+        .args([script, &dir, &port.to_string()])
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let http = reqwest::Client::new();
+    let mut up = false;
+    for _ in 0..300 {
+        if http.get(format!("{base}/models")).send().await.is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(up, "the MiniLM server did not come up on {base}");
+
+    let refund = "What is your refund policy?";
+    let refund_again = "what is the refund policy";
+    let refund_other = "Can I get a refund for my order?";
+    let password = "How do I reset my password?";
+    let password_again = "I forgot my password, how can I change it?";
+    let near = model_similarity(&base, refund, refund_again).await;
+    let related = model_similarity(&base, refund, refund_other).await;
+    let near_password = model_similarity(&base, password, password_again).await;
+    let across = model_similarity(&base, refund, password_again).await;
+    eprintln!(
+        "all-MiniLM-L6-v2: paraphrases {near:.3} and {near_password:.3}, a related question {related:.3}, another topic {across:.3}"
+    );
+    assert!(
+        near > 0.85 && near_password > 0.85,
+        "{near} {near_password}"
+    );
+    assert!(related < 0.8 && across < 0.5, "{related} {across}");
+
+    let chat = Mock::start("openai", &[]).await;
+    let config = format!(
+        "{}[[providers]]\nid = \"emb\"\nkind = \"openai\"\nbase_url = \"{base}\"\n  [[providers.models]]\n  name = \"embed-small\"\n  capabilities = [\"embeddings\"]\n{}ladder = [\"fallback\", \"refuse\"]\nsemantic_cache = {{ embedder = \"emb/embed-small\", threshold = 0.85, fresh_within = \"10m\", lookup_timeout = \"2s\" }}\n",
+        provider("p", "openai", &chat.base_url(), "m"),
+        route("support", &["p/m"]),
+    );
+    let sy = Switchyard::start(&config).await;
+    let mut client = sy.client().await;
+    let tier = |got: &Collected| got.finished.as_ref().map(|f| f.tier);
+
+    assert_eq!(
+        tier(&stream(&mut client, ask(SUPPORT, refund)).await),
+        Some(Tier::Primary as i32)
+    );
+    wait_entries(&sy, 1.0).await;
+    let hit = stream(&mut client, ask(SUPPORT, refund_again)).await;
+    let f = hit.finished.unwrap_or_else(|| panic!("{:?}", hit.status));
+    assert_eq!(f.tier, Tier::SemanticCache as i32);
+    assert!(
+        (f.cache_similarity - near).abs() < 0.01,
+        "{} vs {near}",
+        f.cache_similarity
+    );
+    // A related but different question is not given the refund answer.
+    let other = stream(&mut client, ask(SUPPORT, refund_other)).await;
+    assert_eq!(tier(&other), Some(Tier::Primary as i32));
+    wait_entries(&sy, 2.0).await;
+    assert_eq!(
+        tier(&stream(&mut client, ask(SUPPORT, password)).await),
+        Some(Tier::Primary as i32)
+    );
+    wait_entries(&sy, 3.0).await;
+    // The paraphrase finds its own question's answer, not the refund one.
+    let hit = stream(&mut client, ask(SUPPORT, password_again)).await;
+    let f = hit.finished.unwrap();
+    assert_eq!(f.tier, Tier::SemanticCache as i32);
+    assert!(
+        (f.cache_similarity - near_password).abs() < 0.01,
+        "{} vs {near_password}",
+        f.cache_similarity
+    );
+    assert_eq!(
+        chat.requests().await.len(),
+        3,
+        "two paraphrases answered without inference"
+    );
+}
