@@ -48,7 +48,6 @@ pub struct ScopeIndex<V> {
     graph: Hnsw<'static, f32, DistCosine>,
     live: HashMap<usize, Live<V>>,
     dim: usize,
-    next: usize,
     dead: usize,
 }
 
@@ -62,7 +61,6 @@ impl<V> ScopeIndex<V> {
             graph: graph(64),
             live: HashMap::new(),
             dim,
-            next: 0,
             dead: 0,
         }
     }
@@ -79,16 +77,15 @@ impl<V> ScopeIndex<V> {
         self.live.is_empty()
     }
 
-    /// Adds a unit vector of this index's dimension; returns its id.
-    pub fn insert(&mut self, vector: Vec<f32>, value: V) -> Option<usize> {
-        if vector.len() != self.dim {
-            return None;
+    /// Adds a unit vector of this index's dimension under `id` (unique
+    /// for the index's lifetime: the caller's counter); false if refused.
+    pub fn insert(&mut self, id: usize, vector: Vec<f32>, value: V) -> bool {
+        if vector.len() != self.dim || self.live.contains_key(&id) {
+            return false;
         }
-        let id = self.next;
-        self.next += 1;
         self.graph.insert((&vector, id));
         self.live.insert(id, Live { vector, value });
-        Some(id)
+        true
     }
 
     /// Removes an entry (a tombstone until the next rebuild).
@@ -148,8 +145,9 @@ mod tests {
         let mut index = ScopeIndex::new(64);
         let points: Vec<Vec<f32>> = (0..500).map(|_| random_unit(&mut rng, 64)).collect();
         for (i, p) in points.iter().enumerate() {
-            assert_eq!(index.insert(p.clone(), i), Some(i));
+            assert!(index.insert(i, p.clone(), i));
         }
+        assert!(!index.insert(3, points[0].clone(), 0), "ids are unique");
         // A slightly moved copy of each point finds that point.
         let mut found = 0;
         for (i, p) in points.iter().enumerate().take(100) {
@@ -182,15 +180,15 @@ mod tests {
     #[test]
     fn vectors_of_another_dimension_or_without_direction_are_refused() {
         let mut index = ScopeIndex::new(3);
-        assert_eq!(index.insert(vec![1.0, 0.0], ()), None);
+        assert!(!index.insert(0, vec![1.0, 0.0], ()));
         assert!(index.nearest(&[1.0, 0.0]).is_none());
         assert!(normalized(vec![0.0, 0.0, 0.0]).is_none());
         assert!(normalized(vec![f32::NAN, 1.0, 0.0]).is_none());
         assert!(normalized(Vec::new()).is_none());
         let v = normalized(vec![3.0, 4.0, 0.0]).unwrap();
         assert!((v[0] - 0.6).abs() < 1e-6 && (v[1] - 0.8).abs() < 1e-6);
-        index.insert(v.clone(), ());
-        assert_eq!(index.nearest(&v).map(|(id, _)| id), Some(0));
+        assert!(index.insert(7, v.clone(), ()));
+        assert_eq!(index.nearest(&v).map(|(id, _)| id), Some(7));
         assert!(index
             .nearest(&[0.0, 0.0, 1.0])
             .is_some_and(|(_, s)| s.abs() < 1e-6));

@@ -60,6 +60,9 @@ struct RouteStore {
     order: VecDeque<(Fingerprint, usize, Instant)>,
     entries: usize,
     bytes: usize,
+    /// The next entry's id: unique across the route's scopes for the
+    /// store's life, so a place in `order` never names a later entry.
+    next_id: usize,
 }
 
 /// Similarity above which a new answer replaces the stored one.
@@ -204,7 +207,9 @@ impl SemanticCache {
             expires,
             bytes,
         };
-        if let Some(id) = index.insert(vector, entry) {
+        let id = store.next_id;
+        store.next_id += 1;
+        if index.insert(id, vector, entry) {
             store.order.push_back((scope, id, expires));
             store.entries += 1;
             store.bytes += bytes;
@@ -443,5 +448,31 @@ mod tests {
             c.lookup("b", &[1; 32], &[1.0, 0.0], 0.9, None, t0),
             Found::Hit(_)
         ));
+        // A scope emptied and started again: the old places in the order
+        // never evict the new entries before their time.
+        let c = SemanticCache::new();
+        let short = Bounds {
+            ttl: Duration::from_secs(10),
+            ..BOUNDS
+        };
+        c.insert("s", [1; 32], axis(0), answer("old"), &short, t0);
+        c.insert(
+            "s",
+            [1; 32],
+            vec![1.0, 0.0],
+            answer("2d"),
+            &short,
+            t0 + Duration::from_secs(5),
+        );
+        c.insert(
+            "s",
+            [1; 32],
+            vec![0.0, 1.0],
+            answer("2d'"),
+            &short,
+            t0 + Duration::from_secs(5),
+        );
+        c.expire("s", &short, t0 + Duration::from_secs(11));
+        assert_eq!(c.size("s").0, 2, "the new entries live until t0 + 15 s");
     }
 }
