@@ -460,6 +460,30 @@ async fn state_error_scrape() -> String {
     sy.admin_get("/metrics").await.1
 }
 
+/// A Switchyard with a semantic cache: a miss that fills it, then a hit.
+async fn semantic_scrape() -> String {
+    let chat = common::Mock::start("openai", &[]).await;
+    let emb = common::Mock::start("openai", &[]).await;
+    let config = format!(
+        "{}[[providers]]\nid = \"emb\"\nkind = \"openai\"\nbase_url = \"{}\"\n  [[providers.models]]\n  name = \"e\"\n  capabilities = [\"embeddings\"]\n{}semantic_cache = {{ embedder = \"emb/e\", fresh_within = \"1m\" }}\n",
+        provider("only", "openai", &chat.base_url(), "m"),
+        emb.base_url(),
+        route("chat", &["only/m"])
+    );
+    let sy = Switchyard::start(&config).await;
+    let mut client = sy.client().await;
+    for _ in 0..50 {
+        let got = stream(&mut client, request("chat")).await;
+        assert!(got.finished.is_some(), "{:?}\n{}", got.status, sy.logs());
+        let (_, m) = sy.admin_get("/metrics").await;
+        if m.contains("switchyard_semantic_cache_lookups_total{route=\"chat\",result=\"hit\"}") {
+            return m;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("no semantic cache hit:\n{}", sy.logs());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_rules_the_dashboard_and_plan_name_is_exported() {
     // Ceilings of two, breakers that open at two failures, health evidence
@@ -526,6 +550,7 @@ async fn every_metric_the_rules_the_dashboard_and_plan_name_is_exported() {
     let mut have: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     exported(&scrape, &mut have);
     exported(&state_error_scrape().await, &mut have);
+    exported(&semantic_scrape().await, &mut have);
     // Prometheus adds these to every scraped series, and `up` of its own.
     let target_labels = ["job", "instance"];
     have.entry("up".into())
