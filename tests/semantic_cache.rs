@@ -464,3 +464,35 @@ async fn a_real_sentence_embedder_answers_paraphrases_and_keeps_other_questions_
         "two paraphrases answered without inference"
     );
 }
+
+#[tokio::test]
+async fn a_lookup_never_takes_more_than_half_of_the_callers_deadline() {
+    let chat = Mock::start("openai", &[]).await;
+    let emb = Mock::start("openai", &[]).await;
+    let sy = Switchyard::start(&config(
+        &chat,
+        &emb,
+        "threshold = 0.9, fresh_within = \"10m\", lookup_timeout = \"5s\"",
+        "[\"fallback\", \"refuse\"]",
+    ))
+    .await;
+    let mut client = sy.client().await;
+    emb.set_fault(json!({"type": "slow_first_token", "delay_ms": 4000}))
+        .await;
+    let mut req = tonic::Request::new(ask(SUPPORT, "What is your refund policy?"));
+    req.set_timeout(Duration::from_millis(1000));
+    let start = Instant::now();
+    let got = stream(&mut client, req).await;
+    assert_eq!(
+        got.finished.map(|f| f.tier),
+        Some(Tier::Primary as i32),
+        "{:?}",
+        got.status
+    );
+    assert!(
+        start.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(lookups(&metrics(&sy).await, "embedder_slow"), 1.0);
+}

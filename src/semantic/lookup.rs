@@ -36,7 +36,9 @@ pub struct Pending {
     route: String,
     pub cfg: Arc<SemanticCacheConfig>,
     scope: Fingerprint,
-    started: Instant,
+    /// A lookup waits for the embedding until then: `lookup_timeout` after
+    /// the start, and never more than half the caller's remaining deadline.
+    lookup_until: Instant,
     /// The question's unit vector, or `None` if the embedder did not give one.
     vector: Shared<BoxFuture<'static, Option<Arc<Vec<f32>>>>>,
 }
@@ -85,20 +87,25 @@ impl Dispatcher {
             started + FILL_WAIT,
         ));
         let vector = async move { task.await.ok().flatten() }.boxed().shared();
+        let budget = spec.deadline.map_or(cfg.lookup_timeout, |d| {
+            cfg.lookup_timeout
+                .min(d.saturating_duration_since(started) / 2)
+        });
         Some(Pending {
             route: plan.route.clone(),
             cfg,
             scope: q.scope,
-            started,
+            lookup_until: started + budget,
             vector,
         })
     }
 
     /// The closest stored answer at the route's threshold (younger than
     /// `fresh_within` when `fresh`), waiting for the question's embedding
-    /// no longer than the route's `lookup_timeout`.
+    /// no longer than the route's `lookup_timeout` (or half the caller's
+    /// remaining deadline, if less).
     pub(crate) async fn semantic_hit(&self, p: &Pending, fresh: bool) -> Option<Hit> {
-        let vector = match timeout_at(p.started + p.cfg.lookup_timeout, p.vector.clone()).await {
+        let vector = match timeout_at(p.lookup_until, p.vector.clone()).await {
             Ok(Some(v)) => v,
             Ok(None) => {
                 count(&self.metrics, &p.route, "embedder_unavailable");
