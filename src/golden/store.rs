@@ -104,13 +104,12 @@ impl ValidationStore {
             return;
         }
         let loaded = tokio::task::spawn_blocking(move || Records::load(&path)).await;
+        // Seen either way: a broken file is reported once per change.
+        if let Ok(mut seen) = self.seen.lock() {
+            *seen = mtime;
+        }
         match loaded {
-            Ok(Ok(records)) => {
-                if let Ok(mut seen) = self.seen.lock() {
-                    *seen = mtime;
-                }
-                self.replace(records);
-            }
+            Ok(Ok(records)) => self.replace(records),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "golden record file unreadable: keeping the records in memory");
             }
@@ -128,5 +127,49 @@ impl ValidationStore {
             self.reread().await;
             self.publish();
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::golden::record::TargetValidation;
+
+    fn route(name: &str, target: &str) -> RouteValidation {
+        RouteValidation {
+            route: name.into(),
+            validated_unix_ms: 1,
+            set: "s".into(),
+            set_sha256: "0".into(),
+            targets: vec![TargetValidation::sample(target, true)],
+        }
+    }
+
+    #[tokio::test]
+    async fn records_reach_the_file_and_the_file_wins_unless_broken() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("golden.json");
+        let store = ValidationStore::open(Arc::new(Registry::default()), Some(path.clone())).await;
+        assert!(store.current().routes.is_empty());
+        assert!(store.record(route("a", "p/m")).await.unwrap(), "persisted");
+        assert!(Records::load(&path).unwrap().routes["a"].validated("p/m"));
+        // Another replica wrote the file: read on the next look.
+        let mut other = Records::default();
+        other.routes.insert("b".into(), route("b", "q/n"));
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        other.save(&path).unwrap();
+        store.reread().await;
+        assert!(store.current().routes.contains_key("b"));
+        assert!(!store.current().routes.contains_key("a"));
+        // A broken file keeps what is in memory.
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::fs::write(&path, "{broken").unwrap();
+        store.reread().await;
+        assert!(store.current().routes.contains_key("b"));
+        // Without a file, records live in memory only.
+        let memory = ValidationStore::open(Arc::new(Registry::default()), None).await;
+        assert!(!memory.record(route("a", "p/m")).await.unwrap());
+        assert!(memory.current().routes["a"].validated("p/m"));
     }
 }
