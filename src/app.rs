@@ -109,17 +109,7 @@ async fn sweep_semantic(
             continue;
         };
         for (route, entries, bytes) in semantic.sweep(&config, tokio::time::Instant::now()) {
-            let labels = crate::telemetry::metrics::RouteLabels { route };
-            metrics
-                .semantic
-                .entries
-                .get_or_create(&labels)
-                .set(entries as i64);
-            metrics
-                .semantic
-                .bytes
-                .get_or_create(&labels)
-                .set(bytes as i64);
+            metrics.semantic.set_size(route, entries, bytes);
         }
     }
 }

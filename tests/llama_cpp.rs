@@ -156,26 +156,6 @@ async fn a_real_llama_cpp_server_streams_and_fails_over_when_killed() {
     assert_eq!(mock.requests().await.len(), 1);
 }
 
-/// The model's similarity of two texts, from its own `/v1/embeddings`.
-async fn similarity(base: &str, a: &str, b: &str) -> f32 {
-    let http = reqwest::Client::new();
-    let mut v = Vec::new();
-    for text in [a, b] {
-        let body = http
-            .post(format!("{base}/embeddings"))
-            .json(&serde_json::json!({"model": "smollm2", "input": text}))
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        let raw = switchyard::semantic::embed::parse(&body).unwrap();
-        v.push(switchyard::semantic::index::normalized(raw).unwrap());
-    }
-    switchyard::semantic::index::cosine(&v[0], &v[1])
-}
-
 #[tokio::test]
 async fn a_real_embedding_model_answers_a_near_repeat_from_the_semantic_cache() {
     let gguf = match gguf() {
@@ -189,8 +169,8 @@ async fn a_real_embedding_model_answers_a_near_repeat_from_the_semantic_cache() 
     // The threshold sits halfway between what this model says of a
     // near-repeat and of an unrelated question.
     let (s_near, s_far) = (
-        similarity(&base, question, near).await,
-        similarity(&base, question, far).await,
+        embedding_similarity(&base, "smollm2", question, near).await,
+        embedding_similarity(&base, "smollm2", question, far).await,
     );
     eprintln!("SmolLM2 similarity: near-repeat {s_near:.3}, unrelated {s_far:.3}");
     assert!(s_near > s_far + 0.02, "near {s_near} vs far {s_far}");

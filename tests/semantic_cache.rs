@@ -350,26 +350,6 @@ fn minilm_dir() -> Option<String> {
     None
 }
 
-/// What the real model says of two texts, straight from its server.
-async fn model_similarity(base: &str, a: &str, b: &str) -> f32 {
-    let http = reqwest::Client::new();
-    let mut v = Vec::new();
-    for text in [a, b] {
-        let body = http
-            .post(format!("{base}/embeddings"))
-            .json(&json!({"model": "all-minilm-l6-v2", "input": text}))
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        let raw = switchyard::semantic::embed::parse(&body).unwrap();
-        v.push(switchyard::semantic::index::normalized(raw).unwrap());
-    }
-    switchyard::semantic::index::cosine(&v[0], &v[1])
-}
-
 #[tokio::test]
 async fn a_real_sentence_embedder_answers_paraphrases_and_keeps_other_questions_apart() {
     let Some(dir) = minilm_dir() else { return };
@@ -404,10 +384,11 @@ async fn a_real_sentence_embedder_answers_paraphrases_and_keeps_other_questions_
     let refund_other = "Can I get a refund for my order?";
     let password = "How do I reset my password?";
     let password_again = "I forgot my password, how can I change it?";
-    let near = model_similarity(&base, refund, refund_again).await;
-    let related = model_similarity(&base, refund, refund_other).await;
-    let near_password = model_similarity(&base, password, password_again).await;
-    let across = model_similarity(&base, refund, password_again).await;
+    let near = embedding_similarity(&base, "all-minilm-l6-v2", refund, refund_again).await;
+    let related = embedding_similarity(&base, "all-minilm-l6-v2", refund, refund_other).await;
+    let near_password =
+        embedding_similarity(&base, "all-minilm-l6-v2", password, password_again).await;
+    let across = embedding_similarity(&base, "all-minilm-l6-v2", refund, password_again).await;
     eprintln!(
         "all-MiniLM-L6-v2: paraphrases {near:.3} and {near_password:.3}, a related question {related:.3}, another topic {across:.3}"
     );

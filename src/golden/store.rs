@@ -86,34 +86,31 @@ impl ValidationStore {
         }
     }
 
-    /// Re-reads the file if it changed since the last read.
+    /// Re-reads the file if it changed since the last read (one trip to
+    /// the blocking pool: the modification time, then the file if needed).
     async fn reread(&self) {
         let Some(path) = self.path.clone() else {
             return;
         };
+        let seen = self.seen.lock().map(|s| *s).unwrap_or_default();
         let read = tokio::task::spawn_blocking(move || {
             let mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
-            (mtime, path)
+            let unchanged = seen.is_some() && seen == mtime;
+            (mtime, (!unchanged).then(|| Records::load(&path)))
         })
         .await;
-        let Ok((mtime, path)) = read else {
+        let Ok((mtime, Some(loaded))) = read else {
             return;
         };
-        let changed = self.seen.lock().is_ok_and(|s| *s != mtime || s.is_none());
-        if !changed {
-            return;
-        }
-        let loaded = tokio::task::spawn_blocking(move || Records::load(&path)).await;
         // Seen either way: a broken file is reported once per change.
         if let Ok(mut seen) = self.seen.lock() {
             *seen = mtime;
         }
         match loaded {
-            Ok(Ok(records)) => self.replace(records),
-            Ok(Err(e)) => {
+            Ok(records) => self.replace(records),
+            Err(e) => {
                 tracing::warn!(error = %e, "golden record file unreadable: keeping the records in memory");
             }
-            Err(_) => {}
         }
     }
 

@@ -177,17 +177,7 @@ pub(crate) fn fill(
             Instant::now(),
         );
         let (entries, bytes) = cache.size(&p.route);
-        let labels = RouteLabels { route: p.route };
-        metrics
-            .semantic
-            .entries
-            .get_or_create(&labels)
-            .set(entries as i64);
-        metrics
-            .semantic
-            .bytes
-            .get_or_create(&labels)
-            .set(bytes as i64);
+        metrics.semantic.set_size(p.route, entries, bytes);
     });
 }
 

@@ -146,6 +146,13 @@ pub struct SemanticMetrics {
 }
 
 impl SemanticMetrics {
+    /// What the cache holds for `route` now.
+    pub fn set_size(&self, route: String, entries: usize, bytes: usize) {
+        let labels = RouteLabels { route };
+        self.entries.get_or_create(&labels).set(entries as i64);
+        self.bytes.get_or_create(&labels).set(bytes as i64);
+    }
+
     fn register(registry: &mut Registry) -> Self {
         let lookups = Family::<SemanticLabels, Counter>::default();
         registry.register(

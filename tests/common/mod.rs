@@ -696,3 +696,24 @@ pub fn assert_ttft_unchanged(
         "TTFT with {feature} {w:?} vs without {wo:?}"
     );
 }
+
+/// The cosine similarity a real embeddings server (OpenAI's
+/// `POST {base}/embeddings`) gives two texts, read as Switchyard reads it.
+pub async fn embedding_similarity(base: &str, model: &str, a: &str, b: &str) -> f32 {
+    let http = reqwest::Client::new();
+    let mut v = Vec::new();
+    for text in [a, b] {
+        let body = http
+            .post(format!("{base}/embeddings"))
+            .json(&serde_json::json!({"model": model, "input": text}))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let raw = switchyard::semantic::embed::parse(&body).unwrap();
+        v.push(switchyard::semantic::index::normalized(raw).unwrap());
+    }
+    switchyard::semantic::index::cosine(&v[0], &v[1])
+}
