@@ -694,6 +694,10 @@ pub struct RouteConfig {
     /// validation (`switchyard golden`) passed.
     #[serde(default)]
     pub require_validated: bool,
+    /// The route's exact and semantic caches are shared by every tenant
+    /// (public content only). Off: each tenant reads only its own answers.
+    #[serde(default)]
+    pub shared_across_tenants: bool,
 }
 
 /// A route's `semantic_cache = { embedder = "provider/model", threshold = 0.92, ... }`.
@@ -1306,6 +1310,7 @@ impl Config {
                 max_tokens_limit: None,
                 semantic_cache: None,
                 require_validated: false,
+                shared_across_tenants: false,
             }],
         }
     }

@@ -207,8 +207,12 @@ impl Dispatcher {
                 )));
             }
         }
+        // The response cache's key: the request within its tenant's scope
+        // (or every tenant's, on a route that shares its caches).
+        let owner = spec.cache_owner(plan.shared_across_tenants);
+        let cache_key = || spec.cache_key(&fingerprint(), owner);
         if let Some(fresh) = plan.serve_fresh_within {
-            if let Some(hit) = self.cache.get(&fingerprint(), Some(fresh), Instant::now()) {
+            if let Some(hit) = self.cache.get(&cache_key(), Some(fresh), Instant::now()) {
                 self.serve_stored(sink, spec, &plan.route, Stored::exact(&hit), 0)
                     .await;
                 return Ok(());
@@ -224,8 +228,7 @@ impl Dispatcher {
         }
         let caches = plan.has_rung(Rung::Cache) || plan.serve_fresh_within.is_some();
         if caches || guard.is_some() || semantic.is_some() {
-            let fingerprint = caches.then(fingerprint);
-            let cache = fingerprint.map(|f| (self.cache.clone(), plan.cache_ttl, f));
+            let cache = caches.then(|| (self.cache.clone(), plan.cache_ttl, cache_key()));
             let fill = semantic
                 .clone()
                 .map(|p| (self.semantic.clone(), self.metrics.clone(), p));
@@ -239,8 +242,8 @@ impl Dispatcher {
                     if let Some((semantic, metrics, pending)) = fill.filter(|_| fresh) {
                         crate::semantic::lookup::fill(semantic, metrics, pending, events.clone());
                     }
-                    if let Some((cache, ttl, fingerprint)) = cache.filter(|_| fresh) {
-                        cache.put(fingerprint, events.clone(), ttl, Instant::now());
+                    if let Some((cache, ttl, key)) = cache.filter(|_| fresh) {
+                        cache.put(key, events.clone(), ttl, Instant::now());
                     }
                     if let Some(guard) = guard {
                         guard.complete(events).await;
@@ -264,8 +267,7 @@ impl Dispatcher {
                 for rung in &plan.ladder {
                     match rung {
                         Rung::Cache => {
-                            if let Some(hit) = self.cache.get(&fingerprint(), None, Instant::now())
-                            {
+                            if let Some(hit) = self.cache.get(&cache_key(), None, Instant::now()) {
                                 tracing::warn!(request_id = %spec.request_id, route = %plan.route, age_ms = hit.age.as_millis() as u64, error = %e, "no live answer; serving the cached one");
                                 self.serve_stored(
                                     sink,

@@ -39,6 +39,30 @@ pub struct RequestSpec {
     pub pin: Option<String>,
 }
 
+/// Who a stored answer belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOwner<'a> {
+    /// One tenant: no other tenant reads it (the default).
+    Tenant(&'a str),
+    /// Every tenant: a route with `shared_across_tenants = true`.
+    Everyone,
+}
+
+impl CacheOwner<'_> {
+    /// Feeds the owner into a cache key's digest (length-prefixed, so no
+    /// tenant name can pass for another key).
+    pub fn digest_into(self, h: &mut Sha256) {
+        match self {
+            CacheOwner::Tenant(t) => {
+                h.update(b"tenant\0");
+                h.update((t.len() as u64).to_be_bytes());
+                h.update(t.as_bytes());
+            }
+            CacheOwner::Everyone => h.update(b"shared\0"),
+        }
+    }
+}
+
 impl RequestSpec {
     /// Digest of route, messages, tools and sampling parameters; independent
     /// of request id, deadline and tenant.
@@ -90,6 +114,25 @@ impl RequestSpec {
         Sha256::digest(canonical.to_string().as_bytes()).into()
     }
 
+    /// Whose stored answers this request may read and fill: its tenant's
+    /// own, or every tenant's on a route that shares its caches.
+    pub fn cache_owner(&self, shared_across_tenants: bool) -> CacheOwner<'_> {
+        if shared_across_tenants {
+            CacheOwner::Everyone
+        } else {
+            CacheOwner::Tenant(&self.tenant)
+        }
+    }
+
+    /// The response cache's key: the fingerprint within the cache owner's
+    /// scope, so one tenant never reads another's answer.
+    pub fn cache_key(&self, fingerprint: &Fingerprint, owner: CacheOwner<'_>) -> Fingerprint {
+        let mut h = Sha256::new();
+        owner.digest_into(&mut h);
+        h.update(fingerprint);
+        h.finalize().into()
+    }
+
     /// The idempotency record key, scoped by tenant.
     pub fn scoped_key(&self) -> Option<String> {
         self.idempotency_key
@@ -138,5 +181,20 @@ mod tests {
         c.chat.temperature = Some(0.5);
         assert_ne!(a.fingerprint(), c.fingerprint());
         assert_eq!(a.scoped_key().as_deref(), Some("t:k"));
+    }
+
+    #[test]
+    fn cache_keys_are_the_tenants_own_unless_the_route_shares_them() {
+        let a = spec("hi");
+        let mut b = spec("hi");
+        b.tenant = "beta".into();
+        let f = a.fingerprint();
+        assert_eq!(f, b.fingerprint(), "the same request");
+        let own = |s: &RequestSpec| s.cache_key(&f, s.cache_owner(false));
+        assert_ne!(own(&a), own(&b), "another tenant, another key");
+        assert_eq!(own(&a), own(&spec("hi")), "the same tenant, the same key");
+        let shared = |s: &RequestSpec| s.cache_key(&f, s.cache_owner(true));
+        assert_eq!(shared(&a), shared(&b), "a shared route: one key");
+        assert_ne!(shared(&a), own(&a));
     }
 }

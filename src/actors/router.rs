@@ -59,6 +59,8 @@ pub struct Plan {
     pub max_tokens_limit: Option<u32>,
     /// The route's semantic cache settings, when it has one.
     pub semantic: Option<Arc<SemanticCacheConfig>>,
+    /// Both caches are shared by every tenant (else each tenant has its own).
+    pub shared_across_tenants: bool,
     /// When the plan is empty because every capable target is tripped or
     /// cooling down: the soonest one may take traffic again.
     pub unavailable_for: Option<Duration>,
@@ -146,6 +148,7 @@ struct RouteEntry {
     serve_fresh_within: Option<Duration>,
     max_tokens_limit: Option<u32>,
     semantic: Option<Arc<SemanticCacheConfig>>,
+    shared_across_tenants: bool,
     require_validated: bool,
     default_max_tokens: Option<u32>,
     service_tier: Option<String>,
@@ -258,6 +261,7 @@ fn build_routes(
                 serve_fresh_within: r.serve_fresh_within,
                 max_tokens_limit: r.max_tokens_limit,
                 semantic: r.semantic_cache.clone().map(Arc::new),
+                shared_across_tenants: r.shared_across_tenants,
                 require_validated: r.require_validated,
                 default_max_tokens: r.default_max_tokens,
                 service_tier: r.service_tier.clone(),
@@ -469,6 +473,7 @@ impl RouterState {
             serve_fresh_within: entry.serve_fresh_within,
             max_tokens_limit: entry.max_tokens_limit,
             semantic: entry.semantic.clone(),
+            shared_across_tenants: entry.shared_across_tenants,
             unavailable_for: if ranked_empty { soonest } else { None },
         })
     }

@@ -30,18 +30,27 @@ pub async fn view(jobs: &Jobs, record: &JobRecord) -> proto::Job {
     convert::job(record, position, eta)
 }
 
-pub async fn get(jobs: &Jobs, id: &str) -> Result<proto::Job, Status> {
+/// The job `id` as `caller` may see it: another tenant's job does not exist
+/// for it (NOT_FOUND, exactly as an unknown id). `caller` is the
+/// authenticated tenant; `None` in open auth mode, where nobody is.
+pub async fn get(jobs: &Jobs, id: &str, caller: Option<&str>) -> Result<proto::Job, Status> {
     match jobs.get(id).await {
-        Ok(Some(record)) => Ok(view(jobs, &record).await),
-        Ok(None) => Err(to_status(&RequestError::JobNotFound(id.to_string()))),
+        Ok(Some(record)) if caller.is_none_or(|t| t == record.tenant) => {
+            Ok(view(jobs, &record).await)
+        }
+        Ok(_) => Err(to_status(&RequestError::JobNotFound(id.to_string()))),
         Err(e) => Err(to_status(&RequestError::from(e))),
     }
 }
 
-/// Streams the job at each change until it is final.
-pub async fn watch(jobs: Arc<Jobs>, id: String) -> Result<JobStream, Status> {
+/// Streams the job at each change until it is final (as [`get`] sees it).
+pub async fn watch(
+    jobs: Arc<Jobs>,
+    id: String,
+    caller: Option<String>,
+) -> Result<JobStream, Status> {
     let mut changes = jobs.subscribe();
-    let first = get(&jobs, &id).await?;
+    let first = get(&jobs, &id, caller.as_deref()).await?;
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
         let mut last = first;
@@ -64,7 +73,7 @@ pub async fn watch(jobs: Arc<Jobs>, id: String) -> Result<JobStream, Status> {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 _ = tx.closed() => return,
             }
-            let Ok(job) = get(&jobs, &id).await else {
+            let Ok(job) = get(&jobs, &id, caller.as_deref()).await else {
                 return;
             };
             if job != last {

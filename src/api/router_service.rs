@@ -47,7 +47,7 @@ impl RouterService {
         deadline: Option<Instant>,
         buffered: bool,
     ) -> Arrival {
-        let tenant = request.extensions().get::<Tenant>().map(|t| t.0.clone());
+        let tenant = caller(&request);
         let (metadata, _, request) = request.into_parts();
         Arrival {
             door: Door::Grpc,
@@ -115,6 +115,11 @@ fn deadline_margin(timeout: Duration) -> Duration {
     (timeout / 10).min(Duration::from_millis(20))
 }
 
+/// The authenticated tenant of a call (`None` in open auth mode).
+fn caller<T>(request: &Request<T>) -> Option<String> {
+    request.extensions().get::<Tenant>().map(|t| t.0.clone())
+}
+
 fn with_request_id<T>(mut response: Response<T>, id: &str) -> Response<T> {
     if let Ok(v) = id.parse() {
         response.metadata_mut().insert("x-request-id", v);
@@ -158,8 +163,9 @@ impl proto::router_server::Router for RouterService {
         request: Request<proto::GetJobRequest>,
     ) -> Result<Response<proto::Job>, Status> {
         let jobs = self.jobs()?;
+        let caller = caller(&request);
         Ok(Response::new(
-            jobs::get(&jobs, &request.into_inner().id).await?,
+            jobs::get(&jobs, &request.into_inner().id, caller.as_deref()).await?,
         ))
     }
 
@@ -168,8 +174,9 @@ impl proto::router_server::Router for RouterService {
         request: Request<proto::GetJobRequest>,
     ) -> Result<Response<Self::WatchJobStream>, Status> {
         let jobs = self.jobs()?;
+        let caller = caller(&request);
         Ok(Response::new(
-            jobs::watch(jobs, request.into_inner().id).await?,
+            jobs::watch(jobs, request.into_inner().id, caller).await?,
         ))
     }
 

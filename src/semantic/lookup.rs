@@ -69,7 +69,8 @@ impl Dispatcher {
     /// cache and the request may use it.
     pub(crate) fn semantic_begin(&self, spec: &RequestSpec, plan: &Plan) -> Option<Pending> {
         let cfg = plan.semantic.clone()?;
-        let q = match query::query(spec, plan.side_effects, &cfg) {
+        let owner = spec.cache_owner(plan.shared_across_tenants);
+        let q = match query::query(spec, plan.side_effects, owner, &cfg) {
             Ok(q) => q,
             Err(skip) => {
                 tracing::debug!(request_id = %spec.request_id, route = %plan.route, reason = skip.as_str(), "semantic cache not used");

@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::SemanticCacheConfig;
 use crate::idempotency::Fingerprint;
-use crate::request::RequestSpec;
+use crate::request::{CacheOwner, RequestSpec};
 
 /// Longest question embedded (longer ones are not near-repeats worth it).
 pub const MAX_QUESTION_BYTES: usize = 16 * 1024;
@@ -45,10 +45,12 @@ impl Skip {
     }
 }
 
-/// The request's key, or why it may not use the cache.
+/// The request's key, or why it may not use the cache. The scope belongs
+/// to `owner`: a tenant never finds another tenant's answers.
 pub fn query(
     spec: &RequestSpec,
     side_effects: bool,
+    owner: CacheOwner<'_>,
     cfg: &SemanticCacheConfig,
 ) -> Result<Query, Skip> {
     let chat = &spec.chat;
@@ -78,6 +80,7 @@ pub fn query(
     h.update(b"semantic\0");
     h.update(cfg.embedder.as_bytes());
     h.update(b"\0");
+    owner.digest_into(&mut h);
     h.update(rest.fingerprint());
     Ok(Query {
         scope: h.finalize().into(),
@@ -91,6 +94,11 @@ mod tests {
     use super::*;
     use crate::chat::{ChatMessage, ChatRequest, ToolSpec};
     use crate::request::Needs;
+
+    /// The query as the tenant's own (a route that does not share).
+    fn ask(s: &RequestSpec, side_effects: bool, cfg: &SemanticCacheConfig) -> Result<Query, Skip> {
+        query(s, side_effects, s.cache_owner(false), cfg)
+    }
 
     fn cfg() -> SemanticCacheConfig {
         SemanticCacheConfig {
@@ -133,8 +141,8 @@ mod tests {
 
     #[test]
     fn the_scope_is_everything_but_the_question() {
-        let a = query(&spec("be brief", "refund policy?"), false, &cfg()).unwrap();
-        let b = query(
+        let a = ask(&spec("be brief", "refund policy?"), false, &cfg()).unwrap();
+        let b = ask(
             &spec("be brief", "what is the refund policy"),
             false,
             &cfg(),
@@ -142,30 +150,45 @@ mod tests {
         .unwrap();
         assert_eq!(a.scope, b.scope);
         assert_eq!(b.question, "what is the refund policy");
-        let other = query(&spec("be verbose", "refund policy?"), false, &cfg()).unwrap();
+        let other = ask(&spec("be verbose", "refund policy?"), false, &cfg()).unwrap();
         assert_ne!(
             a.scope, other.scope,
             "another system prompt is another scope"
         );
         let mut s = spec("be brief", "refund policy?");
         s.chat.max_tokens = Some(10);
-        assert_ne!(query(&s, false, &cfg()).unwrap().scope, a.scope);
+        assert_ne!(ask(&s, false, &cfg()).unwrap().scope, a.scope);
         let mut s = spec("be brief", "refund policy?");
         s.route = "sales".into();
-        assert_ne!(query(&s, false, &cfg()).unwrap().scope, a.scope);
+        assert_ne!(ask(&s, false, &cfg()).unwrap().scope, a.scope);
         let mut other_embedder = cfg();
         other_embedder.embedder = "emb/f".into();
         assert_ne!(
-            query(&spec("be brief", "refund policy?"), false, &other_embedder)
+            ask(&spec("be brief", "refund policy?"), false, &other_embedder)
                 .unwrap()
                 .scope,
             a.scope
         );
-        // Ids, tenants and deadlines are not part of it.
+        // Ids and deadlines are not part of it.
         let mut s = spec("be brief", "refund policy?");
         s.request_id = "other".into();
-        s.tenant = "u".into();
-        assert_eq!(query(&s, false, &cfg()).unwrap().scope, a.scope);
+        s.deadline = Some(tokio::time::Instant::now());
+        assert_eq!(ask(&s, false, &cfg()).unwrap().scope, a.scope);
+    }
+
+    #[test]
+    fn the_scope_is_the_tenants_own_unless_the_route_shares_it() {
+        let alpha = spec("be brief", "refund policy?");
+        let mut beta = alpha.clone();
+        beta.tenant = "beta".into();
+        assert_ne!(
+            ask(&alpha, false, &cfg()).unwrap().scope,
+            ask(&beta, false, &cfg()).unwrap().scope,
+            "another tenant never finds this tenant's answers"
+        );
+        let shared = |s: &RequestSpec| query(s, false, s.cache_owner(true), &cfg()).unwrap().scope;
+        assert_eq!(shared(&alpha), shared(&beta), "a shared route: one scope");
+        assert_ne!(shared(&alpha), ask(&alpha, false, &cfg()).unwrap().scope);
     }
 
     #[test]
@@ -176,21 +199,21 @@ mod tests {
             description: String::new(),
             parameters: serde_json::json!({}),
         });
-        assert_eq!(query(&s, false, &cfg()), Err(Skip::Tools));
+        assert_eq!(ask(&s, false, &cfg()), Err(Skip::Tools));
         let mut s = spec("", "q");
         s.chat.temperature = Some(0.7);
-        assert_eq!(query(&s, false, &cfg()), Err(Skip::Temperature));
+        assert_eq!(ask(&s, false, &cfg()), Err(Skip::Temperature));
         s.chat.temperature = Some(0.3);
-        assert!(query(&s, false, &cfg()).is_ok(), "at the route's setting");
+        assert!(ask(&s, false, &cfg()).is_ok(), "at the route's setting");
         let mut s = spec("", "q");
         s.idempotency_key = Some("k".into());
-        assert_eq!(query(&s, true, &cfg()), Err(Skip::SideEffects));
-        assert!(query(&s, false, &cfg()).is_ok());
+        assert_eq!(ask(&s, true, &cfg()), Err(Skip::SideEffects));
+        assert!(ask(&s, false, &cfg()).is_ok());
         let mut s = spec("", "q");
         s.chat.messages.push(msg("assistant", "a"));
-        assert_eq!(query(&s, false, &cfg()), Err(Skip::NoQuestion));
-        assert_eq!(query(&spec("", "  "), false, &cfg()), Err(Skip::NoQuestion));
+        assert_eq!(ask(&s, false, &cfg()), Err(Skip::NoQuestion));
+        assert_eq!(ask(&spec("", "  "), false, &cfg()), Err(Skip::NoQuestion));
         let long = "x".repeat(MAX_QUESTION_BYTES + 1);
-        assert_eq!(query(&spec("", &long), false, &cfg()), Err(Skip::TooLong));
+        assert_eq!(ask(&spec("", &long), false, &cfg()), Err(Skip::TooLong));
     }
 }
