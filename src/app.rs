@@ -229,13 +229,14 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     if auth.is_open() {
         tracing::warn!("auth.mode = \"open\": callers are not authenticated and their `tenant` field is trusted (local use only)");
     }
+    let caps = connection_caps(&config);
     let (grpc, health) = serve_grpc(
         &config,
         &core,
         &reloader,
         auth.clone(),
         tls,
-        listeners.grpc,
+        (listeners.grpc, caps.grpc),
         stop.clone(),
     )
     .await?;
@@ -253,18 +254,22 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         max_connections,
         header_read_timeout: config.server.header_read_timeout,
         idle_timeout: config.server.connection_idle_timeout,
+        body: listener::BodyPace {
+            read_timeout: config.server.body_read_timeout,
+            min_rate: config.server.body_min_rate,
+        },
         drain_timeout: config.server.drain_timeout,
     };
     let admin = tokio::spawn({
         let (metrics, stop) = (core.metrics.clone(), stop.clone());
-        let bounds = bounds("admin", config.server.admin_max_connections);
+        let bounds = bounds("admin", caps.admin);
         async move { listener::serve_http(listeners.admin, admin_router, bounds, &metrics, stop).await }
     });
     let http = listeners.http.map(|http| {
         let state = HttpState::new(core.intake.clone(), auth, reloader.clone());
         let router = door::router(Arc::new(state));
         let (metrics, stop) = (core.metrics.clone(), stop.clone());
-        let bounds = bounds("http", config.server.http_max_connections);
+        let bounds = bounds("http", caps.http);
         tokio::spawn(
             async move { listener::serve_http(http, router, bounds, &metrics, stop).await },
         )
@@ -296,6 +301,27 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         admin,
         http,
     })
+}
+
+/// The configured connection caps, fitted to the open-file limit with room
+/// kept for the process and one descriptor per upstream permit.
+fn connection_caps(config: &Config) -> listener::Caps {
+    let s = &config.server;
+    let configured = listener::Caps {
+        grpc: s.max_connections,
+        http: if s.http_listen.is_some() {
+            s.http_max_connections
+        } else {
+            0
+        },
+        admin: s.admin_max_connections,
+    };
+    let upstream: u64 = config
+        .providers
+        .iter()
+        .map(|p| u64::from(p.max_concurrency))
+        .sum();
+    listener::fit_to_this_process(configured, upstream)
 }
 
 /// The request path and the actors behind it.
@@ -456,7 +482,7 @@ async fn serve_grpc(
     reloader: &Arc<Reloader>,
     auth: Authenticator,
     tls: Option<Arc<TlsState>>,
-    listener: TcpListener,
+    (listener, max_connections): (TcpListener, usize),
     stop: CancellationToken,
 ) -> Result<(GrpcTask, tonic_health::server::HealthReporter), StartError> {
     let router = tonic::service::interceptor::InterceptedService::new(
@@ -499,7 +525,8 @@ async fn serve_grpc(
     let shutdown = async move { grpc_stop.cancelled().await };
     let accepted = listener::capped(
         listener,
-        config.server.max_connections,
+        max_connections,
+        config.server.header_read_timeout,
         &core.metrics,
         stop.clone(),
     );

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub mod duration;
+
 pub use crate::policy::backoff::Backoff;
 pub use crate::policy::breaker::BreakerConfig;
 pub use crate::policy::budget::RetryBudgetConfig;
@@ -102,7 +104,7 @@ impl Default for CacheConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CostConfig {
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub window: Duration,
     /// Cap for tenants without their own (none when absent).
     pub default_cap_usd: Option<f64>,
@@ -132,7 +134,7 @@ pub struct StateConfig {
     /// Prefix of every key (no `{` or `}`: hash tags follow it).
     pub key_prefix: String,
     /// Longest wait for one Redis call.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub timeout: Duration,
 }
 
@@ -167,14 +169,14 @@ pub struct QueueConfig {
     /// Drain rate once capacity returns.
     pub drain: crate::policy::token_bucket::TokenBucketConfig,
     /// A job not finished within this after it was accepted expires.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub job_ttl: Duration,
     /// The largest file `POST /v1/files` takes (a batch's input).
     pub max_file_bytes: usize,
     /// Requests (lines) in one batch, at most.
     pub max_batch_lines: usize,
     /// How long uploaded files, batch records and their output files are kept.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub file_ttl: Duration,
     /// Start even when `path` exists but holds no queue (a file truncated
     /// to 0 bytes, or another file): an empty queue is made in it. Off by
@@ -211,7 +213,7 @@ pub struct AdminConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct IdempotencyConfig {
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub ttl: Duration,
     pub max_entries: usize,
     /// Most bytes of stored answers (embedded backend); the expired, then
@@ -325,18 +327,18 @@ pub struct ServerConfig {
     /// Re-read the config file when it changes (a ConfigMap update).
     pub watch_config: bool,
     /// Deadline for a request that carries no `grpc-timeout` and whose route sets none.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub default_deadline: Duration,
     /// Events buffered per stream between the upstream task and the client.
     pub stream_buffer: usize,
     /// Longest a request waits for its caller to read (room in
     /// `stream_buffer`) before it is dropped with SLOW_CONSUMER and its
     /// upstream call and permit are released. The deadline bounds it too.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub send_timeout: Duration,
     /// On SIGTERM, how long in-flight streams may run before they are ended
     /// with UNAVAILABLE (SERVER_DRAINING).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub drain_timeout: Duration,
     /// TLS for the gRPC listener (off when absent).
     pub tls: Option<TlsConfig>,
@@ -346,11 +348,20 @@ pub struct ServerConfig {
     pub http_max_connections: usize,
     pub admin_max_connections: usize,
     /// HTTP listeners: longest a client may take to send a request's headers.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub header_read_timeout: Duration,
     /// HTTP listeners: a connection with no request in flight this long is closed.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub connection_idle_timeout: Duration,
+    /// HTTP listeners: longest wait for the first or the next piece of a
+    /// request body, and the grace before `body_min_rate` applies; a body
+    /// later than this is answered 408 and its connection closed.
+    #[serde(with = "crate::config::duration")]
+    pub body_read_timeout: Duration,
+    /// HTTP listeners: after `body_read_timeout`, a request body must have
+    /// averaged at least this many bytes per second since its first byte
+    /// was awaited (0 = no rate check).
+    pub body_min_rate: u64,
 }
 
 /// `[server.tls]`: PEM files, re-read on config reload.
@@ -382,6 +393,8 @@ impl Default for ServerConfig {
             admin_max_connections: 64,
             header_read_timeout: Duration::from_secs(10),
             connection_idle_timeout: Duration::from_secs(60),
+            body_read_timeout: Duration::from_secs(10),
+            body_min_rate: 16 * 1024,
         }
     }
 }
@@ -448,13 +461,16 @@ pub struct ProviderConfig {
     /// provider is not the route's first target).
     #[serde(default = "default_failover_max_concurrency")]
     pub failover_max_concurrency: u32,
-    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    #[serde(default = "default_connect_timeout", with = "crate::config::duration")]
     pub connect_timeout: Duration,
     /// Time from sending the request to the first token.
-    #[serde(default = "default_first_token_timeout", with = "humantime_serde")]
+    #[serde(
+        default = "default_first_token_timeout",
+        with = "crate::config::duration"
+    )]
     pub first_token_timeout: Duration,
     /// Longest silence between two chunks of a stream.
-    #[serde(default = "default_idle_timeout", with = "humantime_serde")]
+    #[serde(default = "default_idle_timeout", with = "crate::config::duration")]
     pub idle_timeout: Duration,
     /// Breaker per model of this provider.
     #[serde(default)]
@@ -467,7 +483,7 @@ pub struct ProviderConfig {
     pub cooldown: CooldownConfig,
     /// After a 401/403 the target is skipped this long (or until a reload):
     /// the router's key is wrong, retrying will not fix it.
-    #[serde(default = "default_auth_cooldown", with = "humantime_serde")]
+    #[serde(default = "default_auth_cooldown", with = "crate::config::duration")]
     pub auth_cooldown: Duration,
     /// Probe a tripped target with a synthetic `max_tokens: 1` request instead
     /// of a user's request, so no caller is spent on a dead provider.
@@ -667,7 +683,7 @@ pub struct RouteConfig {
     #[serde(default)]
     pub service_tier: Option<String>,
     /// Deadline for requests without `grpc-timeout` (overrides the server default).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "crate::config::duration::option")]
     pub deadline: Option<Duration>,
     /// The rungs that may answer when the live targets cannot, in order.
     #[serde(default = "default_ladder")]
@@ -678,11 +694,11 @@ pub struct RouteConfig {
     pub downshift: Vec<RouteTarget>,
     /// How long a good answer stays in the response cache (the `cache` rung
     /// and `serve_fresh_within` read it).
-    #[serde(default = "default_cache_ttl", with = "humantime_serde")]
+    #[serde(default = "default_cache_ttl", with = "crate::config::duration")]
     pub cache_ttl: Duration,
     /// Answer from the cache, without an upstream call, when a stored answer
     /// is younger than this (off when absent).
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "crate::config::duration::option")]
     pub serve_fresh_within: Option<Duration>,
     /// Highest `max_tokens` a caller may ask for on this route.
     #[serde(default)]
@@ -717,7 +733,7 @@ pub struct SemanticCacheConfig {
     #[serde(default = "default_semantic_bytes")]
     pub max_bytes: usize,
     /// How long an answer may be served.
-    #[serde(default = "default_semantic_ttl", with = "humantime_serde")]
+    #[serde(default = "default_semantic_ttl", with = "crate::config::duration")]
     pub ttl: Duration,
     /// Requests with a higher `temperature` never use the cache (a request
     /// that sets none uses it).
@@ -725,11 +741,14 @@ pub struct SemanticCacheConfig {
     pub max_temperature: f32,
     /// Longest the embedding of a question may take; past it the cache is
     /// skipped, never the request failed.
-    #[serde(default = "default_semantic_lookup_timeout", with = "humantime_serde")]
+    #[serde(
+        default = "default_semantic_lookup_timeout",
+        with = "crate::config::duration"
+    )]
     pub lookup_timeout: Duration,
     /// Serve a hit younger than this before routing (tier SEMANTIC_CACHE,
     /// no inference); without it the cache is only the ladder's rung.
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "crate::config::duration::option")]
     pub fresh_within: Option<Duration>,
 }
 
@@ -923,6 +942,7 @@ impl Config {
                 "server.connection_idle_timeout",
                 self.server.connection_idle_timeout,
             ),
+            ("server.body_read_timeout", self.server.body_read_timeout),
         ] {
             if d < Duration::from_millis(100) {
                 return Err(ConfigError::new(field, "must be at least 100ms"));
@@ -1665,6 +1685,40 @@ targets = ["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
             "idle_timeout = \"soon\"\nmax_concurrency = 64\nfailover",
         ));
         assert_eq!(e.path, "providers[0].idle_timeout");
+    }
+
+    #[test]
+    fn a_duration_of_centuries_is_refused_with_its_path_not_a_panic_per_request() {
+        let route = "targets = [\"primary/gpt-4o-mini\", \"secondary/claude-sonnet-4-5\"]";
+        for (key, at, path) in [
+            ("cache_ttl", route, "routes[0].cache_ttl"),
+            ("deadline", route, "routes[0].deadline"),
+            (
+                "breaker.open_for",
+                "failover_max_concurrency = 16",
+                "providers[0].breaker.open_for",
+            ),
+            (
+                "body_read_timeout",
+                "admin_listen = \"127.0.0.1:9464\"",
+                "server.body_read_timeout",
+            ),
+            ("ttl", "[idempotency]", "idempotency.ttl"),
+        ] {
+            let text = if at == "[idempotency]" {
+                format!("{GOOD}\n[idempotency]\nttl = \"500000000000y\"\n")
+            } else {
+                GOOD.replace(at, &format!("{at}\n{key} = \"500000000000y\""))
+            };
+            let e = err(&text);
+            assert_eq!(e.path, path, "{e}");
+            assert!(e.message.contains("longer than 10 years"), "{e}");
+        }
+        // Ten years is still a setting.
+        let c =
+            Config::from_toml_str(&GOOD.replace(route, &format!("{route}\ncache_ttl = \"3650d\"")))
+                .unwrap();
+        assert_eq!(c.routes[0].cache_ttl, duration::LONGEST);
     }
 
     #[test]

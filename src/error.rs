@@ -22,6 +22,10 @@ pub enum RequestError {
     /// The call's metadata (headers) is larger than `limits.max_metadata_bytes`.
     #[error("request metadata of {size} bytes exceeds the limit of {limit} bytes (limits.max_metadata_bytes)")]
     MetadataTooLarge { size: usize, limit: usize },
+    /// The request body did not arrive at the pace the HTTP listeners
+    /// require (`server.body_read_timeout`, `server.body_min_rate`).
+    #[error("the request body did not arrive in time ({received} bytes received; server.body_read_timeout, server.body_min_rate)")]
+    BodyTooSlow { received: u64 },
     /// No target of the route declares every needed capability.
     #[error("no target of route `{route}` has {}", missing.join(", "))]
     NoCapableTarget { route: String, missing: Vec<String> },

@@ -233,7 +233,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             }
         }
     }
-    raise_descriptor_limit(&config);
+    raise_descriptor_limit();
     if let Some((path, env)) = config.missing_env().into_iter().next() {
         eprintln!("error: {path}: environment variable {env} is not set");
         telemetry.shutdown();
@@ -343,19 +343,10 @@ async fn shutdown_signal() {
 }
 
 /// Raises the open-file limit to the hard limit, so the listeners' connection
-/// caps (not the kernel's default of 1024) decide when to refuse; warns when
-/// even the hard limit is below what the caps allow.
-fn raise_descriptor_limit(config: &Config) {
-    let s = &config.server;
-    let wanted = (s.max_connections + s.http_max_connections + s.admin_max_connections) as u64
-        // Upstream connections, the queue file, Redis, logs.
-        + 1024;
+/// caps (not the kernel's default of 1024) decide when to refuse; under a
+/// lower limit the caps are fitted to it at start (`api::listener::Caps`).
+fn raise_descriptor_limit() {
     match rlimit::increase_nofile_limit(u64::MAX) {
-        Ok(limit) if limit < wanted => tracing::warn!(
-            limit,
-            wanted,
-            "the open-file limit is below the listeners' connection caps plus upstream room; lower server.*max_connections or raise the hard limit"
-        ),
         Ok(limit) => tracing::debug!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
     }

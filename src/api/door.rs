@@ -129,19 +129,14 @@ impl HttpState {
 }
 
 /// Reads a body up to `limit` bytes (REQUEST_TOO_LARGE beyond, before
-/// reading when `content-length` says so).
+/// reading when `content-length` says so). The listener paces every body:
+/// one that stalls or trickles is REQUEST_BODY_TIMEOUT (HTTP 408).
 pub async fn read_body_up_to(
     body: Body,
     headers: &HeaderMap,
     limit: usize,
 ) -> Result<Bytes, RequestError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(RequestError::RequestTooLarge { limit });
-    }
+    check_declared_length(headers, limit)?;
     match http_body_util::Limited::new(body, limit).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e)
@@ -150,10 +145,27 @@ pub async fn read_body_up_to(
         {
             Err(RequestError::RequestTooLarge { limit })
         }
-        Err(e) => Err(RequestError::InvalidRequest(format!(
-            "cannot read the request body: {e}"
-        ))),
+        Err(e) => match crate::api::listener::BodyTimedOut::find(&*e) {
+            Some(t) => Err(RequestError::BodyTooSlow {
+                received: t.received,
+            }),
+            None => Err(RequestError::InvalidRequest(format!(
+                "cannot read the request body: {e}"
+            ))),
+        },
     }
+}
+
+/// REQUEST_TOO_LARGE when `content-length` says the body is over `limit`.
+pub fn check_declared_length(headers: &HeaderMap, limit: usize) -> Result<(), RequestError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(RequestError::RequestTooLarge { limit });
+    }
+    Ok(())
 }
 
 /// Both doors, and the Batch API, on one listener.

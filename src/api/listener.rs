@@ -1,31 +1,42 @@
 //! Accepting connections under bounds, for every listener: a connection cap
-//! (refused on accept, counted, and a throttled WARN), and for the HTTP
-//! listeners (OpenAI door, admin) a header-read timeout, an idle timeout
-//! measured in requests (a connection with no request in flight for
-//! `connection_idle_timeout` is closed, however many bytes it trickles), and
-//! a shutdown bounded by the drain timeout plus a 2 s grace (a half-sent
-//! request does not hold SIGTERM). The gRPC listener gets the cap through [`capped`].
+//! (fitted to the open-file limit, `fds`; at the cap an HTTP listener closes
+//! its quietest connection for the new one, else refuses it: `gate`), and
+//! for the HTTP listeners (doors, admin) a header-read timeout that also
+//! closes a connection sending no request at all, request bodies paced
+//! (`pace`: a stalled or trickled body is answered 408 and the connection
+//! closed), an idle timeout measured in requests (a connection with no
+//! request in flight for `connection_idle_timeout` is closed, however many
+//! bytes it trickles), and a shutdown bounded by the drain timeout plus a
+//! 2 s grace. The gRPC listener gets the cap and the first-bytes timeout
+//! through [`capped`].
+
+mod fds;
+mod gate;
+mod pace;
+
+pub use fds::{fit_to_this_process, open_file_limit, Caps};
+pub use pace::{BodyPace, BodyTimedOut};
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
 use futures_util::Stream;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
-use crate::telemetry::metrics::{ListenerLabels, Metrics};
+use crate::telemetry::metrics::Metrics;
+use gate::{Gate, InFlight, Slot};
+use pace::Paced;
 
 /// A listener's bounds.
 #[derive(Debug, Clone, Copy)]
@@ -33,90 +44,19 @@ pub struct Bounds {
     /// `grpc`, `http` or `admin` (metric label, logs).
     pub name: &'static str,
     pub max_connections: usize,
-    /// Longest a client may take to send a request's headers (HTTP/1).
+    /// Longest a client may take to send a request's headers (HTTP/1), and
+    /// to begin its first request at all.
     pub header_read_timeout: Duration,
     /// A connection with no request in flight this long is closed.
     pub idle_timeout: Duration,
+    /// How fast request bodies must arrive.
+    pub body: BodyPace,
     /// On shutdown, connections still open after this are cut.
     pub drain_timeout: Duration,
 }
 
-/// The connection cap of one listener, with its metrics.
-#[derive(Clone)]
-struct Gate {
-    name: &'static str,
-    permits: Arc<Semaphore>,
-    open: Gauge,
-    refused: Counter,
-    /// When the last WARN went out, and how many were refused since.
-    warned: Arc<Mutex<(Option<Instant>, u64)>>,
-}
-
 /// How long after the drain timeout open connections are cut.
 const CUT_GRACE: Duration = Duration::from_secs(2);
-
-/// How often a refused connection is logged at most.
-const WARN_EVERY: Duration = Duration::from_secs(10);
-
-impl Gate {
-    fn new(name: &'static str, max: usize, metrics: &Metrics) -> Self {
-        let labels = ListenerLabels { listener: name };
-        Gate {
-            name,
-            permits: Arc::new(Semaphore::new(max)),
-            open: metrics.connections.get_or_create(&labels).clone(),
-            refused: metrics.connections_refused.get_or_create(&labels).clone(),
-            warned: Arc::default(),
-        }
-    }
-
-    /// A slot for a new connection, or `None` (counted and logged) at the cap.
-    fn admit(&self, limit: usize) -> Option<Slot> {
-        match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => {
-                self.open.inc();
-                Some(Slot {
-                    _permit: permit,
-                    open: self.open.clone(),
-                })
-            }
-            Err(_) => {
-                self.refused.inc();
-                self.warn(limit);
-                None
-            }
-        }
-    }
-
-    fn warn(&self, limit: usize) {
-        let Ok(mut w) = self.warned.lock() else {
-            return;
-        };
-        w.1 += 1;
-        let due = w.0.is_none_or(|at| at.elapsed() >= WARN_EVERY);
-        if due {
-            tracing::warn!(
-                listener = self.name,
-                limit,
-                refused = w.1,
-                "connection limit reached; new connections are closed on accept"
-            );
-            *w = (Some(Instant::now()), 0);
-        }
-    }
-}
-
-/// A connection's place under the cap; released when the connection closes.
-struct Slot {
-    _permit: OwnedSemaphorePermit,
-    open: Gauge,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.open.dec();
-    }
-}
 
 /// Accepts one connection, riding out descriptor exhaustion (EMFILE) with a
 /// short pause instead of a hot loop.
@@ -144,7 +84,7 @@ pub async fn serve_http(
     metrics: &Metrics,
     stop: CancellationToken,
 ) {
-    let gate = Gate::new(bounds.name, bounds.max_connections, metrics);
+    let gate = Gate::new(bounds.name, bounds.max_connections, true, metrics);
     let mut connections = JoinSet::new();
     loop {
         let tcp = tokio::select! {
@@ -152,7 +92,7 @@ pub async fn serve_http(
             tcp = accept(&listener, bounds.name) => tcp,
         };
         while connections.try_join_next().is_some() {}
-        let Some(slot) = gate.admit(bounds.max_connections) else {
+        let Some(slot) = gate.admit().await else {
             continue;
         };
         connections.spawn(connection(tcp, router.clone(), bounds, stop.clone(), slot));
@@ -171,50 +111,6 @@ pub async fn serve_http(
             "drain timeout passed; closing the remaining connections"
         );
         connections.abort_all();
-    }
-}
-
-/// What a connection is doing, for its idle timer.
-#[derive(Default)]
-struct Activity {
-    /// Requests whose response has not ended.
-    in_flight: AtomicUsize,
-    /// Milliseconds from `since` to the last request's end.
-    last_end_ms: AtomicU64,
-}
-
-/// Held by a request until its response body ends or is dropped.
-struct InFlight {
-    activity: Arc<Activity>,
-    since: Instant,
-}
-
-impl InFlight {
-    fn begin(activity: &Arc<Activity>, since: Instant) -> Self {
-        activity.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight {
-            activity: activity.clone(),
-            since,
-        }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let ms = self.since.elapsed().as_millis() as u64;
-        self.activity.last_end_ms.store(ms, Ordering::Relaxed);
-        self.activity.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl Activity {
-    /// No request in flight, and none ended within `idle`.
-    fn idle(&self, since: Instant, idle: Duration) -> bool {
-        if self.in_flight.load(Ordering::Relaxed) > 0 {
-            return false;
-        }
-        let last = Duration::from_millis(self.last_end_ms.load(Ordering::Relaxed));
-        since.elapsed().saturating_sub(last) >= idle
     }
 }
 
@@ -244,6 +140,49 @@ impl http_body::Body for Tracked {
     }
 }
 
+/// Whether a connection has been quiet too long: before its first request
+/// the header-read timeout counts (a byte-less socket goes quickly), after
+/// it the idle timeout.
+fn too_quiet(slot: &Slot, bounds: &Bounds, now: Instant) -> bool {
+    let Some(quiet) = slot.activity.quiet_since() else {
+        return false;
+    };
+    let limit = if slot.activity.untouched() {
+        bounds.header_read_timeout
+    } else {
+        bounds.idle_timeout
+    };
+    now.saturating_duration_since(quiet) >= limit
+}
+
+/// One HTTP request through `router`: its body paced, its response body
+/// tracked for the idle timer, and `connection: close` on an HTTP/1 answer
+/// to a body that timed out (the rest of it is never read).
+async fn handle(
+    router: axum::Router,
+    request: http::Request<hyper::body::Incoming>,
+    in_flight: InFlight,
+    pace: BodyPace,
+) -> Result<http::Response<Body>, std::convert::Infallible> {
+    let http1 = request.version() < http::Version::HTTP_2;
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let request = request.map(|b| Body::new(Paced::new(b, pace, timed_out.clone())));
+    let mut router = router;
+    let mut response = router.call(request).await?;
+    if http1 && timed_out.load(Ordering::Relaxed) {
+        response.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    Ok(response.map(|body| {
+        Body::new(Tracked {
+            body,
+            _in_flight: in_flight,
+        })
+    }))
+}
+
 async fn connection(
     tcp: TcpStream,
     router: axum::Router,
@@ -251,22 +190,11 @@ async fn connection(
     stop: CancellationToken,
     slot: Slot,
 ) {
-    let since = Instant::now();
-    let activity = Arc::new(Activity::default());
-    let tracked = activity.clone();
+    let tracked = slot.activity.clone();
     let service =
         hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
-            let in_flight = InFlight::begin(&tracked, since);
-            let mut router = router.clone();
-            async move {
-                let response = router.call(request.map(Body::new)).await?;
-                Ok::<_, std::convert::Infallible>(response.map(|body| {
-                    Body::new(Tracked {
-                        body,
-                        _in_flight: in_flight,
-                    })
-                }))
-            }
+            let in_flight = InFlight::begin(&tracked);
+            handle(router.clone(), request, in_flight, bounds.body)
         });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
@@ -276,7 +204,8 @@ async fn connection(
     builder.http2().timer(TokioTimer::new());
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
     tokio::pin!(conn);
-    let tick = (bounds.idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let shortest = bounds.idle_timeout.min(bounds.header_read_timeout);
+    let tick = (shortest / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
     let mut timer = tokio::time::interval(tick);
     let mut closing = false;
     loop {
@@ -286,8 +215,17 @@ async fn connection(
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
+            _ = slot.close.cancelled(), if !closing => {
+                if slot.activity.quiet_since().is_some() {
+                    tracing::debug!(listener = bounds.name, "closing a quiet connection to make room");
+                    break;
+                }
+                // A request arrived meanwhile: it finishes first.
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
             _ = timer.tick(), if !closing => {
-                if activity.idle(since, bounds.idle_timeout) {
+                if too_quiet(&slot, &bounds, Instant::now()) {
                     tracing::debug!(listener = bounds.name, "closing an idle connection");
                     // Nothing in flight: nothing to finish.
                     break;
@@ -353,34 +291,41 @@ impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connecte
 }
 
 /// The gRPC listener's connections under the cap, as tonic takes them
-/// (plain TCP; TLS wraps each after its handshake in `tls::incoming`).
+/// (plain TCP; TLS wraps each after its handshake in `tls::incoming`). A
+/// connection that sends nothing within `first_bytes` (the header-read
+/// timeout) is closed before tonic ever sees it.
 pub fn capped(
     listener: TcpListener,
     max_connections: usize,
+    first_bytes: Duration,
     metrics: &Metrics,
     stop: CancellationToken,
 ) -> impl Stream<Item = std::io::Result<Capped<TcpStream>>> {
-    let gate = Gate::new("grpc", max_connections, metrics);
+    let gate = Gate::new("grpc", max_connections, false, metrics);
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
         loop {
             let tcp = tokio::select! {
                 _ = stop.cancelled() => return,
+                _ = tx.closed() => return,
                 tcp = accept(&listener, "grpc") => tcp,
             };
-            let Some(slot) = gate.admit(max_connections) else {
+            let Some(slot) = gate.admit().await else {
                 continue;
             };
-            if tx
-                .send(Ok(Capped {
-                    io: tcp,
-                    _slot: slot,
-                }))
-                .await
-                .is_err()
-            {
-                return;
-            }
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut first = [0u8; 1];
+                let peeked = tokio::time::timeout(first_bytes, tcp.peek(&mut first)).await;
+                if let Ok(Ok(1..)) = peeked {
+                    let _ = tx
+                        .send(Ok(Capped {
+                            io: tcp,
+                            _slot: slot,
+                        }))
+                        .await;
+                }
+            });
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)

@@ -66,6 +66,9 @@ pub fn http_status(err: &RequestError) -> (http::StatusCode, &'static str) {
             (H::REQUEST_HEADER_FIELDS_TOO_LARGE, "invalid_request_error")
         }
         Code::ResourceExhausted => (H::TOO_MANY_REQUESTS, "rate_limit_error"),
+        Code::DeadlineExceeded if matches!(err, RequestError::BodyTooSlow { .. }) => {
+            (H::REQUEST_TIMEOUT, "timeout_error")
+        }
         Code::DeadlineExceeded => (H::GATEWAY_TIMEOUT, "timeout_error"),
         Code::Unavailable => (H::SERVICE_UNAVAILABLE, "server_error"),
         Code::Aborted => (H::CONFLICT, "conflict_error"),
@@ -87,7 +90,7 @@ pub fn anthropic_status(err: &RequestError) -> (http::StatusCode, &'static str) 
         H::NOT_FOUND => "not_found_error",
         H::PAYLOAD_TOO_LARGE | H::REQUEST_HEADER_FIELDS_TOO_LARGE => "request_too_large",
         H::TOO_MANY_REQUESTS => "rate_limit_error",
-        H::GATEWAY_TIMEOUT => "timeout_error",
+        H::GATEWAY_TIMEOUT | H::REQUEST_TIMEOUT => "timeout_error",
         H::SERVICE_UNAVAILABLE => "overloaded_error",
         _ => "api_error",
     };
@@ -117,6 +120,10 @@ fn classify(err: &RequestError) -> (Code, &'static str, HashMap<String, String>)
             meta.insert("size_bytes".into(), size.to_string());
             meta.insert("limit_bytes".into(), limit.to_string());
             (Code::ResourceExhausted, "METADATA_TOO_LARGE")
+        }
+        RequestError::BodyTooSlow { received } => {
+            meta.insert("received_bytes".into(), received.to_string());
+            (Code::DeadlineExceeded, "REQUEST_BODY_TIMEOUT")
         }
         RequestError::UnknownRoute(route) => {
             meta.insert("route".into(), route.clone());

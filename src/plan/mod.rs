@@ -105,14 +105,16 @@ pub async fn run_to(args: PlanArgs, out: &mut (dyn Write + Send)) -> Result<bool
             let reading = source::admin(addr, window, &routes).await?;
             (
                 reading.observed,
-                format!("admin {addr}"),
+                format!("admin {}", source::Remote::parse(addr)?.base),
                 reading.mismatches,
             )
         }
         (None, Some(url)) => {
             let window = args.window.unwrap_or(Duration::from_secs(300));
             let observed = source::prometheus(url, window).await?;
-            (observed, format!("prometheus {url}"), Vec::new())
+            // Printed without its userinfo: never a password.
+            let shown = source::Remote::parse(url)?.base;
+            (observed, format!("prometheus {shown}"), Vec::new())
         }
         (None, None) => {
             return Err(PlanError::Usage(
@@ -132,4 +134,121 @@ pub async fn run_to(args: PlanArgs, out: &mut (dyn Write + Send)) -> Result<bool
         let _ = write!(out, "{}", report::text(&plan, &source));
     }
     Ok(!plan.exceeded)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use base64::Engine;
+
+    const CONFIG: &str = r#"
+[[providers]]
+id = "p"
+kind = "openai"
+base_url = "http://127.0.0.1:9/v1"
+  [[providers.models]]
+  name = "m"
+  capabilities = ["chat", "stream"]
+  context_tokens = 128000
+
+[[routes]]
+name = "chat"
+targets = ["p/m"]
+"#;
+
+    /// A Prometheus on loopback that answers only `user:s3cret` (one
+    /// replica, no other series), and every Authorization it saw.
+    async fn prometheus() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let want = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("user:s3cret")
+        );
+        let app = axum::Router::new().route(
+            "/api/v1/query",
+            axum::routing::get(
+                move |uri: axum::http::Uri, headers: axum::http::HeaderMap| {
+                    let auth = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_string();
+                    log.lock().unwrap().push(auth.clone());
+                    let ok = auth == want;
+                    let replicas = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+                        .any(|(k, v)| k == "query" && v == source::REPLICAS);
+                    async move {
+                        if !ok {
+                            return (axum::http::StatusCode::UNAUTHORIZED, "no").into_response();
+                        }
+                        let result = if replicas {
+                            serde_json::json!([{"metric": {}, "value": [0, "1"]}])
+                        } else {
+                            serde_json::json!([])
+                        };
+                        axum::Json(serde_json::json!({"status": "success",
+                            "data": {"resultType": "vector", "result": result}}))
+                        .into_response()
+                    }
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (addr.to_string(), seen)
+    }
+
+    fn args(dir: &std::path::Path, prometheus: String) -> PlanArgs {
+        let config = dir.join("c.toml");
+        std::fs::write(&config, CONFIG).unwrap();
+        PlanArgs {
+            config,
+            admin: None,
+            prometheus: Some(prometheus),
+            window: None,
+            json: false,
+            what_if: Vec::new(),
+        }
+    }
+
+    use axum::response::IntoResponse;
+
+    #[tokio::test]
+    async fn a_prometheus_password_is_sent_as_basic_auth_and_never_printed() {
+        let (addr, seen) = prometheus().await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut out = Vec::new();
+        run_to(
+            args(dir.path(), format!("http://user:s3cret@{addr}/")),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        let printed = String::from_utf8(out).unwrap();
+        assert!(
+            printed.contains(&format!("prometheus http://{addr}")),
+            "{printed}"
+        );
+        assert!(
+            !printed.contains("s3cret") && !printed.contains("user@"),
+            "{printed}"
+        );
+        let seen = seen.lock().unwrap().clone();
+        assert!(!seen.is_empty() && seen.iter().all(|a| a.starts_with("Basic ")));
+
+        // Refused, or nobody listening: the error names the host, not the password.
+        for url in [
+            format!("http://user:wrong-s3cret@{addr}"),
+            "http://user:s3cret@127.0.0.1:9".to_string(),
+        ] {
+            let e = run_to(args(dir.path(), url), &mut Vec::new())
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(!e.contains("s3cret"), "{e}");
+        }
+    }
 }

@@ -21,19 +21,63 @@ fn client() -> Result<reqwest::Client, PlanError> {
         .map_err(|e| PlanError::Fetch(format!("cannot build an HTTP client: {e}")))
 }
 
+/// Where the figures come from: the base URL without its userinfo (the
+/// only form printed, in the report and in errors) and the credentials it
+/// carried, sent as basic auth and never printed.
+pub struct Remote {
+    pub base: String,
+    auth: Option<(String, Option<String>)>,
+}
+
+impl Remote {
+    /// `text` as given to `--admin` (HOST:PORT or a URL) or `--prometheus`.
+    pub fn parse(text: &str) -> Result<Remote, PlanError> {
+        let with_scheme = if text.contains("://") {
+            text.to_string()
+        } else {
+            format!("http://{text}")
+        };
+        // The text may hold a password: the error never repeats it.
+        let mut url = reqwest::Url::parse(&with_scheme)
+            .map_err(|e| PlanError::Usage(format!("the address is not a URL: {e}")))?;
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let user = decode(url.username());
+        let password = url.password().map(decode);
+        let auth = (!user.is_empty() || password.is_some()).then_some((user, password));
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        Ok(Remote {
+            base: url.as_str().trim_end_matches('/').to_string(),
+            auth,
+        })
+    }
+
+    fn get(&self, http: &reqwest::Client, url: &str) -> reqwest::RequestBuilder {
+        let request = http.get(url);
+        match &self.auth {
+            Some((user, password)) => request.basic_auth(user, password.as_ref()),
+            None => request,
+        }
+    }
+}
+
 /// Sends a GET of `url` and reads the whole body.
 async fn send(
     request: reqwest::RequestBuilder,
     url: &str,
 ) -> Result<(reqwest::StatusCode, String), PlanError> {
-    let fail = |e: reqwest::Error| PlanError::Fetch(format!("GET {url}: {e}"));
+    let fail = |e: reqwest::Error| PlanError::Fetch(format!("GET {url}: {}", e.without_url()));
     let r = request.send().await.map_err(fail)?;
     let status = r.status();
     Ok((status, r.text().await.map_err(fail)?))
 }
 
-async fn get_text(http: &reqwest::Client, url: &str) -> Result<String, PlanError> {
-    let (status, body) = send(http.get(url), url).await?;
+async fn get_text(http: &reqwest::Client, remote: &Remote, url: &str) -> Result<String, PlanError> {
+    let (status, body) = send(remote.get(http, url), url).await?;
     if !status.is_success() {
         return Err(PlanError::Fetch(format!("GET {url}: {status}: {body}")));
     }
@@ -67,14 +111,6 @@ pub struct AdminReading {
     pub mismatches: Vec<String>,
 }
 
-fn base(addr: &str) -> String {
-    if addr.starts_with("http://") || addr.starts_with("https://") {
-        addr.trim_end_matches('/').to_string()
-    } else {
-        format!("http://{addr}")
-    }
-}
-
 /// Two scrapes `window` apart and the status, from `addr` (HOST:PORT or a URL).
 pub async fn admin(
     addr: &str,
@@ -82,16 +118,17 @@ pub async fn admin(
     routes: &BTreeMap<String, Vec<String>>,
 ) -> Result<AdminReading, PlanError> {
     let http = client()?;
-    let base = base(addr);
+    let remote = Remote::parse(addr)?;
+    let base = &remote.base;
     let metrics = format!("{base}/metrics");
-    let before = Scrape::parse(&get_text(&http, &metrics).await?);
+    let before = Scrape::parse(&get_text(&http, &remote, &metrics).await?);
     let started = tokio::time::Instant::now();
     tokio::time::sleep(window).await;
-    let after = Scrape::parse(&get_text(&http, &metrics).await?);
+    let after = Scrape::parse(&get_text(&http, &remote, &metrics).await?);
     let secs = started.elapsed().as_secs_f64();
     let mut observed = scrape::observe(&before, &after, secs);
     let status_url = format!("{base}/v1/status");
-    let status: Status = serde_json::from_str(&get_text(&http, &status_url).await?)
+    let status: Status = serde_json::from_str(&get_text(&http, &remote, &status_url).await?)
         .map_err(|e| PlanError::Fetch(format!("GET {status_url}: {e}")))?;
     // The status names forced states, which the gauge folds into open/closed.
     for t in status.targets {
@@ -188,11 +225,11 @@ struct VectorSample {
 
 async fn query(
     http: &reqwest::Client,
-    base: &str,
+    remote: &Remote,
     promql: &str,
 ) -> Result<Vec<VectorSample>, PlanError> {
-    let url = format!("{base}/api/v1/query");
-    let (status, text) = send(http.get(&url).query(&[("query", promql)]), &url).await?;
+    let url = format!("{}/api/v1/query", remote.base);
+    let (status, text) = send(remote.get(http, &url).query(&[("query", promql)]), &url).await?;
     let answer: QueryAnswer = serde_json::from_str(&text)
         .map_err(|e| PlanError::Fetch(format!("{url} ({status}): {e}: {text}")))?;
     match (answer.status.as_str(), answer.data) {
@@ -212,9 +249,10 @@ pub fn promql_duration(window: Duration) -> String {
 /// Instant queries over `window` at a Prometheus server, per replica.
 pub async fn prometheus(url: &str, window: Duration) -> Result<Observed, PlanError> {
     let http = client()?;
-    let base = url.trim_end_matches('/');
+    let remote = Remote::parse(url)?;
+    let base = &remote.base;
     let w = promql_duration(window);
-    let replicas = query(&http, base, REPLICAS)
+    let replicas = query(&http, &remote, REPLICAS)
         .await?
         .first()
         .and_then(|s| s.value.1.parse::<f64>().ok())
@@ -231,7 +269,7 @@ pub async fn prometheus(url: &str, window: Duration) -> Result<Observed, PlanErr
     };
     for (figure, q) in QUERIES {
         let promql = q.replace("{w}", &w);
-        for s in query(&http, base, &promql).await? {
+        for s in query(&http, &remote, &promql).await? {
             let Ok(v) = s.value.1.parse::<f64>() else {
                 continue;
             };

@@ -15,10 +15,10 @@ use serde::Deserialize;
 pub struct Backoff {
     /// Ceiling of the first retry's delay; each further retry doubles it.
     /// Default 100 ms.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub base: Duration,
     /// Ceiling of any backoff delay, whatever the attempt number. Default 5 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub cap: Duration,
     /// Positive jitter added to a `Retry-After` wait, as a fraction of it, in
     /// [0, 1]. Default 0.1: `Retry-After: 2` waits between 2.0 s and 2.2 s, never

@@ -31,18 +31,18 @@ pub struct BreakerConfig {
     /// (once `min_calls` is reached). Default 0.5; above 1 disables.
     pub failure_rate: f64,
     /// Sliding window of the failure rate, in 10 buckets. Default 30 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub window: Duration,
     /// Calls (successes plus trip-class failures) the window needs before the
     /// rate may trip. Default 20.
     pub min_calls: u32,
     /// Open period of the first trip; each trip without a healthy spell in
     /// between doubles it. Default 30 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub open_for: Duration,
     /// Cap of the grown open period (before jitter). Staying closed this long
     /// also resets the growth to `open_for`. Default 300 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub max_open_for: Duration,
     /// Up to this fraction of the open period is added at random, so replicas
     /// do not re-probe in lockstep (Envoy `max_ejection_time_jitter`). In
@@ -53,7 +53,7 @@ pub struct BreakerConfig {
     pub half_open_probes: u32,
     /// A probe that has not reported after this long re-opens the breaker
     /// (resilience4j `maxWaitDurationInHalfOpenState`). Default 30 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub probe_timeout: Duration,
 }
 

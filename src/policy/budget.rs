@@ -29,7 +29,7 @@ pub struct RetryBudgetConfig {
     /// (tower and Linkerd use 10/s, sized for busier services).
     pub min_per_sec: f64,
     /// How long a deposit (and the floor's use) counts. Default 10 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub ttl: Duration,
 }
 

@@ -15,17 +15,17 @@ use super::outcome::OutcomeClass;
 #[serde(deny_unknown_fields, default)]
 pub struct CooldownConfig {
     /// After a 429 rate limit without `Retry-After`. Default 1 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub rate_limit_cooldown: Duration,
     /// After an exhausted quota or spend limit. Also the minimum when such a
     /// response carries a shorter `Retry-After`: billing does not recover in
     /// seconds, and every hit costs a caller a failover. Default 300 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub quota_cooldown: Duration,
     /// The longest wait an upstream may ask for (`Retry-After` and its
     /// kin): a longer one is cut to this, in the cooldown and in what
     /// callers are told. Default 120 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub max_retry_after: Duration,
 }
 

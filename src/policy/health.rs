@@ -16,7 +16,7 @@ use super::window::Buckets;
 #[serde(deny_unknown_fields, default)]
 pub struct HealthConfig {
     /// Span of the sliding window. Default 60 s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub window: Duration,
     /// Buckets the window is split into; old data leaves one bucket at a time.
     /// Default 12 (5 s each).
@@ -27,7 +27,7 @@ pub struct HealthConfig {
     pub prior_successes: u32,
     /// p95 latency at or under this scores full marks; above it the score falls
     /// as `latency_target / p95`. Default 30 s (whole streamed completions).
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub latency_target: Duration,
     /// Calls in the window before the score may reorder a route: below it
     /// the route order holds and the breaker alone protects. Default 20.

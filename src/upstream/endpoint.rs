@@ -72,8 +72,8 @@ const MAX_UPSTREAM_ID: usize = 128;
 
 impl Endpoint {
     /// What an upstream said, made safe to pass on: this endpoint's key
-    /// (whole, or its first 12 characters when an upstream echoes a
-    /// shortened form) is replaced by `[redacted]`.
+    /// or Vertex access token (whole, or its first 12 characters when an
+    /// upstream echoes a shortened form) is replaced by `[redacted]`.
     pub fn redact(&self, text: &str) -> String {
         let aws = self
             .aws
@@ -81,13 +81,16 @@ impl Endpoint {
             .flat_map(|a| std::iter::once(&a.secret_access_key).chain(a.session_token.as_ref()));
         let mut out = text.to_string();
         let pool = self.keys.iter().flat_map(|p| p.secrets());
-        for key in self
+        let vertex = self.vertex.iter().flat_map(|v| v.recent_tokens());
+        let secrets: Vec<Secret> = self
             .api_key
             .iter()
             .chain(aws)
             .chain(pool)
-            .map(Secret::expose)
-        {
+            .cloned()
+            .chain(vertex)
+            .collect();
+        for key in secrets.iter().map(Secret::expose) {
             if key.is_empty() {
                 continue;
             }

@@ -3,9 +3,14 @@
 //! with Anthropic's body (`anthropic_version = "vertex-2023-10-16"`, no
 //! `model`), answered in Anthropic's SSE. Auth is an OAuth2 access token
 //! from the service account (an RS256 JWT bearer grant to its `token_uri`,
-//! scope cloud-platform), cached until a minute before it expires and
-//! refreshed once for all requests, never per request.
+//! scope cloud-platform), cached until a minute before it expires (a token
+//! living two minutes or less: until half its life) and refreshed once for
+//! all requests, never per request. Whatever the token endpoint says about
+//! the lifetime, no arithmetic on it can overflow, and the tokens handed out
+//! are known to [`VertexAuth::recent_tokens`] so an upstream error that
+//! echoes one is redacted before it goes anywhere.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -20,6 +25,11 @@ use crate::upstream::ChatRequest;
 const SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
 /// A token is renewed this long before Google says it expires.
 const EARLY: Duration = Duration::from_secs(60);
+/// Longest a token is trusted, whatever `expires_in` says (Google's live an hour).
+const LONGEST_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+/// Tokens remembered for redaction: the one in use and the one before it
+/// (an attempt may still hold it).
+const REMEMBERED: usize = 2;
 const GRANT: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 
 /// The service-account JSON's fields this adapter uses.
@@ -39,6 +49,18 @@ pub struct VertexAuth {
     key: jsonwebtoken::EncodingKey,
     pub token_uri: String,
     token: Mutex<Option<(Secret, Instant)>>,
+    /// The latest tokens handed out, for redaction (at most [`REMEMBERED`]).
+    recent: std::sync::Mutex<VecDeque<Secret>>,
+}
+
+/// When a token that lives `lifetime` from `now` is renewed: a minute before
+/// it expires, or at half its life if that is later (a token of 60 s is
+/// reused for 30 s, not fetched per request); never past a day, never an
+/// overflow.
+pub fn renew_at(now: Instant, lifetime: Duration) -> Instant {
+    let lifetime = lifetime.min(LONGEST_LIFETIME);
+    let reuse = lifetime.saturating_sub(EARLY).max(lifetime / 2);
+    crate::policy::clock::after(now, reuse)
 }
 
 impl std::fmt::Debug for VertexAuth {
@@ -69,7 +91,25 @@ impl VertexAuth {
             key,
             token_uri: sa.token_uri,
             token: Mutex::new(None),
+            recent: std::sync::Mutex::new(VecDeque::with_capacity(REMEMBERED)),
         })
+    }
+
+    /// The latest access tokens handed out (to redact from upstream text).
+    pub fn recent_tokens(&self) -> Vec<Secret> {
+        self.recent
+            .lock()
+            .map(|r| r.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn remember(&self, token: &Secret) {
+        if let Ok(mut r) = self.recent.lock() {
+            if r.len() == REMEMBERED {
+                r.pop_front();
+            }
+            r.push_back(token.clone());
+        }
     }
 
     /// The signed assertion for the token request.
@@ -103,9 +143,10 @@ impl VertexAuth {
         let now_secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
+        let assertion = self.assertion(now_secs)?;
         let form = [
             ("grant_type", GRANT.to_string()),
-            ("assertion", self.assertion(now_secs)?),
+            ("assertion", assertion.clone()),
         ];
         let response =
             tokio::time::timeout_at(limit, http.post(&self.token_uri).form(&form).send())
@@ -131,6 +172,8 @@ impl VertexAuth {
             } else {
                 OutcomeClass::Auth
             };
+            // The signed assertion buys tokens for an hour: never echoed on.
+            let why = why.replace(&assertion, "[redacted]");
             return Err(Failure::new(
                 class,
                 format!("OAuth token endpoint answered {status}: {why}"),
@@ -144,10 +187,8 @@ impl VertexAuth {
             })?;
         let lifetime = Duration::from_secs(body["expires_in"].as_u64().unwrap_or(3600));
         let token = Secret::new(token.to_string());
-        *cached = Some((
-            token.clone(),
-            Instant::now() + lifetime.saturating_sub(EARLY),
-        ));
+        self.remember(&token);
+        *cached = Some((token.clone(), renew_at(Instant::now(), lifetime)));
         Ok(token)
     }
 }
@@ -193,6 +234,91 @@ mod tests {
         assert_eq!(body["anthropic_version"], "vertex-2023-10-16");
         assert_eq!(body["stream"], true);
         assert!(body.get("model").is_none());
+    }
+
+    /// A service account whose token_uri is `token_uri`.
+    fn auth_for(dir: &std::path::Path, token_uri: &str) -> VertexAuth {
+        let path = dir.join("sa.json");
+        let key = include_str!("../../tests/fixtures/vertex-test-key.pem");
+        std::fs::write(
+            &path,
+            serde_json::json!({"type": "service_account", "client_email": "sy@p.iam.gserviceaccount.com",
+                "private_key": key, "private_key_id": "k1", "token_uri": token_uri})
+            .to_string(),
+        )
+        .unwrap();
+        VertexAuth::from_file(&path).unwrap()
+    }
+
+    /// A token endpoint on loopback answering every grant with `expires_in`
+    /// (token `tok-N`, N counting from 1); the grants so far.
+    async fn token_endpoint(
+        expires_in: u64,
+    ) -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let grants = std::sync::Arc::new(AtomicU64::new(0));
+        let counted = grants.clone();
+        let app = axum::Router::new().route(
+            "/token",
+            axum::routing::post(move || {
+                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    axum::Json(serde_json::json!({
+                        "access_token": format!("tok-{n}"), "expires_in": expires_in,
+                    }))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (format!("http://{addr}/token"), grants)
+    }
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(30)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_is_renewed_a_minute_early_or_at_half_its_life_and_never_overflows() {
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(renew_at(now, s(3600)), now + s(3540));
+        assert_eq!(renew_at(now, s(120)), now + s(60));
+        assert_eq!(renew_at(now, s(60)), now + s(30));
+        assert_eq!(renew_at(now, s(0)), now);
+        assert_eq!(renew_at(now, s(u64::MAX)), now + s(24 * 3600 - 60));
+    }
+
+    #[tokio::test]
+    async fn an_expires_in_of_two_to_the_64_is_a_token_not_a_panic() {
+        let (uri, grants) = token_endpoint(u64::MAX).await;
+        let dir = tempfile::tempdir().unwrap();
+        let auth = auth_for(dir.path(), &uri);
+        let http = reqwest::Client::new();
+        let token = auth.token(&http, far()).await.unwrap();
+        assert_eq!(token.expose(), "tok-1");
+        assert_eq!(auth.token(&http, far()).await.unwrap().expose(), "tok-1");
+        assert_eq!(grants.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_token_living_sixty_seconds_is_reused_not_fetched_per_request() {
+        let (uri, grants) = token_endpoint(60).await;
+        let dir = tempfile::tempdir().unwrap();
+        let auth = auth_for(dir.path(), &uri);
+        let http = reqwest::Client::new();
+        for _ in 0..5 {
+            assert_eq!(auth.token(&http, far()).await.unwrap().expose(), "tok-1");
+        }
+        assert_eq!(grants.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // The tokens handed out are known, for redaction.
+        let recent: Vec<String> = auth
+            .recent_tokens()
+            .iter()
+            .map(|t| t.expose().to_string())
+            .collect();
+        assert_eq!(recent, ["tok-1"]);
     }
 
     #[test]

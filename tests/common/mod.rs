@@ -196,6 +196,16 @@ impl Switchyard {
     }
 
     pub async fn start_with(config: &str, env: &[(&str, &str)]) -> Switchyard {
+        Self::start_limited(config, env, None).await
+    }
+
+    /// [`Switchyard::start_with`], the process under an open-file limit of
+    /// `nofile` (soft and hard) when given.
+    pub async fn start_limited(
+        config: &str,
+        env: &[(&str, &str)],
+        nofile: Option<u64>,
+    ) -> Switchyard {
         let file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
         std::fs::write(file.path(), config).unwrap();
         let mut cmd = Command::new(BIN);
@@ -207,6 +217,13 @@ impl Switchyard {
         ]);
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        if let Some(n) = nofile {
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs in
+            // the child between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || rlimit::setrlimit(rlimit::Resource::NOFILE, n, n));
+            }
         }
         Self::spawn(cmd, Some(file)).await
     }
@@ -475,6 +492,18 @@ impl Rig {
         mock_args: &[&str],
         env: &[(&str, &str)],
     ) -> Rig {
+        Self::start_limited(head, provider_extra, route_extra, mock_args, env, None).await
+    }
+
+    /// [`Rig::start_full`], Switchyard under an open-file limit of `nofile`.
+    pub async fn start_limited(
+        head: &str,
+        provider_extra: &str,
+        route_extra: &str,
+        mock_args: &[&str],
+        env: &[(&str, &str)],
+        nofile: Option<u64>,
+    ) -> Rig {
         let primary = Mock::start("openai", mock_args).await;
         let secondary = Mock::start("anthropic", mock_args).await;
         let with_extra = |p: String| {
@@ -502,7 +531,7 @@ impl Rig {
                 &["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
             )
         );
-        let sy = Switchyard::start_with(&config, env).await;
+        let sy = Switchyard::start_limited(&config, env, nofile).await;
         Rig {
             primary,
             secondary,

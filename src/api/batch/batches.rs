@@ -150,7 +150,7 @@ impl BatchApi {
 
     /// Validates every line, then queues one job per line (idempotently).
     async fn submit(&self, batch: &mut Batch) -> Result<(), BatchError> {
-        let _slot = self.file_slot()?;
+        let _slot = self.file_slot(&batch.tenant)?;
         let data = self.file_data(&batch.tenant, &batch.input_file_id).await?;
         let (specs, errors) = self.validate(batch, &data).await;
         let now = now_secs();

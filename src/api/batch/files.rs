@@ -95,11 +95,15 @@ pub(super) async fn upload(
                     None,
                 )
             })?;
-        let _slot = api.file_slot()?;
-        let bytes =
-            crate::api::door::read_body_up_to(body, &parts.headers, api.config.max_file_bytes)
-                .await
-                .map_err(|e| BatchError::from_request(&e))?;
+        // What can be checked before the body is: its declared size. Only
+        // then a slot; the listener's body pace bounds how long it is held.
+        let limit = api.config.max_file_bytes;
+        crate::api::door::check_declared_length(&parts.headers, limit)
+            .map_err(|e| BatchError::from_request(&e))?;
+        let _slot = api.file_slot(&tenant)?;
+        let bytes = crate::api::door::read_body_up_to(body, &parts.headers, limit)
+            .await
+            .map_err(|e| BatchError::from_request(&e))?;
         let mut form = multer::Multipart::new(
             futures_util::stream::once(async move { Ok::<_, std::convert::Infallible>(bytes) }),
             boundary,
@@ -174,7 +178,7 @@ pub(super) async fn content(
     request: Request,
 ) -> Response {
     api.answer(request, |api, tenant, _| async move {
-        let _slot = api.file_slot()?;
+        let _slot = api.file_slot(&tenant)?;
         let data = api.file_data(&tenant, &id).await?;
         let mut r = Response::new(Body::from(data));
         crate::api::door::insert(r.headers_mut(), "content-type", "application/octet-stream");

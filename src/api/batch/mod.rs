@@ -9,6 +9,7 @@
 
 mod batches;
 mod files;
+mod slots;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,12 +35,9 @@ pub struct BatchApi {
     /// Part of every id (with the time and random bits).
     seq: AtomicU64,
     /// Files held in memory at once (uploads, downloads, validation): each is up
-    /// to `queue.max_file_bytes`, so this bounds their sum.
-    files_in_memory: Arc<tokio::sync::Semaphore>,
+    /// to `queue.max_file_bytes`, so this bounds their sum; shared fairly.
+    file_slots: Arc<slots::FileSlots>,
 }
-
-/// Files (uploads or batch inputs) in memory at once.
-const FILES_IN_MEMORY: usize = 4;
 
 /// The Batch API's routes, with their own state.
 pub fn routes(http: Arc<HttpState>) -> axum::Router {
@@ -52,7 +50,7 @@ pub fn routes(http: Arc<HttpState>) -> axum::Router {
         http,
         config,
         seq: AtomicU64::new(0),
-        files_in_memory: Arc::new(tokio::sync::Semaphore::new(FILES_IN_MEMORY)),
+        file_slots: slots::FileSlots::new(slots::FILES_IN_MEMORY),
     });
     axum::Router::new()
         .route("/v1/files", post(files::upload))
@@ -71,17 +69,25 @@ pub(super) fn now_secs() -> u64 {
 }
 
 impl BatchApi {
-    /// A slot for one file in memory, or 429 while every slot is taken.
-    fn file_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, BatchError> {
-        self.files_in_memory
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| BatchError {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                message: format!("{FILES_IN_MEMORY} files are being read already; retry shortly"),
-                param: None,
-                code: "FILES_BUSY",
-            })
+    /// A slot for one of `tenant`'s files in memory, or 429 FILES_BUSY while
+    /// every slot is taken or the rest are kept for other tenants.
+    fn file_slot(&self, tenant: &str) -> Result<slots::FileSlot, BatchError> {
+        let total = self.file_slots.total();
+        let message = match self.file_slots.take(tenant) {
+            Ok(slot) => return Ok(slot),
+            Err(slots::Busy::Full) => {
+                format!("{total} files are being read already; retry shortly")
+            }
+            Err(slots::Busy::FairShare { held }) => format!(
+                "this tenant holds {held} of the {total} file slots and the others are kept for other tenants; retry shortly"
+            ),
+        };
+        Err(BatchError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message,
+            param: None,
+            code: "FILES_BUSY",
+        })
     }
 
     fn jobs(&self) -> Result<Arc<Jobs>, BatchError> {
@@ -180,6 +186,7 @@ impl BatchError {
     fn response(&self) -> Response {
         let kind = match self.status.as_u16() {
             400 | 404 | 409 | 413 => "invalid_request_error",
+            408 => "timeout_error",
             401 => "authentication_error",
             429 => "rate_limit_error",
             _ => "server_error",
