@@ -162,3 +162,28 @@ async fn the_same_model_fails_over_from_claude_api_to_bedrock_to_vertex() {
     let got = stream(&mut sy.client().await, request("chat")).await;
     assert_eq!(got.finished.unwrap().served_by.unwrap().provider, "claude");
 }
+
+#[tokio::test]
+async fn an_upstream_error_echoing_the_vertex_token_never_reaches_the_caller_or_the_logs() {
+    let g = vertex_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let sa = service_account(dir.path(), &g);
+    let config = format!(
+        "{}{}",
+        vertex_provider(&g),
+        route("chat", &[&format!("vertex/{MODEL}")])
+    );
+    let sy = Switchyard::start_with(&config, &[("SY_VERTEX_SA", &sa)]).await;
+    // The mock's first grant is `ya29.mock-1`; its 400 quotes it back.
+    let echo = "Request had invalid credentials: Bearer ya29.mock-1 is not valid here";
+    g.set_fault(json!({"type": "status", "status": 400,
+        "body": json!({"type": "error", "error": {"type": "invalid_request_error", "message": echo}}).to_string()}))
+        .await;
+    let mut client = sy.client().await;
+    let status = client.complete(request("chat")).await.unwrap_err();
+    let everything = format!("{status:?}");
+    assert!(everything.contains("is not valid here"), "{everything}");
+    assert!(!everything.contains("ya29.mock-1"), "{everything}");
+    assert_eq!(grants(&g).await, 1);
+    assert!(!sy.logs().contains("ya29."), "{}", sy.logs());
+}
