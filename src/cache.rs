@@ -83,7 +83,7 @@ impl ResponseCache {
         let entry = Entry {
             events: Arc::new(events),
             stored_at: now,
-            expires: now + ttl,
+            expires: crate::policy::clock::after(now, ttl),
             bytes,
         };
         if let Some(old) = inner.entries.put(key, entry) {

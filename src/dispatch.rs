@@ -252,9 +252,12 @@ impl Dispatcher {
             }));
         }
         // The whole request's deadline: every attempt and the cost hold fit it.
-        let deadline = spec
-            .deadline
-            .unwrap_or_else(|| Instant::now() + plan.deadline.unwrap_or(self.default_deadline));
+        let deadline = spec.deadline.unwrap_or_else(|| {
+            crate::policy::clock::after(
+                Instant::now(),
+                plan.deadline.unwrap_or(self.default_deadline),
+            )
+        });
         sink.set_deadline(deadline);
         progress.deadline.send_replace(Some(deadline));
         let mut bill = self.reserve(spec, &plan, deadline).await?;

@@ -180,7 +180,7 @@ impl ClaimGuard {
             return;
         }
         self.done = true;
-        let expires = now + self.store.ttl;
+        let expires = crate::policy::clock::after(now, self.store.ttl);
         let max_bytes = self.store.max_bytes;
         if let Ok(mut inner) = self.store.inner.lock() {
             if let Some(Entry::InFlight { fingerprint, claim }) = inner.entries.get(&self.key) {

@@ -369,7 +369,7 @@ impl EventSink {
         &self,
         send: impl std::future::Future<Output = Result<(), T>>,
     ) -> Result<(), SendFailed> {
-        let stall = Instant::now() + self.send_timeout;
+        let stall = crate::policy::clock::after(Instant::now(), self.send_timeout);
         let (limit, error) = match self.deadline {
             Some(d) if d <= stall => (d, RequestError::DeadlineExceeded { attempts: 0 }),
             _ => (

@@ -524,7 +524,7 @@ impl ProviderState {
                 .inc();
         }
         if r.outcome.class == OutcomeClass::Auth {
-            m.auth_until = Some(now + cfg.auth_cooldown);
+            m.auth_until = Some(crate::policy::clock::after(now, cfg.auth_cooldown));
             tracing::error!(provider = %self.runtime.id, model = %r.model, skip_for = ?cfg.auth_cooldown, "upstream rejected the router's credentials: target skipped until reload or cooldown end");
             self.metrics
                 .cooldowns
@@ -815,8 +815,13 @@ async fn synthetic_probe(
         ..Default::default()
     };
     let mut sink = crate::sink::EventSink::discard();
-    let deadline =
-        Instant::now() + runtime.endpoint.first_token_timeout + runtime.endpoint.idle_timeout;
+    let deadline = crate::policy::clock::after(
+        Instant::now(),
+        runtime
+            .endpoint
+            .first_token_timeout
+            .saturating_add(runtime.endpoint.idle_timeout),
+    );
     let result = crate::attempt::run(
         crate::attempt::AttemptInput {
             endpoint: &runtime.endpoint,

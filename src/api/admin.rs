@@ -220,8 +220,9 @@ impl proto::admin_server::Admin for AdminService {
         request: Request<proto::SetBreakerRequest>,
     ) -> Result<Response<proto::SetBreakerResponse>, Status> {
         let r = request.into_inner();
-        let until =
-            (r.duration_ms > 0).then(|| Instant::now() + Duration::from_millis(r.duration_ms));
+        let until = (r.duration_ms > 0).then(|| {
+            crate::policy::clock::after(Instant::now(), Duration::from_millis(r.duration_ms))
+        });
         let change = match proto::BreakerAction::try_from(r.action) {
             Ok(proto::BreakerAction::ForceOpen) => BreakerOverride::Force(Forced::Open { until }),
             Ok(proto::BreakerAction::ForceClosed) => {

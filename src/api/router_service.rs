@@ -71,7 +71,9 @@ impl RouterService {
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
             .and_then(convert::parse_grpc_timeout)
-            .map(|t| Instant::now() + t.saturating_sub(deadline_margin(t)));
+            .map(|t| {
+                crate::policy::clock::after(Instant::now(), t.saturating_sub(deadline_margin(t)))
+            });
         let started = self
             .intake
             .start(Self::arrival(request, deadline, buffered))

@@ -410,10 +410,9 @@ impl Breaker {
                 Some(self.enter(half_open, Cause::OpenElapsed, None, now))
             }
             State::HalfOpen { probes, .. }
-                if probes
-                    .iter()
-                    .flatten()
-                    .any(|admitted| now >= *admitted + self.config.probe_timeout) =>
+                if probes.iter().flatten().any(|admitted| {
+                    now >= crate::policy::clock::after(*admitted, self.config.probe_timeout)
+                }) =>
             {
                 Some(self.open(Cause::ProbeTimeout, now))
             }
@@ -578,7 +577,7 @@ impl Breaker {
         let period = self.open_period();
         let until = now
             .checked_add(period)
-            .unwrap_or(now + self.config.max_open_for);
+            .unwrap_or_else(|| crate::policy::clock::after(now, self.config.max_open_for));
         self.enter(State::Open { until }, cause, Some(period), now)
     }
 

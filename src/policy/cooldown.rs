@@ -102,7 +102,7 @@ impl Cooldown {
             _ => return None,
         };
         let length = config.cooldown_for(class, retry_after)?;
-        self.set(now + length, kind);
+        self.set(crate::policy::clock::after(now, length), kind);
         self.until.map(|(until, _)| until)
     }
 

@@ -195,7 +195,7 @@ impl SemanticCache {
         if let Some((id, _)) = same {
             store.remove(&scope, id);
         }
-        let expires = now + bounds.ttl;
+        let expires = crate::policy::clock::after(now, bounds.ttl);
         let dim = vector.len();
         let index = store
             .scopes

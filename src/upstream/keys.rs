@@ -195,7 +195,7 @@ impl KeyPool {
             return Some(KeyEvent::Disabled);
         }
         let wait = self.cooldown.cooldown_for(class, retry_after)?;
-        state.cooling_until = Some(now + wait);
+        state.cooling_until = Some(crate::policy::clock::after(now, wait));
         Some(KeyEvent::Cooled(if class == OutcomeClass::Quota {
             "quota"
         } else {

@@ -226,18 +226,11 @@ mod tests {
         assert!(c.due() > t0);
     }
 
+    type Item = Result<Frame<Bytes>, std::convert::Infallible>;
+    type Fed = http_body_util::StreamBody<tokio_stream::wrappers::ReceiverStream<Item>>;
+
     /// A body fed through a channel, one frame per message.
-    fn fed() -> (
-        tokio::sync::mpsc::Sender<Result<Frame<Bytes>, std::convert::Infallible>>,
-        Paced<
-            http_body_util::StreamBody<
-                tokio_stream::wrappers::ReceiverStream<
-                    Result<Frame<Bytes>, std::convert::Infallible>,
-                >,
-            >,
-        >,
-        Arc<AtomicBool>,
-    ) {
+    fn fed() -> (tokio::sync::mpsc::Sender<Item>, Paced<Fed>, Arc<AtomicBool>) {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let flag = Arc::new(AtomicBool::new(false));
         let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
