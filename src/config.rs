@@ -136,6 +136,10 @@ pub struct StateConfig {
     /// Longest wait for one Redis call.
     #[serde(with = "crate::config::duration")]
     pub timeout: Duration,
+    /// A tenant slot or an unfinished idempotency claim lapses this long
+    /// after its last renewal (renewed every third of it while its request lives).
+    #[serde(with = "crate::config::duration")]
+    pub lease: Duration,
 }
 
 impl Default for StateConfig {
@@ -145,6 +149,7 @@ impl Default for StateConfig {
             redis_url_env: "SWITCHYARD_REDIS_URL".into(),
             key_prefix: "switchyard:".into(),
             timeout: Duration::from_millis(250),
+            lease: Duration::from_secs(20),
         }
     }
 }
@@ -714,6 +719,11 @@ pub struct RouteConfig {
     /// (public content only). Off: each tenant reads only its own answers.
     #[serde(default)]
     pub shared_across_tenants: bool,
+    /// While the fleet's cost ledger (Redis) cannot be asked, a capped
+    /// tenant's requests are refused (STATE_UNAVAILABLE) instead of spending
+    /// this replica's allowance.
+    #[serde(default)]
+    pub fail_closed: bool,
 }
 
 /// A route's `semantic_cache = { embedder = "provider/model", threshold = 0.92, ... }`.
@@ -850,6 +860,15 @@ impl Config {
         }
         if st.timeout.is_zero() {
             return Err(ConfigError::new("state.timeout", "must be positive"));
+        }
+        if st.lease < 3 * st.timeout || st.lease > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "state.lease",
+                format!(
+                    "{:?} must be at least 3 x state.timeout (it is renewed every third of it) and at most 1h",
+                    st.lease
+                ),
+            ));
         }
         if st.backend == StateBackend::Redis && st.redis_url_env.trim().is_empty() {
             return Err(ConfigError::new(
@@ -1331,6 +1350,7 @@ impl Config {
                 semantic_cache: None,
                 require_validated: false,
                 shared_across_tenants: false,
+                fail_closed: false,
             }],
         }
     }

@@ -23,7 +23,6 @@ use crate::attempt::{self, AttemptEnd, AttemptInput};
 use crate::cache::ResponseCache;
 use crate::chat::{ChatRequest, Usage};
 use crate::config::Rung;
-use crate::cost::{CostLedger, Reservation};
 use crate::error::RequestError;
 use crate::policy::backoff::Backoff;
 use crate::policy::next::{next, Next, Outcome, Tried, View};
@@ -31,7 +30,8 @@ use crate::queue::jobs::{Jobs, OwnedJob};
 use crate::request::RequestSpec;
 use crate::semantic::SemanticCache;
 use crate::sink::{Event, EventSink, Finished, QueuedJob, Started, Tier};
-use crate::state::shared::{Idempotency, KeyClaim};
+use crate::state::cost::{CostLedger, OnOutage, Reservation};
+use crate::state::idempotency::{Idempotency, KeyClaim};
 use crate::telemetry::metrics::{Metrics, ServedLabels, ShedLabels, TargetSeries};
 
 /// Shared by all request tasks.
@@ -72,6 +72,8 @@ struct Bill<'a> {
     deadline: Instant,
     held: Vec<Reservation>,
     spent: f64,
+    /// What a hold does while the fleet ledger is away (the route's `fail_closed`).
+    on_outage: OnOutage,
 }
 
 /// What a completed attempt adds to `Finished`.
@@ -371,6 +373,11 @@ impl Dispatcher {
             deadline,
             held: Vec::new(),
             spent: 0.0,
+            on_outage: if plan.fail_closed {
+                OnOutage::Refuse
+            } else {
+                OnOutage::Allowance
+            },
         };
         if !self.cost.has_cap(&spec.tenant) {
             return Ok(bill);
@@ -391,23 +398,23 @@ impl Dispatcher {
         Ok(bill)
     }
 
-    /// Adds `usd` to what the request holds, or refuses with COST_CAP.
+    /// Adds `usd` to what the request holds, or refuses with COST_CAP (or
+    /// STATE_UNAVAILABLE on a `fail_closed` route while the ledger is away).
     async fn hold(&self, bill: &mut Bill<'_>, usd: f64) -> Result<(), RequestError> {
         // Held past the deadline by a margin, so a live request never loses it.
         let hold =
             bill.deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(30);
-        match self.cost.reserve(bill.tenant, usd, hold).await {
+        match self
+            .cost
+            .reserve(bill.tenant, usd, hold, bill.on_outage)
+            .await
+        {
             Ok(Some(r)) => {
                 bill.held.push(r);
                 Ok(())
             }
             Ok(None) => Ok(()),
-            Err(over) => Err(RequestError::CostCap {
-                tenant: bill.tenant.to_string(),
-                spent_usd: over.spent_usd,
-                cap_usd: over.cap_usd,
-                retry_in: over.retry_in,
-            }),
+            Err(refused) => Err(refused.into_error(bill.tenant)),
         }
     }
 

@@ -8,7 +8,7 @@
 //! | policy | [`policy`] | pure structs, time passed in: outcome classes, breaker, health window, retry budget, backoff, token bucket, cooldown, and [`policy::next`], the next-step decision table |
 //! | upstream | [`upstream`] | wire adapters (OpenAI, Anthropic), SSE parsing, end-of-stream checks, the neutral [`upstream::endpoint::Endpoint`] |
 //! | attempt | [`attempt`], [`sink`] | one upstream attempt with a permit it is given; the event sink to the caller |
-//! | state | [`state`], [`cost`], [`idempotency`], [`tenants`], [`queue`], [`cache`] | stores: embedded, or shared by the fleet on Redis ([`state::redis`]), with the outage policy per function ([`state::shared`]) |
+//! | state | [`state`], [`queue`], [`cache`] | stores: one folder per store ([`state::cost`], [`state::idempotency`], [`state::tenants`]) with its embedded and Redis implementation and what a Redis outage does to it; the Redis client ([`state::redis`]) |
 //! | actors | [`actors`] | supervisor, provider, router and recovery actors: policy wired to messages |
 //! | request task | [`dispatch`], [`request`] | one per request: plan, admission, attempts as [`policy::next`] says, the ladder |
 //! | api | [`api`] | the one intake ([`api::intake`]), gRPC services, the OpenAI HTTP door, jobs, the error table ([`api::status`]) |
@@ -24,12 +24,10 @@ pub mod chat;
 pub mod config;
 #[cfg(test)]
 mod config_fuzz;
-pub mod cost;
 pub mod dispatch;
 pub mod drill;
 pub mod error;
 pub mod golden;
-pub mod idempotency;
 pub mod mock;
 pub mod plan;
 pub mod policy;
@@ -40,8 +38,11 @@ pub mod semantic;
 pub mod sink;
 pub mod state;
 pub mod telemetry;
-pub mod tenants;
 pub mod upstream;
+
+/// The idempotency store's vocabulary (`Fingerprint`) where the request
+/// path has always found it; the store itself is `state::idempotency`.
+pub use state::idempotency;
 
 /// Generated gRPC types and services for `switchyard.v1`.
 pub mod proto {

@@ -64,6 +64,8 @@ pub struct Plan {
     /// When the plan is empty because every capable target is tripped or
     /// cooling down: the soonest one may take traffic again.
     pub unavailable_for: Option<Duration>,
+    /// Cost reservations are refused while the fleet ledger is away.
+    pub fail_closed: bool,
 }
 
 impl Plan {
@@ -156,6 +158,7 @@ struct RouteEntry {
     max_attempts: u32,
     mid_stream: MidStreamPolicy,
     side_effects: bool,
+    fail_closed: bool,
     budget: RetryBudget,
     /// Requests answered in the last minute, and how many by a non-primary target.
     served: ShareWindow,
@@ -269,6 +272,7 @@ fn build_routes(
                 max_attempts: r.max_attempts,
                 mid_stream: r.mid_stream,
                 side_effects: r.side_effects,
+                fail_closed: r.fail_closed,
                 budget: RetryBudget::new(budget, now),
                 served: ShareWindow::new(Duration::from_secs(60), now),
             };
@@ -475,6 +479,7 @@ impl RouterState {
             semantic: entry.semantic.clone(),
             shared_across_tenants: entry.shared_across_tenants,
             unavailable_for: if ranked_empty { soonest } else { None },
+            fail_closed: entry.fail_closed,
         })
     }
 }

@@ -18,7 +18,7 @@ use crate::error::RequestError;
 use crate::proto;
 use crate::request::RequestSpec;
 use crate::sink::{self, Events, SendLimits};
-use crate::state::shared::{Slot, TenantLimits};
+use crate::state::tenants::{Slot, TenantLimits};
 
 /// Which front door a request came through (span attribute, id prefix).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,15 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::cost::{CostGuard, CostLedger};
+use super::idempotency::{Idempotency, IdempotencyStore};
 use super::redis::{Redis, RedisJobs};
-use super::shared::{Idempotency, StateFaults, TenantLimits};
+use super::shared::{Retries, StateFaults};
+use super::tenants::{TenantLimiter, TenantLimits};
 use crate::config::{Config, StateBackend};
-use crate::cost::{CostGuard, CostLedger};
-use crate::idempotency::IdempotencyStore;
-use crate::policy::token_bucket::TokenBucketConfig;
 use crate::queue::Limits;
 use crate::telemetry::metrics::Metrics;
-use crate::tenants::TenantLimiter;
 
 /// The stores, ready for the dispatcher and the intake.
 pub struct Stores {
@@ -28,9 +27,9 @@ pub struct Stores {
 pub const REDIS_JOB_LEASE: Duration = Duration::from_secs(10);
 
 /// The stores for `config`; a Redis URL variable that is unset is an error.
+/// On Redis the cost ledger's upkeep (heartbeat, owed charges) is spawned.
 pub fn build(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, String> {
     let st = &config.state;
-    let limits = &config.limits;
     if st.backend == StateBackend::Embedded {
         return Ok(Stores {
             idempotency: Arc::new(Idempotency::Embedded(IdempotencyStore::new(
@@ -39,7 +38,7 @@ pub fn build(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, String> 
                 config.idempotency.max_bytes,
             ))),
             cost: Arc::new(CostLedger::Embedded(CostGuard::new(config.cost.clone()))),
-            tenants: TenantLimits::Embedded(TenantLimiter::new(limits)),
+            tenants: TenantLimits::Embedded(TenantLimiter::new(&config.limits)),
             redis: None,
         });
     }
@@ -52,35 +51,25 @@ pub fn build(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, String> 
     let redis = Redis::new(&url, &st.key_prefix, st.timeout)
         .map_err(|e| format!("state.redis_url_env: {e}"))?;
     let faults = StateFaults::new(metrics.clone());
-    let rate = (limits.tenant_rate_per_sec > 0.0).then(|| TokenBucketConfig {
-        rate: limits.tenant_rate_per_sec,
-        burst: limits.tenant_burst.max(1),
-    });
-    let longest = config
-        .routes
-        .iter()
-        .filter_map(|r| r.deadline)
-        .fold(config.server.default_deadline, Duration::max);
+    let retries = Retries::new(faults.clone());
+    let cost = Arc::new(CostLedger::redis(
+        config.cost.clone(),
+        redis.clone(),
+        faults.clone(),
+    ));
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(cost.clone().upkeep());
+    }
     Ok(Stores {
-        idempotency: Arc::new(Idempotency::Redis {
-            redis: redis.clone(),
-            faults: faults.clone(),
-            ttl: config.idempotency.ttl,
-            // A claim outlives any live request; a dead replica's lapses.
-            in_flight_ttl: longest + Duration::from_secs(30),
-        }),
-        cost: Arc::new(CostLedger::Redis {
-            guard: CostGuard::new(config.cost.clone()),
-            redis: redis.clone(),
-            faults: faults.clone(),
-        }),
-        tenants: TenantLimits::Redis {
-            redis: redis.clone(),
-            faults,
-            max_concurrent: limits.tenant_max_concurrent,
-            rate,
-            slot_ttl: longest + Duration::from_secs(30),
-        },
+        idempotency: Arc::new(Idempotency::redis(
+            redis.clone(),
+            faults.clone(),
+            retries.clone(),
+            config.idempotency.ttl,
+            st.lease,
+        )),
+        cost,
+        tenants: TenantLimits::redis(redis.clone(), faults, retries, &config.limits, st.lease),
         redis: Some(redis),
     })
 }

@@ -1,14 +1,18 @@
-//! Shared state behind the request path: the types every state backend
-//! speaks (cost reservations, idempotency claims, tenant admission, the drain
-//! bucket) and the fleet backend on Redis. The embedded backend lives beside
-//! the things it stores (`cost`, `idempotency`, `api::tenants`, `queue`);
-//! nothing above this layer knows which backend answers.
+//! Shared state behind the request path, one folder per store (`cost`,
+//! `idempotency`, `tenants`: the face with its outage policy, the embedded
+//! and the Redis implementation), the Redis client (`redis`), what the stores
+//! share (`shared`) and their assembly from `[state]`. The types here are the
+//! vocabulary every backend speaks. Nothing above this layer knows which
+//! backend answers. (The job queue's SQLite store lives in `queue`.)
 
 use std::time::Duration;
 
 pub mod assemble;
+pub mod cost;
+pub mod idempotency;
 pub mod redis;
 pub mod shared;
+pub mod tenants;
 
 /// The shared state could not be reached or answered in time.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

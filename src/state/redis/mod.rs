@@ -1,13 +1,16 @@
 //! The fleet backend on Redis: one cheap-to-clone client that owns the
 //! connection (made lazily, remade after errors, so service resumes when Redis
 //! comes back), the per-call timeout, the breaker and the key layout. Each
-//! function lives in its own file as a Lua script clocked by `TIME`; this file
+//! function's scripts (Lua clocked by `TIME`) live with its store:
+//! `state/cost/redis.rs`, `state/tenants/redis.rs`,
+//! `state/idempotency/redis.rs`, and the job queue in `jobs.rs`. This file
 //! must not log URLs (they may carry a password).
 //!
 //! Key layout (the prefix defaults to `switchyard:`; every key carries a hash
 //! tag so Redis Cluster keeps each script's keys in one slot):
-//! - `{prefix}{t:<tenant>}:cost`, `:cost:res`, `:slots`, `:rate`: per tenant;
+//! - `{prefix}{t:<tenant>}:spend`, `:cost:res`, `:slots`, `:rate`: per tenant;
 //! - `{prefix}{i:<scoped key>}`: one idempotency record;
+//! - `{prefix}{fleet}:replicas`: the replicas' heartbeats;
 //! - `{prefix}{jobs}:...`: the whole job queue, and `{prefix}{jobs}:drain:<name>`.
 
 use std::future::Future;
@@ -22,15 +25,12 @@ use tokio::time::Instant;
 use super::{Persistence, StateError};
 
 mod breaker;
-mod cost;
 #[cfg(test)]
 mod faults;
-mod idempotency;
 mod jobs;
 pub mod server;
-mod tenants;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 pub use jobs::RedisJobs;
 
@@ -174,6 +174,11 @@ impl Redis {
     /// `{prefix}{i:<scoped key>}`.
     pub(crate) fn idem_key(&self, scoped_key: &str) -> String {
         format!("{}{{i:{scoped_key}}}", self.inner.prefix)
+    }
+
+    /// `{prefix}{fleet}:<suffix>`.
+    pub(crate) fn fleet_key(&self, suffix: &str) -> String {
+        format!("{}{{fleet}}:{suffix}", self.inner.prefix)
     }
 
     /// `{prefix}{jobs}:<suffix>`.

@@ -1,4 +1,4 @@
-//! Idempotency records, scoped `tenant:key`: the first request with a key
+//! Idempotency records in process, scoped `tenant:key`: the first request with a key
 //! claims it; a duplicate of a finished request replays the stored answer with
 //! no upstream call; a concurrent duplicate is refused; the same key with a
 //! different payload is refused. Only successful answers are stored: a failed
@@ -12,10 +12,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::Fingerprint;
 use crate::sink::Event;
-
-/// A stable digest of the parts of a request that determine its answer.
-pub type Fingerprint = [u8; 32];
 
 /// What a claim found.
 pub enum Claim {

@@ -1,15 +1,17 @@
 //! Fleet-wide tenant admission and the drain bucket. Concurrency is a sorted
-//! set of slot ids scored by expiry (a dead replica's slot lapses); the rate is
-//! a token bucket in a hash (`tokens`, `last` ms). One script checks both and
-//! takes nothing unless both pass. The drain bucket is the same bucket alone.
+//! set of slot ids scored by lease expiry (`{t:<tenant>}:slots`), renewed
+//! while a request lives, so a dead replica's slot lapses within its lease;
+//! the rate is a token bucket in a hash (`:rate`: `tokens`, `last` ms). One
+//! script checks both and takes nothing unless both pass. The drain bucket is
+//! the same bucket alone.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::{Script, Value};
 
-use super::{bad_reply, ms, num, reply, Redis, LUA_NOW};
 use crate::policy::token_bucket::TokenBucketConfig;
+use crate::state::redis::{bad_reply, ms, num, reply, Redis, LUA_NOW};
 use crate::state::{StateError, TenantDecision};
 
 /// Lua token bucket: 0 if a token was taken, else ms until one is available.
@@ -78,6 +80,21 @@ return redis.call('ZREM', KEYS[1], ARGV[1])
     )
 });
 
+/// KEYS: slots. ARGV: slot id, lease ms. Re-adds a slot that lapsed: its
+/// request still runs.
+static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{LUA_NOW}{}",
+        r"
+local now = now_ms()
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2])))
+return 1
+"
+    ))
+});
+
 /// KEYS: bucket. ARGV: rate, burst.
 static TAKE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -137,6 +154,27 @@ impl Redis {
         }
     }
 
+    /// Extends the slot's lease to `lease` from now.
+    pub async fn tenant_renew(
+        &self,
+        tenant: &str,
+        slot_id: &str,
+        lease: Duration,
+    ) -> Result<(), StateError> {
+        let slots = self.tenant_key(tenant, "slots");
+        let _: i64 = self
+            .call("tenant_renew", |mut c| async move {
+                RENEW
+                    .key(slots)
+                    .arg(slot_id)
+                    .arg(ms(lease, 1))
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(())
+    }
+
     /// Frees the slot (a no-op if it lapsed).
     pub async fn tenant_release(&self, tenant: &str, slot_id: &str) -> Result<(), StateError> {
         let slots = self.tenant_key(tenant, "slots");
@@ -172,8 +210,8 @@ impl Redis {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::super::testutil::RedisServer;
     use super::*;
+    use crate::state::redis::testutil::RedisServer;
 
     const SLOT_TTL: Duration = Duration::from_secs(60);
 
@@ -245,6 +283,40 @@ mod tests {
             b.tenant_acquire("d", "live", 1, None, short).await.unwrap(),
             TenantDecision::Admitted
         );
+    }
+
+    #[tokio::test]
+    async fn a_renewed_slot_outlives_its_lease_and_an_unrenewed_one_lapses() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let r = server.client();
+        let lease = Duration::from_secs(1);
+        for id in ["renewed", "dead"] {
+            assert_eq!(
+                r.tenant_acquire("t", id, 2, None, lease).await.unwrap(),
+                TenantDecision::Admitted
+            );
+        }
+        for _ in 0..5 {
+            tokio::time::sleep(lease / 4).await;
+            r.tenant_renew("t", "renewed", lease).await.unwrap();
+        }
+        assert_eq!(
+            r.tenant_acquire("t", "new", 2, None, lease).await.unwrap(),
+            TenantDecision::Admitted,
+            "the unrenewed slot lapsed"
+        );
+        assert_eq!(
+            r.tenant_acquire("t", "more", 2, None, lease).await.unwrap(),
+            TenantDecision::Concurrency,
+            "the renewed one is still held"
+        );
+        let ttl: i64 = server
+            .raw(&["PTTL", "switchyard:{t:t}:slots"])
+            .await
+            .unwrap();
+        assert!(ttl > 0 && ttl <= 1000, "{ttl}");
     }
 
     #[tokio::test]

@@ -1,14 +1,16 @@
-//! Fleet idempotency records: one hash per scoped key holding the state
-//! (`inflight` or `done`), the request fingerprint, the claim token of the run
-//! serving it and, once done, the answer bytes. An in-flight claim has a TTL
-//! so a dead replica's claim lapses; only the claim's holder may finish it.
+//! Fleet idempotency records: one hash per scoped key (`{i:<tenant:key>}`)
+//! holding the state (`inflight` or `done`), the request fingerprint, the
+//! claim token of the run serving it and, once done, the answer bytes. An
+//! in-flight claim is a lease renewed while its run lives, so a dead
+//! replica's claim lapses; only the claim's holder may renew, finish or
+//! release it.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::{Script, Value};
 
-use super::{bad_reply, ms, reply, Redis};
+use crate::state::redis::{bad_reply, ms, reply, Redis};
 use crate::state::{IdemClaim, StateError};
 
 /// KEYS: record. ARGV: fingerprint, token, in-flight ttl ms.
@@ -36,6 +38,24 @@ local rec = redis.call('HMGET', KEYS[1], 'state', 'token')
 if rec[1] ~= 'inflight' or rec[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'done', 'answer', ARGV[2])
 redis.call('HDEL', KEYS[1], 'token')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+",
+    )
+});
+
+/// KEYS: record. ARGV: token, fingerprint, lease ms. A claim that lapsed
+/// while its run went on is taken again if nobody else took the key.
+static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local rec = redis.call('HMGET', KEYS[1], 'state', 'token')
+if not rec[1] then
+  redis.call('HSET', KEYS[1], 'state', 'inflight', 'fp', ARGV[2], 'token', ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return 1
+end
+if rec[1] ~= 'inflight' or rec[2] ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 ",
@@ -89,6 +109,30 @@ impl Redis {
         }
     }
 
+    /// Extends the claim's lease to `lease` from now (taking the key again
+    /// if it lapsed and is free); false when the key is another's now.
+    pub async fn idem_renew(
+        &self,
+        scoped_key: &str,
+        claim_token: &str,
+        fingerprint: &[u8; 32],
+        lease: Duration,
+    ) -> Result<bool, StateError> {
+        let key = self.idem_key(scoped_key);
+        let held: i64 = self
+            .call("idem_renew", |mut c| async move {
+                RENEW
+                    .key(key)
+                    .arg(claim_token)
+                    .arg(&fingerprint[..])
+                    .arg(ms(lease, 1))
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(held == 1)
+    }
+
     /// Stores the answer if the record is still in flight under `claim_token`.
     pub async fn idem_complete(
         &self,
@@ -131,8 +175,8 @@ impl Redis {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::super::testutil::RedisServer;
     use super::*;
+    use crate::state::redis::testutil::RedisServer;
 
     const TTL: Duration = Duration::from_secs(60);
 
@@ -232,5 +276,44 @@ mod tests {
             "the lapsed claim cannot complete"
         );
         assert!(r.idem_complete("k", "live", b"ok", TTL).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_renewed_claim_outlives_its_lease_and_only_its_holder_renews_it() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let r = server.client();
+        let fp = [3u8; 32];
+        let lease = Duration::from_secs(1);
+        assert_eq!(
+            r.idem_claim("k", &fp, "run", lease).await.unwrap(),
+            IdemClaim::Fresh
+        );
+        for _ in 0..5 {
+            tokio::time::sleep(lease / 4).await;
+            assert!(r.idem_renew("k", "run", &fp, lease).await.unwrap());
+        }
+        assert_eq!(
+            r.idem_claim("k", &fp, "other", lease).await.unwrap(),
+            IdemClaim::InUse,
+            "held past its first lease"
+        );
+        assert!(!r.idem_renew("k", "other", &fp, lease).await.unwrap());
+        // A claim that lapsed is taken again by its run if the key is free...
+        server
+            .raw::<i64>(&["DEL", "switchyard:{i:k}"])
+            .await
+            .unwrap();
+        assert!(r.idem_renew("k", "run", &fp, lease).await.unwrap());
+        assert_eq!(
+            r.idem_claim("k", &fp, "other", lease).await.unwrap(),
+            IdemClaim::InUse
+        );
+        // ...but not once another run holds it or it is done.
+        assert!(r.idem_complete("k", "run", b"answer", TTL).await.unwrap());
+        assert!(!r.idem_renew("k", "run", &fp, lease).await.unwrap());
+        let ttl: i64 = server.raw(&["PTTL", "switchyard:{i:k}"]).await.unwrap();
+        assert!(ttl > 1000, "a done record keeps its ttl: {ttl}");
     }
 }

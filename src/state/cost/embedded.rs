@@ -1,10 +1,9 @@
-//! The cost guard: per-tenant spend over a sliding window, enforced by
-//! reservation: a request holds its maximum cost against the cap before its
-//! first attempt (atomically: concurrent requests cannot all fit into the
-//! same remaining room), settles to the real cost when it ends and releases
-//! the rest. In process here; `CostLedger::Redis` holds the same ledger for
-//! the fleet. Costs come from each target's price table and the upstream's
-//! usage (estimated when it sent none).
+//! The in-process cost guard: per-tenant spend over a sliding window of 60
+//! buckets, enforced by reservation: a request holds its maximum cost against
+//! the cap before its first attempt (atomically: concurrent requests cannot
+//! all fit into the same remaining room), settles to the real cost when it
+//! ends and releases the rest. Costs come from each target's price table and
+//! the upstream's usage (estimated when it sent none).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -92,6 +91,15 @@ impl CostGuard {
         }
     }
 
+    pub fn config(&self) -> &CostConfig {
+        &self.config
+    }
+
+    /// Tenants whose spend is tracked.
+    pub fn tenants(&self) -> usize {
+        self.spend.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
     /// The cap for a tenant, if any.
     pub fn cap(&self, tenant: &str) -> Option<f64> {
         self.config
@@ -169,166 +177,10 @@ fn make_room(spend: &mut HashMap<String, Buckets<f64>>, now: Instant) {
     }
 }
 
-/// The ledger the request path reserves against: in process, or in Redis
-/// for the fleet. A Redis outage fails open (the request runs, unreserved)
-/// with a WARN and `switchyard_state_errors_total{function="cost"}`.
-pub enum CostLedger {
-    Embedded(CostGuard),
-    Redis {
-        guard: CostGuard,
-        redis: crate::state::redis::Redis,
-        faults: std::sync::Arc<crate::state::shared::StateFaults>,
-    },
-}
-
-/// A held reservation; hand it back to `settle`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Reservation {
-    pub tenant: String,
-    pub id: String,
-    pub held_usd: f64,
-}
-
-impl CostLedger {
-    /// The tenant spends against a cap.
-    pub fn has_cap(&self, tenant: &str) -> bool {
-        self.guard().cap(tenant).is_some()
-    }
-
-    fn guard(&self) -> &CostGuard {
-        match self {
-            CostLedger::Embedded(g) | CostLedger::Redis { guard: g, .. } => g,
-        }
-    }
-
-    /// Reserves `usd` for `tenant` (held at most `hold`); `None` when the
-    /// tenant has no cap (nothing to hold).
-    pub async fn reserve(
-        &self,
-        tenant: &str,
-        usd: f64,
-        hold: Duration,
-    ) -> Result<Option<Reservation>, OverCap> {
-        let guard = self.guard();
-        let Some(cap) = guard.cap(tenant) else {
-            return Ok(None);
-        };
-        let id = crate::state::shared::token();
-        let now = Instant::now();
-        match self {
-            CostLedger::Embedded(g) => g.reserve(tenant, &id, usd, now + hold, now)?,
-            CostLedger::Redis { redis, faults, .. } => {
-                let window = guard.config.window;
-                match redis
-                    .cost_reserve(tenant, &id, usd, cap, window, hold)
-                    .await
-                {
-                    Ok(crate::state::CostDecision::Reserved) => {}
-                    Ok(crate::state::CostDecision::OverCap {
-                        spent_usd,
-                        reserved_usd,
-                        retry_in,
-                    }) => {
-                        return Err(OverCap {
-                            spent_usd: spent_usd + reserved_usd,
-                            cap_usd: cap,
-                            retry_in,
-                        })
-                    }
-                    Err(e) => {
-                        faults.record("cost", &e, "cost caps are not enforced (fail open)");
-                        return Ok(None);
-                    }
-                }
-            }
-        }
-        Ok(Some(Reservation {
-            tenant: tenant.to_string(),
-            id,
-            held_usd: usd,
-        }))
-    }
-
-    /// Ends a reservation at the real cost.
-    pub async fn settle(&self, r: Reservation, actual: f64) {
-        match self {
-            CostLedger::Embedded(g) => g.settle(&r.tenant, &r.id, actual, Instant::now()),
-            CostLedger::Redis {
-                guard,
-                redis,
-                faults,
-            } => {
-                if let Err(e) = redis
-                    .cost_settle(&r.tenant, &r.id, actual, guard.config.window)
-                    .await
-                {
-                    faults.record("cost", &e, "a charge was not recorded");
-                }
-            }
-        }
-    }
-
-    /// Records spend outside any reservation (a request without a cap).
-    pub async fn charge(&self, tenant: &str, usd: f64) {
-        if usd <= 0.0 || !usd.is_finite() {
-            return;
-        }
-        match self {
-            CostLedger::Embedded(g) => g.charge(tenant, usd, Instant::now()),
-            CostLedger::Redis {
-                guard,
-                redis,
-                faults,
-            } => {
-                let id = crate::state::shared::token();
-                if let Err(e) = redis
-                    .cost_settle(tenant, &id, usd, guard.config.window)
-                    .await
-                {
-                    faults.record("cost", &e, "a charge was not recorded");
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn reservations_hold_the_cap_exactly_under_concurrency() {
-        let ledger = std::sync::Arc::new(CostLedger::Embedded(CostGuard::new(CostConfig {
-            window: Duration::from_secs(3600),
-            default_cap_usd: Some(5.0),
-            ..Default::default()
-        })));
-        let hold = Duration::from_secs(60);
-        let mut tasks = Vec::new();
-        for _ in 0..20 {
-            let l = ledger.clone();
-            tasks.push(tokio::spawn(async move { l.reserve("t", 1.0, hold).await }));
-        }
-        let mut held = Vec::new();
-        for t in tasks {
-            if let Ok(Some(r)) = t.await.unwrap() {
-                held.push(r);
-            }
-        }
-        assert_eq!(held.len(), 5, "20 x 1 USD against 5 USD");
-        // Settling lower frees room: 5 x 0.5 spent, 2.5 left -> two more fit.
-        for r in held {
-            ledger.settle(r, 0.5).await;
-        }
-        assert!(ledger.reserve("t", 1.0, hold).await.unwrap().is_some());
-        assert!(ledger.reserve("t", 1.0, hold).await.unwrap().is_some());
-        let over = ledger.reserve("t", 1.0, hold).await.unwrap_err();
-        assert!((over.spent_usd - 4.5).abs() < 1e-9, "{over:?}");
-        // A held reservation lapses (its request's task died).
-        tokio::time::advance(Duration::from_secs(61)).await;
-        assert!(ledger.reserve("t", 1.0, hold).await.unwrap().is_some());
-    }
 
     #[tokio::test(start_paused = true)]
     async fn caps_apply_per_tenant_over_the_window() {

@@ -1,0 +1,240 @@
+//! Idempotency records, in one home: this face (`Idempotency`) with what a
+//! Redis outage does, the in-process store (`embedded`) and the fleet's
+//! records on Redis (`redis`).
+//!
+//! On Redis an in-flight claim is a lease (`state.lease`, 20 s) renewed while
+//! its request lives, so a dead replica's claim lapses within it; a
+//! completion or release that fails is retried with backoff until Redis
+//! answers (or the lease has lapsed anyway). A claim Redis cannot answer
+//! fails closed: STATE_UNAVAILABLE, never a silent second generation; with a
+//! WARN and `switchyard_state_errors_total{function="idempotency"}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::RequestError;
+use crate::sink::Event;
+use crate::state::redis::Redis;
+use crate::state::shared::{token, Renewal, Retries, StateFaults};
+use crate::state::IdemClaim;
+
+pub mod embedded;
+mod redis;
+
+pub use embedded::{Claim, ClaimGuard, IdempotencyStore};
+
+/// A stable digest of the parts of a request that determine its answer.
+pub type Fingerprint = [u8; 32];
+
+/// Idempotency records: in process, or one record per `tenant:key` for the fleet.
+pub enum Idempotency {
+    Embedded(Arc<IdempotencyStore>),
+    Redis(RedisIdempotency),
+}
+
+/// The fleet's records and what a claim needs to finish itself.
+pub struct RedisIdempotency {
+    redis: Redis,
+    faults: Arc<StateFaults>,
+    retries: Arc<Retries>,
+    /// How long a finished answer is replayed.
+    ttl: Duration,
+    /// An unfinished claim lapses this long after its last renewal.
+    lease: Duration,
+}
+
+/// What a claim found.
+pub enum KeyClaim {
+    Fresh(KeyGuard),
+    Replay(Arc<Vec<Event>>),
+    InUse,
+    Mismatch,
+}
+
+/// A held claim: `complete` stores the answer; dropping it releases the key.
+pub enum KeyGuard {
+    Embedded(ClaimGuard),
+    Redis(RedisClaim),
+}
+
+/// A claim on the fleet's record, renewed while held.
+pub struct RedisClaim {
+    redis: Redis,
+    retries: Arc<Retries>,
+    key: String,
+    token: String,
+    ttl: Duration,
+    lease: Duration,
+    done: bool,
+    _renewal: Renewal,
+}
+
+impl Idempotency {
+    pub fn redis(
+        redis: Redis,
+        faults: Arc<StateFaults>,
+        retries: Arc<Retries>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> Self {
+        Idempotency::Redis(RedisIdempotency {
+            redis,
+            faults,
+            retries,
+            ttl,
+            lease,
+        })
+    }
+
+    pub async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        now: Instant,
+    ) -> Result<KeyClaim, RequestError> {
+        match self {
+            Idempotency::Embedded(store) => Ok(match store.claim(key, fingerprint, now) {
+                Claim::Fresh(g) => KeyClaim::Fresh(KeyGuard::Embedded(g)),
+                Claim::Replay(events) => KeyClaim::Replay(events),
+                Claim::InUse => KeyClaim::InUse,
+                Claim::Mismatch => KeyClaim::Mismatch,
+            }),
+            Idempotency::Redis(r) => r.claim(key, fingerprint).await,
+        }
+    }
+}
+
+impl RedisIdempotency {
+    async fn claim(&self, key: &str, fingerprint: Fingerprint) -> Result<KeyClaim, RequestError> {
+        let token = token();
+        let claim = self
+            .redis
+            .idem_claim(key, &fingerprint, &token, self.lease)
+            .await
+            .map_err(|e| {
+                self.faults.record(
+                    "idempotency",
+                    &e,
+                    "keyed requests are refused (fail closed)",
+                );
+                RequestError::StateUnavailable(format!(
+                    "idempotency records cannot be checked: {e}"
+                ))
+            })?;
+        Ok(match claim {
+            IdemClaim::Fresh => {
+                KeyClaim::Fresh(KeyGuard::Redis(self.held(key, token, fingerprint)))
+            }
+            IdemClaim::Replay(bytes) => match serde_json::from_slice::<Vec<Event>>(&bytes) {
+                Ok(events) => KeyClaim::Replay(Arc::new(events)),
+                Err(e) => {
+                    return Err(RequestError::StateUnavailable(format!(
+                        "the stored answer for this key is unreadable: {e}"
+                    )))
+                }
+            },
+            IdemClaim::InUse => KeyClaim::InUse,
+            IdemClaim::Mismatch => KeyClaim::Mismatch,
+        })
+    }
+
+    /// The claim `token` on `key`, renewed until completed or dropped.
+    fn held(&self, key: &str, token: String, fingerprint: Fingerprint) -> RedisClaim {
+        let (redis, k, t, lease) = (
+            self.redis.clone(),
+            key.to_string(),
+            token.clone(),
+            self.lease,
+        );
+        let renewal = Renewal::start(self.faults.clone(), "idempotency", lease, move || {
+            let (redis, k, t) = (redis.clone(), k.clone(), t.clone());
+            async move { redis.idem_renew(&k, &t, &fingerprint, lease).await }
+        });
+        RedisClaim {
+            redis: self.redis.clone(),
+            retries: self.retries.clone(),
+            key: key.to_string(),
+            token,
+            ttl: self.ttl,
+            lease,
+            done: false,
+            _renewal: renewal,
+        }
+    }
+}
+
+impl KeyGuard {
+    /// Stores the finished answer for replays.
+    pub async fn complete(self, events: Vec<Event>) {
+        match self {
+            KeyGuard::Embedded(g) => g.complete(events, Instant::now()),
+            KeyGuard::Redis(mut c) => match serde_json::to_vec(&events) {
+                Ok(bytes) => {
+                    c.done = true;
+                    c.store(bytes).await;
+                }
+                // Dropping the claim releases the key: a duplicate runs again.
+                Err(e) => tracing::warn!(error = %e, "idempotency record not stored"),
+            },
+        }
+    }
+}
+
+impl RedisClaim {
+    /// Stores the answer; while Redis does not take it, retries in the
+    /// background (or, past the retry bounds, releases the key instead).
+    async fn store(&self, answer: Vec<u8>) {
+        let first = self
+            .redis
+            .idem_complete(&self.key, &self.token, &answer, self.ttl)
+            .await;
+        if first.is_ok() {
+            return;
+        }
+        let (redis, key, token, ttl) = (
+            self.redis.clone(),
+            self.key.clone(),
+            self.token.clone(),
+            self.ttl,
+        );
+        let answer = Arc::new(answer);
+        let bytes = answer.len();
+        let completing = self
+            .retries
+            .spawn("idempotency", bytes, self.lease, move || {
+                let (redis, key, token, answer) =
+                    (redis.clone(), key.clone(), token.clone(), answer.clone());
+                async move {
+                    redis.idem_complete(&key, &token, &answer, ttl).await?;
+                    Ok(())
+                }
+            });
+        if !completing {
+            self.release();
+        }
+    }
+
+    /// Frees the key, retried until Redis answers.
+    fn release(&self) {
+        let (redis, key, token) = (self.redis.clone(), self.key.clone(), self.token.clone());
+        let releasing = self.retries.spawn("idempotency", 0, self.lease, move || {
+            let (redis, key, token) = (redis.clone(), key.clone(), token.clone());
+            async move { redis.idem_release(&key, &token).await }
+        });
+        if !releasing {
+            tracing::warn!(
+                "too many releases being retried: an idempotency key lapses with its lease"
+            );
+        }
+    }
+}
+
+impl Drop for RedisClaim {
+    fn drop(&mut self) {
+        if !self.done {
+            self.release();
+        }
+    }
+}
