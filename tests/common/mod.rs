@@ -611,6 +611,12 @@ impl RedisServer {
         self.server.kill();
     }
 
+    /// SIGSTOP / SIGCONT: a stalled server that answers nothing.
+    #[allow(dead_code)]
+    pub fn freeze(&self, frozen: bool) {
+        self.server.freeze(frozen).unwrap();
+    }
+
     pub fn url(&self) -> String {
         self.server.url()
     }

@@ -6,7 +6,8 @@
 //! cap is never written anywhere.
 //!
 //! When Redis does not answer, a reservation is held against this replica's
-//! allowance (the tenant's last known room split by the live replicas), or
+//! allowance (the tenant's last known room, else its cap, split by the live
+//! replicas), or
 //! refused with STATE_UNAVAILABLE on a `fail_closed` route; charges Redis
 //! could not record are kept (bounded) and settled into the ledger when it
 //! answers again. Each failure counts in `switchyard_state_errors_total{function="cost"}`.
@@ -288,10 +289,10 @@ impl RedisLedger {
         cap: f64,
         err: &crate::state::StateError,
     ) -> Result<Held, Refusal> {
-        match self.outage().take(tenant, usd) {
+        match self.outage().take(tenant, usd, cap) {
             Ok(()) => Ok(Held::Allowance),
-            Err(Refused::Unknown) => Err(Refusal::Unavailable(format!(
-                "the cost ledger cannot be checked and this replica knows no room for the tenant: {err}"
+            Err(Refused::Full) => Err(Refusal::Unavailable(format!(
+                "the cost ledger cannot be checked and too many tenants spend allowances: {err}"
             ))),
             Err(Refused::Over { left_usd }) => Err(Refusal::OverCap(OverCap {
                 spent_usd: (cap - left_usd).max(0.0),

@@ -4,9 +4,10 @@
 //! - Every answer from Redis tells the room a tenant had (cap minus spend
 //!   and holds); the last one is remembered.
 //! - When Redis does not answer, a tenant's allowance on this replica is that
-//!   room divided by the live replicas (the last heartbeat's count), taken
-//!   once per outage; reservations come out of it and settling below the
-//!   hold gives the rest back. A tenant this replica never saw gets none.
+//!   room (the cap, for a tenant this replica never saw) divided by the live
+//!   replicas (the last heartbeat's count), taken once per outage;
+//!   reservations come out of it and settling below the hold gives the rest
+//!   back. So the fleet spends at most one cap's worth during an outage.
 //! - Charges Redis could not record are kept per tenant, with the
 //!   reservations they end, and sent as one batch with an id (so a retry
 //!   counts once) when Redis answers again.
@@ -25,8 +26,8 @@ pub const MAX_IDS: usize = 64;
 /// Why the allowance refused a reservation.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Refused {
-    /// Nothing is known of the tenant's room: it cannot be bounded.
-    Unknown,
+    /// Too many tenants have an allowance already: this one gets none.
+    Full,
     /// The amount does not fit what is left of the allowance.
     Over { left_usd: f64 },
 }
@@ -100,20 +101,18 @@ impl Outage {
     }
 
     /// Holds `usd` against the tenant's allowance on this replica (made on
-    /// first use from the last known room split by the replicas).
-    pub fn take(&mut self, tenant: &str, usd: f64) -> Result<(), Refused> {
+    /// first use from the last known room, else the `cap`, split by the replicas).
+    pub fn take(&mut self, tenant: &str, usd: f64, cap: f64) -> Result<(), Refused> {
         let usd = usd.max(0.0);
         if !self.allowances.contains_key(tenant) {
-            let Some((room, _)) = self.known.get(tenant) else {
-                return Err(Refused::Unknown);
-            };
             if self.allowances.len() >= MAX_TENANTS {
-                return Err(Refused::Unknown);
+                return Err(Refused::Full);
             }
-            let share = room / f64::from(self.replicas);
+            let room = self.known.get(tenant).map_or(cap, |(room, _)| *room);
+            let share = room.clamp(0.0, cap.max(0.0)) / f64::from(self.replicas);
             self.allowances.insert(tenant.to_string(), share);
         }
-        let left = self.allowances.get_mut(tenant).ok_or(Refused::Unknown)?;
+        let left = self.allowances.get_mut(tenant).ok_or(Refused::Full)?;
         if usd > *left + 1e-9 {
             return Err(Refused::Over { left_usd: *left });
         }
@@ -200,27 +199,38 @@ impl Outage {
 mod tests {
     use super::*;
 
+    const CAP: f64 = 10.0;
+
     #[tokio::test(start_paused = true)]
-    async fn the_allowance_is_the_last_known_room_split_by_the_replicas() {
+    async fn the_allowance_is_the_last_known_room_or_the_cap_split_by_the_replicas() {
         let now = Instant::now();
         let mut o = Outage::new();
         o.set_replicas(2);
         o.seen("t", 5.0, now);
         // 2.5 USD on this replica: two 1 USD holds fit, a third does not.
-        assert_eq!(o.take("t", 1.0), Ok(()));
-        assert_eq!(o.take("t", 1.0), Ok(()));
-        assert_eq!(o.take("t", 1.0), Err(Refused::Over { left_usd: 0.5 }));
-        assert_eq!(o.take("t", 0.5), Ok(()));
+        assert_eq!(o.take("t", 1.0, CAP), Ok(()));
+        assert_eq!(o.take("t", 1.0, CAP), Ok(()));
+        assert_eq!(o.take("t", 1.0, CAP), Err(Refused::Over { left_usd: 0.5 }));
+        assert_eq!(o.take("t", 0.5, CAP), Ok(()));
         // Settling below the hold gives the rest back.
         o.give_back("t", 1.0, 0.25);
-        assert_eq!(o.take("t", 0.75), Ok(()));
-        assert_eq!(o.take("t", 0.01), Err(Refused::Over { left_usd: 0.0 }));
-        // A tenant never seen has no allowance; Redis answering ends the outage.
-        assert_eq!(o.take("new", 0.01), Err(Refused::Unknown));
+        assert_eq!(o.take("t", 0.75, CAP), Ok(()));
+        assert_eq!(o.take("t", 0.01, CAP), Err(Refused::Over { left_usd: 0.0 }));
+        // A tenant never seen gets its cap split: 10 / 2.
+        assert_eq!(o.take("new", 5.0, CAP), Ok(()));
+        assert_eq!(
+            o.take("new", 0.01, CAP),
+            Err(Refused::Over { left_usd: 0.0 })
+        );
+        // Redis answering ends the outage; the next one splits the new room.
         o.seen("t", 4.0, now);
         o.set_replicas(4);
-        assert_eq!(o.take("t", 1.0), Ok(()));
-        assert_eq!(o.take("t", 0.01), Err(Refused::Over { left_usd: 0.0 }));
+        assert_eq!(o.take("t", 1.0, CAP), Ok(()));
+        assert_eq!(o.take("t", 0.01, CAP), Err(Refused::Over { left_usd: 0.0 }));
+        // Never more than the cap, whatever was remembered.
+        o.seen("t", 80.0, now);
+        assert_eq!(o.take("t", 2.5, CAP), Ok(()));
+        assert_eq!(o.take("t", 0.01, CAP), Err(Refused::Over { left_usd: 0.0 }));
     }
 
     #[tokio::test(start_paused = true)]
@@ -228,12 +238,12 @@ mod tests {
         let now = Instant::now();
         let mut o = Outage::new();
         o.seen("t", -3.0, now);
-        assert_eq!(o.take("t", 0.01), Err(Refused::Over { left_usd: 0.0 }));
+        assert_eq!(o.take("t", 0.01, CAP), Err(Refused::Over { left_usd: 0.0 }));
         o.seen("t", 1.0, now);
         // A request Redis held for 1 USD cost 0.5: its room is 1.5 again.
         o.returned("t", 1.0, 0.5);
-        assert_eq!(o.take("t", 1.5), Ok(()));
-        assert_eq!(o.take("t", 0.01), Err(Refused::Over { left_usd: 0.0 }));
+        assert_eq!(o.take("t", 1.5, CAP), Ok(()));
+        assert_eq!(o.take("t", 0.01, CAP), Err(Refused::Over { left_usd: 0.0 }));
     }
 
     #[tokio::test(start_paused = true)]
@@ -281,6 +291,10 @@ mod tests {
         assert_eq!(o.known.len(), MAX_TENANTS);
         assert!(!o.known.contains_key("t0"), "the oldest is forgotten");
         assert!(!o.owe("one-more", 0.1, None), "the debt table is full");
+        for i in 0..MAX_TENANTS {
+            assert_eq!(o.take(&format!("t{i}"), 0.0, CAP), Ok(()));
+        }
+        assert_eq!(o.take("one-more", 0.0, CAP), Err(Refused::Full));
         for i in 0..(MAX_IDS + 10) {
             o.owe("t1", 0.0, Some(&format!("r{i}")));
         }
