@@ -184,8 +184,8 @@ impl Retries {
 
 /// Keeps a lease alive while it is held: renews it every third of its
 /// length (sooner after a failed try), in its own task; dropping the
-/// `Renewal` stops it. A renewal answering `false` (the lease is another's
-/// now) stops it too.
+/// `Renewal` stops it. A renewal answering `false` (the lease is gone:
+/// released, completed or lapsed) stops it too.
 pub struct Renewal {
     _stop: tokio_util::sync::DropGuard,
 }

@@ -124,9 +124,7 @@ impl RedisIdempotency {
                 ))
             })?;
         Ok(match claim {
-            IdemClaim::Fresh => {
-                KeyClaim::Fresh(KeyGuard::Redis(self.held(key, token, fingerprint)))
-            }
+            IdemClaim::Fresh => KeyClaim::Fresh(KeyGuard::Redis(self.held(key, token))),
             IdemClaim::Replay(bytes) => match serde_json::from_slice::<Vec<Event>>(&bytes) {
                 Ok(events) => KeyClaim::Replay(Arc::new(events)),
                 Err(e) => {
@@ -141,7 +139,7 @@ impl RedisIdempotency {
     }
 
     /// The claim `token` on `key`, renewed until completed or dropped.
-    fn held(&self, key: &str, token: String, fingerprint: Fingerprint) -> RedisClaim {
+    fn held(&self, key: &str, token: String) -> RedisClaim {
         let (redis, k, t, lease) = (
             self.redis.clone(),
             key.to_string(),
@@ -150,7 +148,7 @@ impl RedisIdempotency {
         );
         let renewal = Renewal::start(self.faults.clone(), "idempotency", lease, move || {
             let (redis, k, t) = (redis.clone(), k.clone(), t.clone());
-            async move { redis.idem_renew(&k, &t, &fingerprint, lease).await }
+            async move { redis.idem_renew(&k, &t, lease).await }
         });
         RedisClaim {
             redis: self.redis.clone(),

@@ -44,19 +44,15 @@ return 1
     )
 });
 
-/// KEYS: record. ARGV: token, fingerprint, lease ms. A claim that lapsed
-/// while its run went on is taken again if nobody else took the key.
+/// KEYS: record. ARGV: token, lease ms. 0 unless the record is still in
+/// flight under this token: a renewal racing a release or a completion never
+/// brings the claim back.
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local rec = redis.call('HMGET', KEYS[1], 'state', 'token')
-if not rec[1] then
-  redis.call('HSET', KEYS[1], 'state', 'inflight', 'fp', ARGV[2], 'token', ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return 1
-end
 if rec[1] ~= 'inflight' or rec[2] ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 ",
     )
@@ -109,13 +105,12 @@ impl Redis {
         }
     }
 
-    /// Extends the claim's lease to `lease` from now (taking the key again
-    /// if it lapsed and is free); false when the key is another's now.
+    /// Extends the claim's lease to `lease` from now; false when it is no
+    /// longer in flight under `claim_token` (released, completed, lapsed).
     pub async fn idem_renew(
         &self,
         scoped_key: &str,
         claim_token: &str,
-        fingerprint: &[u8; 32],
         lease: Duration,
     ) -> Result<bool, StateError> {
         let key = self.idem_key(scoped_key);
@@ -124,7 +119,6 @@ impl Redis {
                 RENEW
                     .key(key)
                     .arg(claim_token)
-                    .arg(&fingerprint[..])
                     .arg(ms(lease, 1))
                     .invoke_async(&mut c)
                     .await
@@ -279,7 +273,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_renewed_claim_outlives_its_lease_and_only_its_holder_renews_it() {
+    async fn a_renewed_claim_outlives_its_lease_and_only_a_live_claim_is_renewed() {
         let Some(server) = RedisServer::start() else {
             return;
         };
@@ -292,28 +286,27 @@ mod tests {
         );
         for _ in 0..5 {
             tokio::time::sleep(lease / 4).await;
-            assert!(r.idem_renew("k", "run", &fp, lease).await.unwrap());
+            assert!(r.idem_renew("k", "run", lease).await.unwrap());
         }
         assert_eq!(
             r.idem_claim("k", &fp, "other", lease).await.unwrap(),
             IdemClaim::InUse,
             "held past its first lease"
         );
-        assert!(!r.idem_renew("k", "other", &fp, lease).await.unwrap());
-        // A claim that lapsed is taken again by its run if the key is free...
-        server
-            .raw::<i64>(&["DEL", "switchyard:{i:k}"])
-            .await
-            .unwrap();
-        assert!(r.idem_renew("k", "run", &fp, lease).await.unwrap());
-        assert_eq!(
-            r.idem_claim("k", &fp, "other", lease).await.unwrap(),
-            IdemClaim::InUse
-        );
-        // ...but not once another run holds it or it is done.
+        assert!(!r.idem_renew("k", "other", lease).await.unwrap());
+        // A completed claim is not renewed (its record keeps the answer's ttl)...
         assert!(r.idem_complete("k", "run", b"answer", TTL).await.unwrap());
-        assert!(!r.idem_renew("k", "run", &fp, lease).await.unwrap());
+        assert!(!r.idem_renew("k", "run", lease).await.unwrap());
         let ttl: i64 = server.raw(&["PTTL", "switchyard:{i:k}"]).await.unwrap();
         assert!(ttl > 1000, "a done record keeps its ttl: {ttl}");
+        // ...nor a released one brought back.
+        assert_eq!(
+            r.idem_claim("r", &fp, "run", lease).await.unwrap(),
+            IdemClaim::Fresh
+        );
+        r.idem_release("r", "run").await.unwrap();
+        assert!(!r.idem_renew("r", "run", lease).await.unwrap());
+        let exists: i64 = server.raw(&["EXISTS", "switchyard:{i:r}"]).await.unwrap();
+        assert_eq!(exists, 0);
     }
 }

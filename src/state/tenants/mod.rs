@@ -154,7 +154,7 @@ impl RedisTenants {
         );
         let renewal = Renewal::start(self.faults.clone(), "tenant_limits", lease, move || {
             let (redis, t, i) = (redis.clone(), t.clone(), i.clone());
-            async move { redis.tenant_renew(&t, &i, lease).await.map(|()| true) }
+            async move { redis.tenant_renew(&t, &i, lease).await }
         });
         RedisSlot {
             redis: self.redis.clone(),

@@ -80,13 +80,15 @@ return redis.call('ZREM', KEYS[1], ARGV[1])
     )
 });
 
-/// KEYS: slots. ARGV: slot id, lease ms. Re-adds a slot that lapsed: its
-/// request still runs.
+/// KEYS: slots. ARGV: slot id, lease ms. 0 when the slot is gone (released,
+/// or lapsed): a renewal racing its release never brings it back.
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{LUA_NOW}{}",
         r"
 local now = now_ms()
+local held = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not held or tonumber(held) <= now then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2])))
@@ -154,15 +156,16 @@ impl Redis {
         }
     }
 
-    /// Extends the slot's lease to `lease` from now.
+    /// Extends the slot's lease to `lease` from now; false when the slot is
+    /// gone (released or lapsed).
     pub async fn tenant_renew(
         &self,
         tenant: &str,
         slot_id: &str,
         lease: Duration,
-    ) -> Result<(), StateError> {
+    ) -> Result<bool, StateError> {
         let slots = self.tenant_key(tenant, "slots");
-        let _: i64 = self
+        let held: i64 = self
             .call("tenant_renew", |mut c| async move {
                 RENEW
                     .key(slots)
@@ -172,7 +175,7 @@ impl Redis {
                     .await
             })
             .await?;
-        Ok(())
+        Ok(held == 1)
     }
 
     /// Frees the slot (a no-op if it lapsed).
@@ -300,8 +303,12 @@ mod tests {
         }
         for _ in 0..5 {
             tokio::time::sleep(lease / 4).await;
-            r.tenant_renew("t", "renewed", lease).await.unwrap();
+            assert!(r.tenant_renew("t", "renewed", lease).await.unwrap());
         }
+        assert!(
+            !r.tenant_renew("t", "dead", lease).await.unwrap(),
+            "a lapsed slot is not brought back"
+        );
         assert_eq!(
             r.tenant_acquire("t", "new", 2, None, lease).await.unwrap(),
             TenantDecision::Admitted,
@@ -317,6 +324,11 @@ mod tests {
             .await
             .unwrap();
         assert!(ttl > 0 && ttl <= 1000, "{ttl}");
+        r.tenant_release("t", "renewed").await.unwrap();
+        assert!(
+            !r.tenant_renew("t", "renewed", lease).await.unwrap(),
+            "a released slot is not brought back"
+        );
     }
 
     #[tokio::test]
