@@ -154,8 +154,14 @@ impl CostLedger {
         let held = match self {
             CostLedger::Embedded(g) => {
                 let now = Instant::now();
-                g.reserve(tenant, &id, usd, now + hold, now)
-                    .map_err(Refusal::OverCap)?;
+                g.reserve(
+                    tenant,
+                    &id,
+                    usd,
+                    crate::policy::clock::after(now, hold),
+                    now,
+                )
+                .map_err(Refusal::OverCap)?;
                 Held::Ledger
             }
             CostLedger::Redis(r) => r.reserve(tenant, &id, usd, cap, hold, on_outage).await?,
