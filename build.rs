@@ -11,8 +11,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("switchyard_descriptor.bin"), fds.encode_to_vec())?;
     // Small starting buffers for every stream (src/api/codec.rs).
+    // Media bytes as `Bytes`: a request's images are shared, not copied,
+    // by every attempt that sends them.
     tonic_prost_build::configure()
         .codec_path("crate::api::codec::SmallBufferCodec")
+        .bytes(".switchyard.v1.ImagePart.data")
+        .bytes(".switchyard.v1.DocumentPart.data")
         .compile_fds(fds)?;
     Ok(())
 }

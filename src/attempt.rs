@@ -17,7 +17,7 @@ use crate::sink::EventSink;
 use crate::upstream::endpoint::Endpoint;
 use crate::upstream::{
     anthropic, azure, bedrock, classify, openai, sse, sse::SseParser, vertex, ChatRequest,
-    Completion, ProviderKind, StreamDecoder,
+    Completion, Dropped, ProviderKind, StreamDecoder,
 };
 
 /// Largest error body read from an upstream (the rest is ignored).
@@ -146,10 +146,7 @@ struct Output {
 impl Output {
     /// Counts `chunk`; `Err` when forwarding it would pass a bound.
     fn admit(&mut self, chunk: &crate::chat::Chunk) -> Result<(), Failure> {
-        let bytes = match chunk {
-            crate::chat::Chunk::Text(t) => t.len(),
-            crate::chat::Chunk::ToolCall { arguments, .. } => arguments.len(),
-        };
+        let bytes = chunk.output_bytes();
         if bytes > 0 {
             self.chunks += 1;
         }
@@ -249,10 +246,14 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
             (Some(l), Some(pool)) => Some(&pool.keys[l.index].secret),
             _ => rt.api_key.as_ref(),
         };
-        let request = match build_request(input, bearer.as_ref(), key) {
+        let mut dropped = Dropped::default();
+        let request = match build_request(input, bearer.as_ref(), key, &mut dropped) {
             Ok(r) => r,
             Err(f) => return AttemptEnd::Failed(f),
         };
+        if !dropped.is_empty() {
+            sink.set_dropped(dropped.into_names());
+        }
         let response = tokio::select! {
             _ = sink.closed() => return AttemptEnd::ClientGone,
             r = timeout_at(first_limit, request.send()) => r,
@@ -328,6 +329,7 @@ async fn failed_response(
             finish_reason: FinishReason::ContentFilter,
             usage: None,
             service_tier: None,
+            reasoning: Vec::new(),
         }));
     }
     let mut failure = classify::classify_http(rt.kind, status.as_u16(), &headers, &body);
@@ -363,45 +365,65 @@ fn timed_out(e: Expired) -> AttemptEnd {
     }
 }
 
+/// The attempt's HTTP request, and what its wire left out of the caller's.
 fn build_request(
     input: &AttemptInput<'_>,
     bearer: Option<&crate::upstream::endpoint::Secret>,
     key: Option<&crate::upstream::endpoint::Secret>,
+    dropped: &mut Dropped,
 ) -> Result<reqwest::RequestBuilder, Failure> {
     let rt = input.endpoint;
     let key = key.map(|k| k.expose());
+    let chat = input.chat;
+    dropped.door(chat);
     let (url, body, headers) = match rt.kind {
         ProviderKind::Openai => (
             openai::endpoint(&rt.base_url),
-            openai::build_body(input.chat),
+            openai::build_body(chat, dropped),
             openai::auth_headers(key),
         ),
-        ProviderKind::Anthropic => (
-            anthropic::endpoint(&rt.base_url),
-            anthropic::build_body(input.chat),
-            anthropic::auth_headers(key),
-        ),
+        ProviderKind::Anthropic => {
+            let mut headers = anthropic::auth_headers(key);
+            headers.extend(anthropic::passthrough_headers(
+                chat,
+                anthropic::Host::FirstParty,
+                dropped,
+            ));
+            (
+                anthropic::endpoint(&rt.base_url),
+                anthropic::build_body(chat, anthropic::Host::FirstParty, dropped),
+                headers,
+            )
+        }
         ProviderKind::AzureOpenai => (
             azure::endpoint(
                 &rt.base_url,
-                &input.chat.model,
+                &chat.model,
                 rt.api_version.as_deref().unwrap_or_default(),
             ),
-            azure::build_body(input.chat),
+            azure::build_body(chat, dropped),
             azure::auth_headers(key),
         ),
-        ProviderKind::BedrockAnthropic => return bedrock_request(input),
-        ProviderKind::VertexAnthropic => (
-            vertex::endpoint(
-                &rt.base_url,
-                rt.project.as_deref().unwrap_or_default(),
-                rt.region.as_deref().unwrap_or_default(),
-                &input.chat.model,
-            ),
-            vertex::build_body(input.chat),
+        ProviderKind::BedrockAnthropic => return bedrock_request(input, dropped),
+        ProviderKind::VertexAnthropic => {
             // The token rides as a bearer, like OpenAI's key.
-            openai::auth_headers(bearer.map(|t| t.expose())),
-        ),
+            let mut headers = openai::auth_headers(bearer.map(|t| t.expose()));
+            headers.extend(anthropic::passthrough_headers(
+                chat,
+                anthropic::Host::Cloud,
+                dropped,
+            ));
+            (
+                vertex::endpoint(
+                    &rt.base_url,
+                    rt.project.as_deref().unwrap_or_default(),
+                    rt.region.as_deref().unwrap_or_default(),
+                    &chat.model,
+                ),
+                vertex::build_body(chat, dropped),
+                headers,
+            )
+        }
     };
     Ok(rt
         .http
@@ -413,10 +435,13 @@ fn build_request(
 
 /// A Bedrock call: the exact body bytes are signed (SigV4), so they are
 /// serialised here, not by the client.
-fn bedrock_request(input: &AttemptInput<'_>) -> Result<reqwest::RequestBuilder, Failure> {
+fn bedrock_request(
+    input: &AttemptInput<'_>,
+    dropped: &mut Dropped,
+) -> Result<reqwest::RequestBuilder, Failure> {
     let rt = input.endpoint;
     let url = bedrock::endpoint(&rt.base_url, &input.chat.model);
-    let body = serde_json::to_vec(&bedrock::build_body(input.chat)).unwrap_or_default();
+    let body = serde_json::to_vec(&bedrock::build_body(input.chat, dropped)).unwrap_or_default();
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert(
         reqwest::header::CONTENT_TYPE,
@@ -684,6 +709,7 @@ targets = ["p/m"]
             attempt: 1,
             tier: Tier::Primary,
             request_id: "r".into(),
+            dropped: Vec::new(),
         });
         let chat = chat();
         let result = run(

@@ -412,7 +412,21 @@ pub enum Capability {
     Stream,
     Tools,
     Json,
+    /// Takes image parts.
     Vision,
+    /// Takes document parts (PDF).
+    Pdf,
+    /// Reasons on request (effort or budget) and returns signed reasoning.
+    Reasoning,
+    /// Structured output against a JSON Schema.
+    #[serde(rename = "json_schema")]
+    JsonSchema,
+    /// Caches prompt prefixes (with markers, or on its own).
+    #[serde(rename = "prompt_cache")]
+    PromptCache,
+    /// Continues a trailing assistant message (prefill): a broken stream can
+    /// be continued on it.
+    Continuation,
     /// Serves OpenAI-compatible `/v1/embeddings` (a route's `semantic_cache.embedder`).
     Embeddings,
 }
@@ -425,6 +439,11 @@ impl Capability {
             Capability::Tools => "tools",
             Capability::Json => "json",
             Capability::Vision => "vision",
+            Capability::Pdf => "pdf",
+            Capability::Reasoning => "reasoning",
+            Capability::JsonSchema => "json_schema",
+            Capability::PromptCache => "prompt_cache",
+            Capability::Continuation => "continuation",
             Capability::Embeddings => "embeddings",
         }
     }
@@ -559,19 +578,69 @@ pub struct ModelConfig {
     pub price: Price,
 }
 
-/// USD per million tokens.
+/// USD per million tokens. Prompt-cache prices default from the input
+/// price with the provider's published multipliers (Anthropic: reads 0.1x,
+/// 5-minute writes 1.25x, 1-hour writes 2x; OpenAI: reads 0.5x, writes 1x;
+/// Gemini: reads 0.25x, writes 1x); reasoning tokens bill as output.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Price {
     pub input_per_mtok: f64,
     pub output_per_mtok: f64,
+    #[serde(alias = "cache_read")]
+    pub cache_read_per_mtok: Option<f64>,
+    #[serde(alias = "cache_write_5m")]
+    pub cache_write_5m_per_mtok: Option<f64>,
+    #[serde(alias = "cache_write_1h")]
+    pub cache_write_1h_per_mtok: Option<f64>,
+}
+
+/// Prompt-cache prices per million tokens: read, 5-minute write, 1-hour write.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CachePrices {
+    pub read: f64,
+    pub write_5m: f64,
+    pub write_1h: f64,
 }
 
 impl Price {
-    /// The cost of one call.
+    /// Plain input and output (estimates and reservations).
     pub fn cost(&self, input_tokens: u32, output_tokens: u32) -> f64 {
         (f64::from(input_tokens) * self.input_per_mtok
             + f64::from(output_tokens) * self.output_per_mtok)
+            / 1e6
+    }
+
+    /// The prompt-cache prices on `dialect`'s wire: configured, or from the
+    /// input price with the provider's multipliers.
+    pub fn cache_prices(&self, dialect: crate::chat::Dialect) -> CachePrices {
+        use crate::chat::Dialect;
+        let input = self.input_per_mtok;
+        let (read, write_5m, write_1h) = match dialect {
+            Dialect::Anthropic => (0.1, 1.25, 2.0),
+            Dialect::Openai => (0.5, 1.0, 1.0),
+            Dialect::Gemini => (0.25, 1.0, 1.0),
+        };
+        CachePrices {
+            read: self.cache_read_per_mtok.unwrap_or(input * read),
+            write_5m: self.cache_write_5m_per_mtok.unwrap_or(input * write_5m),
+            write_1h: self.cache_write_1h_per_mtok.unwrap_or(input * write_1h),
+        }
+    }
+
+    /// What `usage` cost on `dialect`'s wire: uncached input, cache reads,
+    /// cache writes by TTL, and output (reasoning included) each at its price.
+    pub fn usage_cost(&self, u: &crate::chat::Usage, dialect: crate::chat::Dialect) -> f64 {
+        let c = self.cache_prices(dialect);
+        let write_1h = u
+            .cache_write_1h_input_tokens
+            .min(u.cache_write_input_tokens);
+        let write_5m = u.cache_write_input_tokens - write_1h;
+        (f64::from(u.input_tokens) * self.input_per_mtok
+            + f64::from(u.cache_read_input_tokens) * c.read
+            + f64::from(write_5m) * c.write_5m
+            + f64::from(write_1h) * c.write_1h
+            + f64::from(u.output_tokens) * self.output_per_mtok)
             / 1e6
     }
 }
@@ -1277,6 +1346,9 @@ impl Config {
                     price: Price {
                         input_per_mtok: 0.15,
                         output_per_mtok: 0.6,
+                        cache_read_per_mtok: None,
+                        cache_write_5m_per_mtok: None,
+                        cache_write_1h_per_mtok: None,
                     },
                 }],
             },
@@ -1312,6 +1384,9 @@ impl Config {
                     price: Price {
                         input_per_mtok: 3.0,
                         output_per_mtok: 15.0,
+                        cache_read_per_mtok: None,
+                        cache_write_5m_per_mtok: None,
+                        cache_write_1h_per_mtok: None,
                     },
                 }],
             },

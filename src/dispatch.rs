@@ -693,6 +693,7 @@ impl Dispatcher {
             attempt,
             tier: candidate.tier(),
             request_id: call.spec.request_id.clone(),
+            dropped: Vec::new(),
         });
         let span = tracing::info_span!(
             "attempt",
@@ -767,7 +768,8 @@ impl Dispatcher {
             None => (estimate_usage(chat, sink.attempt_chars()), true),
         };
         self.record_usage(candidate, entry, usage);
-        let cost_usd = price(entry, &candidate.model).cost(usage.input_tokens, usage.output_tokens);
+        let cost_usd =
+            price(entry, &candidate.model).usage_cost(&usage, entry.runtime.kind.dialect());
         self.served(&call.plan.route, candidate, candidate.tier());
         let _ = sink
             .finish(Finished {
@@ -785,6 +787,8 @@ impl Dispatcher {
                 cache_similarity: None,
                 cost_usd,
                 service_tier: completion.service_tier,
+                reasoning: completion.reasoning,
+                dropped: sink.attempt_dropped(),
             })
             .await;
         cost_usd
@@ -1058,12 +1062,12 @@ fn estimate_usage(chat: &ChatRequest, output_chars: usize) -> Usage {
     let prompt_chars: usize = chat
         .messages
         .iter()
-        .map(|m| m.content.len() + m.role.len())
+        .map(|m| m.content_bytes() + m.role.len())
         .sum();
-    Usage {
-        input_tokens: (prompt_chars / 4).max(1) as u32,
-        output_tokens: output_chars.div_ceil(4) as u32,
-    }
+    Usage::plain(
+        (prompt_chars / 4).max(1) as u32,
+        output_chars.div_ceil(4) as u32,
+    )
 }
 
 #[cfg(test)]

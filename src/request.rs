@@ -14,6 +14,10 @@ pub struct Needs {
     pub tools: bool,
     pub json: bool,
     pub vision: bool,
+    /// Documents (PDF).
+    pub pdf: bool,
+    pub reasoning: bool,
+    pub json_schema: bool,
     pub min_context_tokens: u32,
 }
 
@@ -72,18 +76,43 @@ impl RequestSpec {
             .messages
             .iter()
             .map(|m| {
-                serde_json::json!({
+                let mut v = serde_json::json!({
                     "role": m.role,
                     "content": m.content,
                     "tool_call_id": m.tool_call_id,
                     "tool_calls": m.tool_calls.iter().map(|t| [&t.id, &t.name, &t.arguments]).collect::<Vec<_>>(),
-                })
+                });
+                // Only what a message has beyond text: a text-only message
+                // keeps the digest it had before parts existed.
+                if let Some(o) = v.as_object_mut() {
+                    if !m.parts.is_empty() {
+                        o.insert("parts".into(), m.parts.iter().map(part_digest).collect());
+                    }
+                    if m.is_error {
+                        o.insert("is_error".into(), true.into());
+                    }
+                    if let Some(ttl) = m.cache {
+                        o.insert("cache".into(), ttl.as_str().into());
+                    }
+                }
+                v
             })
             .collect();
         let tools: Vec<serde_json::Value> = c
             .tools
             .iter()
-            .map(|t| serde_json::json!({"name": t.name, "description": t.description, "parameters": t.parameters}))
+            .map(|t| {
+                let mut v = serde_json::json!({"name": t.name, "description": t.description, "parameters": t.parameters});
+                if let Some(o) = v.as_object_mut() {
+                    if let Some(ttl) = t.cache {
+                        o.insert("cache".into(), ttl.as_str().into());
+                    }
+                    if let Some(extra) = &t.extra {
+                        o.insert("extra".into(), serde_json::Value::Object(extra.clone()));
+                    }
+                }
+                v
+            })
             .collect();
         // serde_json maps are sorted by key, so this text is canonical.
         let canonical = serde_json::json!({
@@ -108,8 +137,40 @@ impl RequestSpec {
             crate::chat::ToolChoice::Any => Some(serde_json::json!("any")),
             crate::chat::ToolChoice::Tool(name) => Some(serde_json::json!({ "tool": name })),
         };
-        if let (Some(forced), Some(o)) = (forced, canonical.as_object_mut()) {
-            o.insert("tool_choice".into(), forced);
+        if let Some(o) = canonical.as_object_mut() {
+            if let Some(forced) = forced {
+                o.insert("tool_choice".into(), forced);
+            }
+            // Likewise the newer asks, only when made.
+            if let Some(s) = &c.json_schema {
+                o.insert(
+                    "json_schema".into(),
+                    serde_json::json!([s.name, s.schema, s.strict, s.description]),
+                );
+            }
+            if let Some(r) = &c.reasoning {
+                o.insert(
+                    "reasoning".into(),
+                    serde_json::json!([r.effort, r.budget_tokens, r.adaptive]),
+                );
+            }
+            if let Some(p) = &c.passthrough {
+                o.insert(
+                    "passthrough".into(),
+                    serde_json::json!([
+                        p.dialect.map(crate::chat::Dialect::as_str),
+                        p.fields,
+                        p.headers
+                    ]),
+                );
+            }
+            let n = &self.needs;
+            if n.pdf || n.reasoning || n.json_schema {
+                o.insert(
+                    "needs_more".into(),
+                    serde_json::json!([n.pdf, n.reasoning, n.json_schema]),
+                );
+            }
         }
         Sha256::digest(canonical.to_string().as_bytes()).into()
     }
@@ -139,6 +200,31 @@ impl RequestSpec {
             .as_ref()
             .map(|k| format!("{}:{k}", self.tenant))
     }
+}
+
+/// A part in the fingerprint: media by the digest of its bytes, not the bytes.
+fn part_digest(p: &crate::chat::Part) -> serde_json::Value {
+    use crate::chat::{MediaSource, PartKind};
+    let media = |source: &MediaSource| match source {
+        MediaSource::Url(u) => serde_json::json!({ "url": u }),
+        MediaSource::Data(d) => {
+            let digest: [u8; 32] = Sha256::digest(d).into();
+            serde_json::json!({ "sha256": digest.iter().map(|b| format!("{b:02x}")).collect::<String>() })
+        }
+    };
+    let kind = match &p.kind {
+        PartKind::Text(t) => serde_json::json!({ "text": t }),
+        PartKind::Image(i) => {
+            serde_json::json!({ "image": [media(&i.source), i.media_type, i.detail] })
+        }
+        PartKind::Document(d) => {
+            serde_json::json!({ "document": [media(&d.source), d.media_type, d.title, d.filename] })
+        }
+        PartKind::Reasoning(r) => serde_json::json!({
+            "reasoning": [r.text, r.signature, r.redacted, r.dialect.map(crate::chat::Dialect::as_str)]
+        }),
+    };
+    serde_json::json!([kind, p.cache.map(crate::chat::CacheTtl::as_str)])
 }
 
 #[cfg(test)]

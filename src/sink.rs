@@ -52,6 +52,9 @@ pub struct Started {
     pub attempt: u32,
     pub tier: Tier,
     pub request_id: String,
+    /// What the target's wire could not carry and was left out.
+    #[serde(default)]
+    pub dropped: Vec<String>,
 }
 
 /// The last event of a served request.
@@ -78,6 +81,12 @@ pub struct Finished {
     /// The upstream service tier that served, when it said.
     #[serde(default)]
     pub service_tier: Option<String>,
+    /// The answer's reasoning blocks, with their signatures.
+    #[serde(default)]
+    pub reasoning: Vec<crate::chat::ReasoningBlock>,
+    /// What the serving attempt's wire left out.
+    #[serde(default)]
+    pub dropped: Vec<String>,
 }
 
 /// What flows to the caller, in order: `Started`, chunks, then `Finished`
@@ -131,6 +140,8 @@ pub struct EventSink {
     max_recorded_bytes: usize,
     /// `Started` of the current attempt, sent with its first chunk.
     pending_start: Option<Started>,
+    /// What the sent `Started` said was dropped (for `Finished`).
+    sent_dropped: Vec<String>,
     /// Chunks forwarded in the current attempt.
     attempt_chunks: u32,
     /// Any event reached the caller (the gRPC response headers are out).
@@ -243,6 +254,7 @@ impl EventSink {
             recorded_bytes: 0,
             max_recorded_bytes: limits.max_recorded_bytes,
             pending_start: None,
+            sent_dropped: Vec::new(),
             attempt_chunks: 0,
             committed: false,
             attempt_chars: 0,
@@ -260,19 +272,34 @@ impl EventSink {
     /// Begins a new attempt; `Started` is sent with its first chunk.
     pub fn begin_attempt(&mut self, started: Started) {
         self.pending_start = Some(started);
+        self.sent_dropped.clear();
         self.attempt_chunks = 0;
         self.attempt_chars = 0;
+    }
+
+    /// What the attempt's wire left out: told with its `Started` (a no-op
+    /// once that is out: an attempt builds its request before any output).
+    pub fn set_dropped(&mut self, dropped: Vec<String>) {
+        if let Some(started) = self.pending_start.as_mut() {
+            started.dropped = dropped;
+        }
+    }
+
+    /// What the current attempt's wire left out.
+    pub fn attempt_dropped(&self) -> Vec<String> {
+        self.pending_start
+            .as_ref()
+            .map(|s| s.dropped.clone())
+            .unwrap_or_else(|| self.sent_dropped.clone())
     }
 
     /// Forwards one chunk (after the pending `Started`).
     pub async fn chunk(&mut self, chunk: Chunk) -> Result<(), ClientGone> {
         if let Some(started) = self.pending_start.take() {
+            self.sent_dropped.clone_from(&started.dropped);
             self.send(Event::Started(started)).await?;
         }
-        self.attempt_chars += match &chunk {
-            Chunk::Text(t) => t.len(),
-            Chunk::ToolCall { arguments, .. } => arguments.len(),
-        };
+        self.attempt_chars += chunk.output_bytes();
         self.attempt_chunks += 1;
         self.send(Event::Chunk(chunk)).await
     }
@@ -289,6 +316,7 @@ impl EventSink {
     /// Sends the final event (and `Started` if the answer had no chunk).
     pub async fn finish(&mut self, finished: Finished) -> Result<(), ClientGone> {
         if let Some(started) = self.pending_start.take() {
+            self.sent_dropped.clone_from(&started.dropped);
             self.send(Event::Started(started)).await?;
         }
         self.send(Event::Finished(Box::new(finished))).await
@@ -478,6 +506,7 @@ mod tests {
             attempt,
             tier: Tier::Primary,
             request_id: "r".into(),
+            dropped: Vec::new(),
         }
     }
 
@@ -497,6 +526,8 @@ mod tests {
             cache_similarity: None,
             cost_usd: 0.0,
             service_tier: None,
+            reasoning: Vec::new(),
+            dropped: Vec::new(),
         }
     }
 

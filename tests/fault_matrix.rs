@@ -1233,6 +1233,7 @@ fn tool_request() -> proto::CompletionRequest {
         name: "search".into(),
         description: "Search".into(),
         parameters_json: r#"{"type":"object","properties":{"query":{"type":"string"}}}"#.into(),
+        ..Default::default()
     });
     req
 }

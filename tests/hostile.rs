@@ -409,6 +409,7 @@ async fn d7_an_input_json_delta_before_its_block_is_an_error_not_empty_arguments
         name: "search".into(),
         description: "Search".into(),
         parameters_json: r#"{"type":"object"}"#.into(),
+        ..Default::default()
     });
     let got = stream(&mut client, req).await;
     assert!(got.finished.is_none(), "reported as success: {got:?}");

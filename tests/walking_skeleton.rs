@@ -211,6 +211,7 @@ async fn tool_calls_stream_as_deltas() {
         name: "get_weather".into(),
         description: "Weather for a city".into(),
         parameters_json: r#"{"type":"object","properties":{"city":{"type":"string"}}}"#.into(),
+        ..Default::default()
     });
     let got = stream(&mut client, req.clone()).await;
     assert!(got.status.is_none(), "{:?}", got.status);

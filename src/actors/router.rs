@@ -184,6 +184,9 @@ impl TargetInfo {
             (needs.tools, Capability::Tools),
             (needs.json, Capability::Json),
             (needs.vision, Capability::Vision),
+            (needs.pdf, Capability::Pdf),
+            (needs.reasoning, Capability::Reasoning),
+            (needs.json_schema, Capability::JsonSchema),
         ] {
             if needed && !self.capabilities.contains(&cap) {
                 missing.push(cap.as_str().to_string());

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::chat::{ChatMessage, ChatRequest, Chunk, FinishReason, ToolCall, ToolChoice, ToolSpec};
+use super::content;
+use crate::chat::{ChatMessage, ChatRequest, Chunk, FinishReason, PartKind, ToolChoice, ToolSpec};
 use crate::config::LimitsConfig;
 use crate::error::RequestError;
 use crate::proto;
@@ -13,8 +14,6 @@ use crate::queue::{JobRecord, JobState};
 use crate::request::Needs;
 use crate::request::RequestSpec;
 use crate::sink::{Event, Finished, Started, Tier};
-
-const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 
 fn invalid(msg: impl Into<String>) -> RequestError {
     RequestError::InvalidRequest(msg.into())
@@ -31,7 +30,7 @@ pub fn request_spec(
     let source = std::sync::Arc::new(prost::Message::encode_to_vec(&req));
     check_sizes(&req, limits)?;
     check_sampling(&req)?;
-    if !(0..=proto::ResponseFormat::JsonObject as i32).contains(&req.response_format) {
+    if !(0..=proto::ResponseFormat::JsonSchema as i32).contains(&req.response_format) {
         return Err(invalid(format!(
             "response_format: {} is not a ResponseFormat value",
             req.response_format
@@ -40,12 +39,25 @@ pub fn request_spec(
     let messages = messages(req.messages)?;
     let mut tools = tools(req.tools)?;
     let tool_choice = tool_choice(req.tool_choice, &mut tools)?;
-    let json_mode = req.response_format == proto::ResponseFormat::JsonObject as i32;
+    let json_schema = content::json_schema(req.json_schema)?;
+    if req.response_format == proto::ResponseFormat::JsonSchema as i32 && json_schema.is_none() {
+        return Err(invalid(
+            "json_schema: required with response_format RESPONSE_FORMAT_JSON_SCHEMA",
+        ));
+    }
+    let json_mode =
+        req.response_format == proto::ResponseFormat::JsonObject as i32 && json_schema.is_none();
+    let reasoning = content::reasoning(req.reasoning)?;
+    let passthrough = content::passthrough(req.passthrough)?;
+    let has = |pred: fn(&PartKind) -> bool| messages.iter().any(|m| m.has(pred));
     let reqs = req.requirements.unwrap_or_default();
     let needs = Needs {
         tools: reqs.tools || !tools.is_empty(),
         json: reqs.json || json_mode,
-        vision: reqs.vision,
+        vision: reqs.vision || has(|k| matches!(k, PartKind::Image(_))),
+        pdf: reqs.pdf || has(|k| matches!(k, PartKind::Document(_))),
+        reasoning: reqs.reasoning || reasoning.is_some(),
+        json_schema: reqs.json_schema || json_schema.is_some(),
         min_context_tokens: reqs.min_context_tokens,
     };
     let pin = match req.target.as_str() {
@@ -82,6 +94,9 @@ pub fn request_spec(
             tool_choice,
             service_tier: None,
             json_mode,
+            json_schema,
+            reasoning,
+            passthrough,
             stream: true,
         },
         needs,
@@ -124,7 +139,21 @@ fn check_sizes(req: &proto::CompletionRequest, limits: &LimitsConfig) -> Result<
             limits.max_messages
         )));
     }
-    let prompt_bytes: usize = req.messages.iter().map(|m| m.content.len()).sum();
+    // Text only: media bytes are bounded by the request's size.
+    let prompt_bytes: usize = req
+        .messages
+        .iter()
+        .map(|m| {
+            m.content.len()
+                + m.parts
+                    .iter()
+                    .map(|p| match &p.part {
+                        Some(proto::content_part::Part::Text(t)) => t.len(),
+                        _ => 0,
+                    })
+                    .sum::<usize>()
+        })
+        .sum();
     if prompt_bytes > limits.max_prompt_bytes {
         return Err(invalid(format!(
             "messages: {prompt_bytes} bytes of content exceed the limit of {}",
@@ -164,38 +193,11 @@ fn check_sampling(req: &proto::CompletionRequest) -> Result<(), RequestError> {
 
 /// The conversation, each message checked (role, content, tool call id).
 fn messages(input: Vec<proto::Message>) -> Result<Vec<ChatMessage>, RequestError> {
-    let mut messages = Vec::with_capacity(input.len());
-    for (i, m) in input.into_iter().enumerate() {
-        if !ROLES.contains(&m.role.as_str()) {
-            return Err(invalid(format!(
-                "messages[{i}].role: `{}` is not one of system, user, assistant, tool",
-                m.role
-            )));
-        }
-        if m.content.is_empty() && m.tool_calls.is_empty() {
-            return Err(invalid(format!("messages[{i}].content: must not be empty")));
-        }
-        if m.role == "tool" && m.tool_call_id.is_empty() {
-            return Err(invalid(format!(
-                "messages[{i}].tool_call_id: required for role tool"
-            )));
-        }
-        messages.push(ChatMessage {
-            role: m.role,
-            content: m.content,
-            tool_call_id: (!m.tool_call_id.is_empty()).then_some(m.tool_call_id),
-            tool_calls: m
-                .tool_calls
-                .into_iter()
-                .map(|c| ToolCall {
-                    id: c.id,
-                    name: c.name,
-                    arguments: c.arguments,
-                })
-                .collect(),
-        });
-    }
-    Ok(messages)
+    input
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| content::message(i, m))
+        .collect()
 }
 
 /// The tools, each with a valid name and a JSON Schema object.
@@ -226,7 +228,10 @@ fn tools(input: Vec<proto::Tool>) -> Result<Vec<ToolSpec>, RequestError> {
                 }
             }
         };
+        let at = format!("tools[{i}]");
         tools.push(ToolSpec {
+            cache: content::cache(t.cache_control, &at)?,
+            extra: content::tool_extra(&t.extra_json, &at)?,
             name: t.name,
             description: t.description,
             parameters,
@@ -327,17 +332,14 @@ fn started(s: Started) -> proto::Started {
         attempt: s.attempt,
         tier: tier(s.tier) as i32,
         request_id: s.request_id,
+        dropped: s.dropped,
     }
 }
 
 fn finished(f: &Finished) -> proto::Finished {
     proto::Finished {
         finish_reason: finish_reason(f.finish_reason) as i32,
-        usage: Some(proto::Usage {
-            input_tokens: f.usage.input_tokens,
-            output_tokens: f.usage.output_tokens,
-            estimated: f.usage_estimated,
-        }),
+        usage: Some(content::usage_proto(&f.usage, f.usage_estimated)),
         served_by: Some(proto::ServedBy {
             provider: f.provider.clone(),
             model: f.model.clone(),
@@ -351,6 +353,12 @@ fn finished(f: &Finished) -> proto::Finished {
         replayed: f.replayed,
         cost_usd: f.cost_usd,
         service_tier: f.service_tier.clone().unwrap_or_default(),
+        reasoning: f
+            .reasoning
+            .iter()
+            .map(content::reasoning_block_proto)
+            .collect(),
+        dropped: f.dropped.clone(),
     }
 }
 
@@ -361,7 +369,11 @@ pub fn event(e: Event) -> proto::CompletionEvent {
         Event::Started(s) => E::Started(started(s)),
         Event::Chunk(Chunk::Text(text)) => E::Delta(proto::Delta {
             text,
-            tool_calls: Vec::new(),
+            ..Default::default()
+        }),
+        Event::Chunk(Chunk::Reasoning { text, .. }) => E::Delta(proto::Delta {
+            reasoning: text,
+            ..Default::default()
         }),
         Event::Chunk(Chunk::ToolCall {
             index,
@@ -369,13 +381,13 @@ pub fn event(e: Event) -> proto::CompletionEvent {
             name,
             arguments,
         }) => E::Delta(proto::Delta {
-            text: String::new(),
             tool_calls: vec![proto::ToolCallDelta {
                 index,
                 id: id.unwrap_or_default(),
                 name: name.unwrap_or_default(),
                 arguments,
             }],
+            ..Default::default()
         }),
         Event::Reset {
             reason,
@@ -411,6 +423,8 @@ impl Assembler {
                 self.text.push_str(&t);
                 None
             }
+            // Whole, with signatures, in `Finished`.
+            Event::Chunk(Chunk::Reasoning { .. }) => None,
             Event::Chunk(Chunk::ToolCall {
                 index,
                 id,
@@ -449,6 +463,8 @@ impl Assembler {
                     cost_usd: fin.cost_usd,
                     job: None,
                     service_tier: fin.service_tier,
+                    reasoning: fin.reasoning,
+                    dropped: fin.dropped,
                 })
             }
             Event::Queued(q) => Some(proto::CompletionResponse {
@@ -537,6 +553,7 @@ mod tests {
             name: "f".into(),
             description: String::new(),
             parameters_json: "[1".into(),
+            ..Default::default()
         });
         rejects(r, "tools[0].parameters_json");
         rejects(
@@ -555,6 +572,7 @@ mod tests {
             name: "f".into(),
             description: String::new(),
             parameters_json: String::new(),
+            ..Default::default()
         });
         let spec = request_spec(r, "id".into(), None, &LimitsConfig::default()).unwrap();
         assert!(spec.needs.tools);
@@ -647,6 +665,8 @@ mod tests {
                 cache_similarity: None,
                 cost_usd: 0.0,
                 service_tier: None,
+                reasoning: Vec::new(),
+                dropped: Vec::new(),
             })))
             .unwrap();
         assert_eq!(done.text, "");

@@ -8,6 +8,7 @@ pub mod anthropic;
 pub mod auth;
 pub mod batch;
 pub mod codec;
+pub mod content;
 pub mod convert;
 pub mod door;
 pub mod grpc_limits;

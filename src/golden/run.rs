@@ -326,6 +326,7 @@ fn case_request(route: &str, case: &Case, target: &str) -> proto::CompletionRequ
                 name: t.name.clone(),
                 description: t.description.clone(),
                 parameters_json: t.parameters.to_string(),
+                ..Default::default()
             })
             .collect(),
         response_format: if case.schema.is_some() {

@@ -198,6 +198,8 @@ mod tests {
             name: "t".into(),
             description: String::new(),
             parameters: serde_json::json!({}),
+            cache: None,
+            extra: None,
         });
         assert_eq!(ask(&s, false, &cfg()), Err(Skip::Tools));
         let mut s = spec("", "q");

@@ -9,13 +9,14 @@ use std::collections::BTreeMap;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{json, Map, Value};
 
-use crate::chat::ToolChoice;
+use crate::chat::{CacheTtl, MediaSource, Part, PartKind, ReasoningBlock, ToolChoice};
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::upstream::classify::{classify_error_object, in_body};
-use crate::upstream::openai::{f32_json, u32_field};
+use crate::upstream::openai::{f32_json, merge_absent, u32_field};
 use crate::upstream::sse::SseEvent;
 use crate::upstream::{
-    ChatMessage, ChatRequest, Chunk, Completion, FinishReason, ProviderKind, StreamDecoder, Usage,
+    ChatMessage, ChatRequest, Chunk, Completion, Dialect, Dropped, FinishReason, ProviderKind,
+    StreamDecoder, Usage,
 };
 
 /// The API version this adapter speaks.
@@ -29,24 +30,33 @@ pub fn endpoint(base_url: &str) -> String {
     format!("{}/messages", base_url.trim_end_matches('/'))
 }
 
-/// The JSON request body. System messages are joined into the top-level
-/// `system`; `json_mode` has no Anthropic equivalent and is not sent (routes
-/// needing it should not list Anthropic targets as JSON-capable).
-pub fn build_body(req: &ChatRequest) -> Value {
+/// Where the Messages body goes: the fields a host takes differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Host {
+    /// api.anthropic.com: takes every field a door passes through.
+    FirstParty,
+    /// Bedrock and Vertex: the modelled fields only (an unknown one is a 400
+    /// there, e.g. `context_management`).
+    Cloud,
+}
+
+/// The JSON request body. System messages, wherever they stand (a
+/// mid-conversation system turn too), become the top-level `system`: one
+/// string when they are plain text, else text blocks with their cache
+/// markers. Images and documents go as base64 or URL sources, signed
+/// reasoning of Anthropic's back in its assistant turn; what Anthropic's
+/// wire cannot carry is noted in `dropped`. `json_mode` without a schema has
+/// no Anthropic equivalent and is not sent (routes needing it should not
+/// list Anthropic targets as JSON-capable).
+pub fn build_body(req: &ChatRequest, host: Host, dropped: &mut Dropped) -> Value {
     let mut body = Map::new();
     body.insert("model".into(), json!(req.model));
-    let system: Vec<&str> = req
-        .messages
-        .iter()
-        .filter(|m| m.role == "system")
-        .map(|m| m.content.as_str())
-        .collect();
-    if !system.is_empty() {
-        body.insert("system".into(), json!(system.join("\n\n")));
+    if let Some(system) = system_json(&req.messages) {
+        body.insert("system".into(), system);
     }
     body.insert(
         "messages".into(),
-        Value::Array(messages_json(&req.messages)),
+        Value::Array(messages_json(&req.messages, dropped)),
     );
     let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     body.insert("max_tokens".into(), json!(max_tokens));
@@ -59,10 +69,25 @@ pub fn build_body(req: &ChatRequest) -> Value {
     if !req.stop.is_empty() {
         body.insert("stop_sequences".into(), json!(req.stop));
     }
+    let passthrough = req
+        .passthrough_for(Dialect::Anthropic)
+        .filter(|_| host == Host::FirstParty);
     if !req.tools.is_empty() {
-        let tools = req.tools.iter().map(
-            |t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}),
-        );
+        let tools = req.tools.iter().map(|t| {
+            let mut tool = Map::new();
+            tool.insert("name".into(), json!(t.name));
+            tool.insert("description".into(), json!(t.description));
+            tool.insert("input_schema".into(), t.parameters.clone());
+            if let Some(ttl) = t.cache {
+                tool.insert("cache_control".into(), cache_control(ttl));
+            }
+            match (&t.extra, passthrough.is_some()) {
+                (Some(extra), true) => merge_absent(&mut tool, extra),
+                (Some(_), false) => dropped.note("tools.extra"),
+                (None, _) => {}
+            }
+            Value::Object(tool)
+        });
         body.insert("tools".into(), Value::Array(tools.collect()));
         match &req.tool_choice {
             ToolChoice::Auto => {}
@@ -74,34 +99,204 @@ pub fn build_body(req: &ChatRequest) -> Value {
             }
         }
     }
+    if let Some(r) = &req.reasoning {
+        match thinking_json(r, max_tokens) {
+            Some(thinking) => {
+                body.insert("thinking".into(), thinking);
+            }
+            None => dropped.note("thinking"),
+        }
+    }
+    let mut output_config = Map::new();
+    if let Some(effort) = req.reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
+        if r_effort_ok(effort) {
+            output_config.insert("effort".into(), json!(effort));
+        }
+    }
+    if let Some(schema) = &req.json_schema {
+        output_config.insert(
+            "format".into(),
+            json!({"type": "json_schema", "schema": schema.schema}),
+        );
+    }
+    if !output_config.is_empty() {
+        body.insert("output_config".into(), Value::Object(output_config));
+    }
     if let Some(tier) = &req.service_tier {
         body.insert("service_tier".into(), json!(tier));
     }
     if req.stream {
         body.insert("stream".into(), json!(true));
     }
+    match (passthrough, req.passthrough.as_deref()) {
+        // Same wire: what the caller sent verbatim wins over the mapping
+        // (e.g. `thinking.display`, `output_config` as written).
+        (Some(p), _) => {
+            for (k, v) in &p.fields {
+                body.insert(k.clone(), v.clone());
+            }
+        }
+        (None, Some(p)) if p.dialect == Some(Dialect::Anthropic) => {
+            // A cloud host: fields and headers it may refuse are left out.
+            for field in p.fields.keys() {
+                dropped.note(format!("passthrough.{field}"));
+            }
+        }
+        (None, Some(other)) => dropped.passthrough(other),
+        (None, None) => {}
+    }
     Value::Object(body)
 }
 
+/// Efforts Anthropic's `output_config.effort` takes.
+fn r_effort_ok(effort: &str) -> bool {
+    matches!(effort, "low" | "medium" | "high" | "xhigh" | "max")
+}
+
+/// The `thinking` config for a reasoning ask: adaptive, or a budget (from
+/// the ask, or mapped from an effort) that fits under `max_tokens`; `None`
+/// when no budget fits (Anthropic's minimum is 1,024 tokens).
+fn thinking_json(r: &crate::chat::ReasoningAsk, max_tokens: u32) -> Option<Value> {
+    if r.adaptive {
+        return Some(json!({"type": "adaptive"}));
+    }
+    let budget = r.budget_tokens.or_else(|| {
+        r.effort.as_deref().map(|e| match e {
+            "none" | "minimal" | "low" => 1024,
+            "medium" => 4096,
+            "high" => 16384,
+            _ => 32768,
+        })
+    })?;
+    let budget = budget.min(max_tokens.saturating_sub(1));
+    (budget >= 1024).then(|| json!({"type": "enabled", "budget_tokens": budget}))
+}
+
+fn cache_control(ttl: CacheTtl) -> Value {
+    match ttl {
+        CacheTtl::FiveMinutes => json!({"type": "ephemeral"}),
+        CacheTtl::OneHour => json!({"type": "ephemeral", "ttl": "1h"}),
+    }
+}
+
+/// Adds a part's cache marker to its block.
+fn marked(mut block: Value, cache: Option<CacheTtl>) -> Value {
+    if let (Some(ttl), Some(o)) = (cache, block.as_object_mut()) {
+        o.insert("cache_control".into(), cache_control(ttl));
+    }
+    block
+}
+
+/// The top-level `system`: every system message in order.
+fn system_json(messages: &[ChatMessage]) -> Option<Value> {
+    let system: Vec<&ChatMessage> = messages.iter().filter(|m| m.role == "system").collect();
+    if system.is_empty() {
+        return None;
+    }
+    if system.iter().all(|m| m.parts.is_empty()) {
+        let texts: Vec<&str> = system.iter().map(|m| m.content.as_str()).collect();
+        return Some(json!(texts.join("\n\n")));
+    }
+    let mut blocks = Vec::new();
+    for m in system {
+        for p in m.content_parts().iter() {
+            // Only text belongs in `system` (the door refuses the rest).
+            if let PartKind::Text(t) = &p.kind {
+                blocks.push(marked(json!({"type": "text", "text": t}), p.cache));
+            }
+        }
+    }
+    Some(Value::Array(blocks))
+}
+
+/// A media source block: base64 data, or a URL Anthropic fetches.
+fn source_json(source: &MediaSource, media_type: &str) -> Value {
+    use base64::Engine;
+    match source {
+        MediaSource::Url(u) => json!({"type": "url", "url": u}),
+        MediaSource::Data(d) if media_type == "text/plain" => json!({
+            "type": "text", "media_type": "text/plain",
+            "data": String::from_utf8_lossy(d)}),
+        MediaSource::Data(d) => json!({
+            "type": "base64", "media_type": media_type,
+            "data": base64::engine::general_purpose::STANDARD.encode(d)}),
+    }
+}
+
+/// One content part as an Anthropic block; `None` for what it cannot carry.
+fn block_json(p: &Part, dropped: &mut Dropped) -> Option<Value> {
+    let block = match &p.kind {
+        PartKind::Text(t) => json!({"type": "text", "text": t}),
+        PartKind::Image(img) => {
+            json!({"type": "image", "source": source_json(&img.source, &img.media_type)})
+        }
+        PartKind::Document(doc) => {
+            let mut d =
+                json!({"type": "document", "source": source_json(&doc.source, &doc.media_type)});
+            if let (Some(t), Some(o)) = (&doc.title, d.as_object_mut()) {
+                o.insert("title".into(), json!(t));
+            }
+            d
+        }
+        PartKind::Reasoning(r) => {
+            if r.dialect.is_some_and(|d| d != Dialect::Anthropic) {
+                dropped.note("reasoning");
+                return None;
+            }
+            // Reasoning blocks carry no cache marker.
+            return Some(match &r.redacted {
+                Some(data) => json!({"type": "redacted_thinking", "data": data}),
+                None => json!({"type": "thinking", "thinking": r.text,
+                               "signature": r.signature.clone().unwrap_or_default()}),
+            });
+        }
+    };
+    Some(marked(block, p.cache))
+}
+
 /// Non-system messages; consecutive tool results share one user message.
-fn messages_json(messages: &[ChatMessage]) -> Vec<Value> {
+fn messages_json(messages: &[ChatMessage], dropped: &mut Dropped) -> Vec<Value> {
     let mut out: Vec<Value> = Vec::new();
     for m in messages.iter().filter(|m| m.role != "system") {
         match m.role.as_str() {
-            "tool" => push_tool_result(&mut out, m),
-            "assistant" => out.push(assistant_json(m)),
-            _ => out.push(json!({"role": "user", "content": m.content})),
+            "tool" => push_tool_result(&mut out, m, dropped),
+            "assistant" => out.push(assistant_json(m, dropped)),
+            _ if m.parts.is_empty() => out.push(json!({"role": "user", "content": m.content})),
+            _ => {
+                let blocks: Vec<Value> = m
+                    .parts
+                    .iter()
+                    .filter_map(|p| block_json(p, dropped))
+                    .collect();
+                out.push(json!({"role": "user", "content": blocks}));
+            }
         }
     }
     out
 }
 
-fn push_tool_result(out: &mut Vec<Value>, m: &ChatMessage) {
-    let block = json!({
+fn push_tool_result(out: &mut Vec<Value>, m: &ChatMessage, dropped: &mut Dropped) {
+    let content = if m.parts.is_empty() {
+        json!(m.content)
+    } else {
+        Value::Array(
+            m.parts
+                .iter()
+                .filter_map(|p| block_json(p, dropped))
+                .collect(),
+        )
+    };
+    let mut block = json!({
         "type": "tool_result",
         "tool_use_id": m.tool_call_id.clone().unwrap_or_default(),
-        "content": m.content,
+        "content": content,
     });
+    if let Some(o) = block.as_object_mut() {
+        if m.is_error {
+            o.insert("is_error".into(), json!(true));
+        }
+    }
+    let block = marked(block, m.cache);
     if let Some(blocks) = out.last_mut().and_then(tool_result_blocks) {
         blocks.push(block);
     } else {
@@ -121,15 +316,24 @@ fn tool_result_blocks(msg: &mut Value) -> Option<&mut Vec<Value>> {
     all_results.then_some(blocks)
 }
 
-/// An assistant turn; earlier tool calls become `tool_use` blocks. Arguments
-/// that are not a JSON object are sent as `{}` (Anthropic requires an object).
-fn assistant_json(m: &ChatMessage) -> Value {
-    if m.tool_calls.is_empty() {
+/// An assistant turn: its reasoning blocks first (unmodified, as Anthropic
+/// requires), then text, then earlier tool calls as `tool_use` blocks.
+/// Arguments that are not a JSON object are sent as `{}` (Anthropic
+/// requires an object).
+fn assistant_json(m: &ChatMessage, dropped: &mut Dropped) -> Value {
+    if m.tool_calls.is_empty() && m.parts.is_empty() {
         return json!({"role": "assistant", "content": m.content});
     }
     let mut blocks = Vec::new();
-    if !m.content.is_empty() {
-        blocks.push(json!({"type": "text", "text": m.content}));
+    let parts = m.content_parts();
+    // Reasoning leads the turn whatever order the caller sent it in.
+    let (reasoning, rest): (Vec<&Part>, Vec<&Part>) = parts
+        .iter()
+        .partition(|p| matches!(p.kind, PartKind::Reasoning(_)));
+    for p in reasoning.into_iter().chain(rest) {
+        if let Some(b) = block_json(p, dropped) {
+            blocks.push(b);
+        }
     }
     for call in &m.tool_calls {
         let input = serde_json::from_str::<Value>(&call.arguments)
@@ -139,6 +343,30 @@ fn assistant_json(m: &ChatMessage) -> Value {
         blocks.push(json!({"type": "tool_use", "id": call.id, "name": call.name, "input": input}));
     }
     json!({"role": "assistant", "content": blocks})
+}
+
+/// Headers a passthrough sends to this host: `anthropic-beta` to Anthropic
+/// itself (Bedrock takes it in the body as `anthropic_beta`).
+pub fn passthrough_headers(req: &ChatRequest, host: Host, dropped: &mut Dropped) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    let Some(p) = req.passthrough.as_deref() else {
+        return headers;
+    };
+    for (name, value) in &p.headers {
+        let ours = p.dialect == Some(Dialect::Anthropic) && name == "anthropic-beta";
+        match (ours, host) {
+            (true, Host::FirstParty) => {
+                if let (Ok(n), Ok(v)) = (
+                    HeaderName::from_bytes(name.as_bytes()),
+                    HeaderValue::from_str(value),
+                ) {
+                    headers.insert(n, v);
+                }
+            }
+            _ => dropped.note(format!("header.{name}")),
+        }
+    }
+    headers
 }
 
 /// `x-api-key` (sensitive) and `anthropic-version`. A missing or invalid key
@@ -169,7 +397,12 @@ enum Block {
         call: u32,
         args: String,
     },
-    /// Thinking, server tools and future block types: not forwarded.
+    /// Thinking: its text and signature, kept whole for `Completion.reasoning`.
+    Thinking {
+        text: String,
+        signature: Option<String>,
+    },
+    /// Server tools and future block types: not forwarded.
     Other,
 }
 
@@ -194,6 +427,8 @@ pub struct AnthropicDecoder {
     usage: Option<Usage>,
     /// `usage.service_tier`, from whichever event said last.
     service_tier: Option<String>,
+    /// Finished reasoning blocks, in order.
+    reasoning: Vec<ReasoningBlock>,
     /// The failure that ended the stream; repeated by later calls.
     failed: Option<Failure>,
 }
@@ -280,6 +515,36 @@ impl AnthropicDecoder {
                 }
                 Block::Text
             }
+            "thinking" => Block::Thinking {
+                text: block
+                    .get("thinking")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                signature: block
+                    .get("signature")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned),
+            },
+            "redacted_thinking" => {
+                let data = block
+                    .get("data")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                out.push(Chunk::Reasoning {
+                    text: String::new(),
+                    signature: None,
+                    redacted: Some(data.clone()),
+                });
+                self.reasoning.push(ReasoningBlock {
+                    redacted: Some(data),
+                    dialect: Some(Dialect::Anthropic),
+                    ..ReasoningBlock::default()
+                });
+                Block::Other
+            }
             "tool_use" => {
                 let args = initial_input(block);
                 let call = self.tool_calls;
@@ -333,6 +598,30 @@ impl AnthropicDecoder {
                     out.push(Chunk::Text(text.to_owned()));
                 }
             }
+            Some("thinking_delta") => {
+                let part = delta.get("thinking").and_then(Value::as_str).unwrap_or("");
+                if let Some(Block::Thinking { text, .. }) = self.blocks.get_mut(&index) {
+                    if !part.is_empty() {
+                        text.push_str(part);
+                        out.push(Chunk::Reasoning {
+                            text: part.to_owned(),
+                            signature: None,
+                            redacted: None,
+                        });
+                    }
+                }
+            }
+            Some("signature_delta") => {
+                let sig = delta.get("signature").and_then(Value::as_str).unwrap_or("");
+                if let Some(Block::Thinking { signature, .. }) = self.blocks.get_mut(&index) {
+                    *signature = Some(sig.to_owned());
+                    out.push(Chunk::Reasoning {
+                        text: String::new(),
+                        signature: Some(sig.to_owned()),
+                        redacted: None,
+                    });
+                }
+            }
             Some("input_json_delta") => {
                 let part = delta
                     .get("partial_json")
@@ -352,11 +641,20 @@ impl AnthropicDecoder {
 
     fn on_block_stop(&mut self, v: &Value, out: &mut Vec<Chunk>) {
         let index = u32_field(v, "index").unwrap_or(0);
-        if let Some(Block::ToolUse { call, args }) = self.blocks.get_mut(&index) {
-            if args.is_empty() {
+        match self.blocks.get_mut(&index) {
+            Some(Block::ToolUse { call, args }) if args.is_empty() => {
                 args.push_str("{}");
                 out.push(tool_fragment(*call, "{}"));
             }
+            Some(Block::Thinking { text, signature }) => {
+                self.reasoning.push(ReasoningBlock {
+                    text: std::mem::take(text),
+                    signature: signature.take(),
+                    redacted: None,
+                    dialect: Some(Dialect::Anthropic),
+                });
+            }
+            _ => {}
         }
     }
 
@@ -385,6 +683,25 @@ impl AnthropicDecoder {
         }
         if let Some(n) = u32_field(u, "output_tokens") {
             usage.output_tokens = n;
+        }
+        // Cache reads and writes are beside `input_tokens`, never in it.
+        if let Some(n) = u32_field(u, "cache_read_input_tokens") {
+            usage.cache_read_input_tokens = n;
+        }
+        if let Some(n) = u32_field(u, "cache_creation_input_tokens") {
+            usage.cache_write_input_tokens = n;
+        }
+        if let Some(n) = u
+            .get("cache_creation")
+            .and_then(|c| u32_field(c, "ephemeral_1h_input_tokens"))
+        {
+            usage.cache_write_1h_input_tokens = n.min(usage.cache_write_input_tokens);
+        }
+        let details = u.get("output_tokens_details");
+        if let Some(n) = details.and_then(|d| {
+            u32_field(d, "thinking_tokens").or_else(|| u32_field(d, "reasoning_tokens"))
+        }) {
+            usage.reasoning_tokens = n.min(usage.output_tokens);
         }
     }
 
@@ -451,6 +768,7 @@ impl StreamDecoder for AnthropicDecoder {
             finish_reason,
             usage: self.usage,
             service_tier: self.service_tier.clone(),
+            reasoning: std::mem::take(&mut self.reasoning),
         })
     }
 }
@@ -597,6 +915,8 @@ mod tests {
                 name: "weather".into(),
                 description: "get weather".into(),
                 parameters: json!({"type": "object"}),
+                cache: None,
+                extra: None,
             }],
             tool_choice: ToolChoice::Any,
             json_mode: true,
@@ -626,7 +946,10 @@ mod tests {
             "tool_choice": {"type": "any"},
             "stream": true
         });
-        assert_eq!(build_body(&req), want);
+        assert_eq!(
+            build_body(&req, Host::FirstParty, &mut Dropped::default()),
+            want
+        );
     }
 
     #[test]
@@ -637,7 +960,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            build_body(&req),
+            build_body(&req, Host::FirstParty, &mut Dropped::default()),
             json!({"model": "m", "messages": [], "max_tokens": 7})
         );
     }
@@ -665,7 +988,8 @@ mod tests {
             done.usage,
             Some(Usage {
                 input_tokens: 25,
-                output_tokens: 15
+                output_tokens: 15,
+                ..Default::default()
             })
         );
     }
@@ -698,7 +1022,8 @@ mod tests {
             done.usage,
             Some(Usage {
                 input_tokens: 400,
-                output_tokens: 89
+                output_tokens: 89,
+                ..Default::default()
             })
         );
     }
@@ -771,16 +1096,19 @@ mod tests {
     }
 
     #[test]
-    fn pings_thinking_and_unknown_events_are_ignored() {
+    fn pings_and_unknown_events_are_ignored_and_thinking_is_carried_as_reasoning() {
         let (chunks, done) = decode(fixture!("anthropic_pings_unknown_events.sse"));
-        assert_eq!(chunks, vec![Chunk::Text("42".into())]);
+        assert_eq!(text_of(&chunks), "42");
+        assert_eq!(chunks.last(), Some(&Chunk::Text("42".into())));
+        assert!(matches!(&chunks[0], Chunk::Reasoning { text, .. } if text == "Let me think..."));
         let done = done.unwrap();
         assert_eq!(done.finish_reason, FinishReason::Length);
         assert_eq!(
             done.usage,
             Some(Usage {
                 input_tokens: 12,
-                output_tokens: 64
+                output_tokens: 64,
+                ..Default::default()
             })
         );
     }

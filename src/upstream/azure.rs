@@ -23,8 +23,8 @@ pub fn endpoint(base_url: &str, deployment: &str, api_version: &str) -> String {
 }
 
 /// OpenAI's body without `model` (the deployment names it).
-pub fn build_body(req: &ChatRequest) -> Value {
-    let mut body = crate::upstream::openai::build_body(req);
+pub fn build_body(req: &ChatRequest, dropped: &mut crate::upstream::Dropped) -> Value {
+    let mut body = crate::upstream::openai::build_body(req, dropped);
     if let Some(o) = body.as_object_mut() {
         o.remove("model");
     }
@@ -76,10 +76,13 @@ mod tests {
         assert_eq!(h["api-key"], "k1");
         assert!(h["api-key"].is_sensitive());
         assert!(!h.contains_key("authorization"));
-        let body = build_body(&ChatRequest {
-            model: "dep".into(),
-            ..Default::default()
-        });
+        let body = build_body(
+            &ChatRequest {
+                model: "dep".into(),
+                ..Default::default()
+            },
+            &mut crate::upstream::Dropped::default(),
+        );
         assert!(body.get("model").is_none(), "{body}");
     }
 

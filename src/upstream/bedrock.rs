@@ -49,8 +49,12 @@ pub fn endpoint(base_url: &str, model: &str) -> String {
 }
 
 /// Anthropic's body with Bedrock's version and without `model` or `stream`.
-pub fn build_body(req: &ChatRequest) -> Value {
-    let mut body = crate::upstream::anthropic::build_body(req);
+pub fn build_body(req: &ChatRequest, dropped: &mut crate::upstream::Dropped) -> Value {
+    let mut body = crate::upstream::anthropic::build_body(
+        req,
+        crate::upstream::anthropic::Host::Cloud,
+        dropped,
+    );
     if let Some(o) = body.as_object_mut() {
         o.remove("model");
         o.remove("stream");
@@ -58,6 +62,18 @@ pub fn build_body(req: &ChatRequest) -> Value {
             "anthropic_version".into(),
             Value::from("bedrock-2023-05-31"),
         );
+        // Bedrock takes Anthropic's beta header in the body.
+        let betas = req
+            .passthrough_for(crate::chat::Dialect::Anthropic)
+            .into_iter()
+            .flat_map(|p| &p.headers)
+            .filter(|(name, _)| name == "anthropic-beta")
+            .flat_map(|(_, v)| v.split(',').map(str::trim).filter(|b| !b.is_empty()))
+            .map(Value::from)
+            .collect::<Vec<_>>();
+        if !betas.is_empty() {
+            o.insert("anthropic_beta".into(), Value::Array(betas));
+        }
     }
     body
 }
@@ -376,11 +392,14 @@ mod tests {
 
     #[test]
     fn the_body_is_anthropics_with_bedrocks_version_and_the_request_is_signed() {
-        let body = build_body(&ChatRequest {
-            model: "anthropic.claude-sonnet-4-5-20250929-v1:0".into(),
-            stream: true,
-            ..Default::default()
-        });
+        let body = build_body(
+            &ChatRequest {
+                model: "anthropic.claude-sonnet-4-5-20250929-v1:0".into(),
+                stream: true,
+                ..Default::default()
+            },
+            &mut crate::upstream::Dropped::default(),
+        );
         assert_eq!(body["anthropic_version"], "bedrock-2023-05-31");
         assert!(body.get("model").is_none() && body.get("stream").is_none());
         let url = endpoint(

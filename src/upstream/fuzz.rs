@@ -825,6 +825,7 @@ fn output_bytes(chunks: &[Chunk]) -> usize {
         .iter()
         .map(|c| match c {
             Chunk::Text(t) => t.len(),
+            Chunk::Reasoning { .. } => c.output_bytes(),
             Chunk::ToolCall {
                 id,
                 name,

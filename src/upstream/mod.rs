@@ -7,6 +7,8 @@ pub mod anthropic;
 pub mod azure;
 pub mod bedrock;
 pub mod classify;
+#[cfg(test)]
+mod content_tests;
 pub mod endpoint;
 #[cfg(test)]
 pub(crate) mod fuzz;
@@ -62,8 +64,66 @@ impl ProviderKind {
 }
 
 pub use crate::chat::{
-    ChatMessage, ChatRequest, Chunk, Completion, FinishReason, ToolCall, ToolSpec, Usage,
+    ChatMessage, ChatRequest, Chunk, Completion, Dialect, FinishReason, ToolCall, ToolSpec, Usage,
 };
+
+impl ProviderKind {
+    /// The wire family this kind speaks.
+    pub fn dialect(self) -> Dialect {
+        match self {
+            ProviderKind::Openai | ProviderKind::AzureOpenai => Dialect::Openai,
+            ProviderKind::Anthropic
+            | ProviderKind::BedrockAnthropic
+            | ProviderKind::VertexAnthropic => Dialect::Anthropic,
+        }
+    }
+}
+
+/// What an adapter could not put on its wire, by name, for the caller's
+/// `x-switchyard-dropped` (never silent). Names are stable: `cache_control`,
+/// `reasoning` (signed reasoning of another family), `thinking`, `is_error`,
+/// `document_url`, `tool_result_media`, `passthrough.<field>`, `header.<name>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dropped(Vec<String>);
+
+impl Dropped {
+    /// Notes one thing left out (once).
+    pub fn note(&mut self, what: impl Into<String>) {
+        let what = what.into();
+        if !self.0.contains(&what) {
+            self.0.push(what);
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.0
+    }
+
+    pub fn into_names(self) -> Vec<String> {
+        self.0
+    }
+
+    /// What the door itself could not carry (every adapter reports it).
+    pub fn door(&mut self, req: &crate::chat::ChatRequest) {
+        for what in req.passthrough.iter().flat_map(|p| &p.dropped) {
+            self.note(what.clone());
+        }
+    }
+
+    /// Every field and header of a passthrough meant for another dialect.
+    pub fn passthrough(&mut self, p: &crate::chat::Passthrough) {
+        for field in p.fields.keys() {
+            self.note(format!("passthrough.{field}"));
+        }
+        for (name, _) in &p.headers {
+            self.note(format!("header.{name}"));
+        }
+    }
+}
 
 /// Decodes one provider's response body, event by event, and checks at the end
 /// that the stream really completed. One decoder per attempt.

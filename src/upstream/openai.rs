@@ -10,12 +10,13 @@ use http::header::AUTHORIZATION;
 use http::{HeaderMap, HeaderValue};
 use serde_json::{json, Map, Value};
 
-use crate::chat::ToolChoice;
+use crate::chat::{MediaSource, Part, PartKind, ToolChoice};
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::upstream::classify::{classify_error_object, in_body};
 use crate::upstream::sse::SseEvent;
 use crate::upstream::{
-    ChatMessage, ChatRequest, Chunk, Completion, FinishReason, ProviderKind, StreamDecoder, Usage,
+    ChatMessage, ChatRequest, Chunk, Completion, Dialect, Dropped, FinishReason, ProviderKind,
+    StreamDecoder, Usage,
 };
 
 /// The chat completions URL under `base_url` (e.g. `https://api.openai.com/v1`).
@@ -24,13 +25,26 @@ pub fn endpoint(base_url: &str) -> String {
 }
 
 /// The JSON request body. Streaming asks for the usage chunk (`include_usage`).
-pub fn build_body(req: &ChatRequest) -> Value {
+/// What the Chat Completions wire cannot carry is noted in `dropped`: cache
+/// markers (OpenAI caches on its own), signed reasoning, `is_error`,
+/// document URLs, media in tool results, and another dialect's passthrough.
+pub fn build_body(req: &ChatRequest, dropped: &mut Dropped) -> Value {
     let mut body = Map::new();
     body.insert("model".into(), json!(req.model));
-    let messages = req.messages.iter().map(message_json).collect();
+    let messages = req
+        .messages
+        .iter()
+        .map(|m| message_json(m, dropped))
+        .collect();
     body.insert("messages".into(), Value::Array(messages));
     if let Some(n) = req.max_tokens {
-        body.insert("max_tokens".into(), json!(n));
+        // Reasoning models take only `max_completion_tokens`.
+        let key = if req.reasoning.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        body.insert(key.into(), json!(n));
     }
     if let Some(t) = req.temperature.and_then(f32_json) {
         body.insert("temperature".into(), t);
@@ -41,10 +55,22 @@ pub fn build_body(req: &ChatRequest) -> Value {
     if !req.stop.is_empty() {
         body.insert("stop".into(), json!(req.stop));
     }
+    let passthrough = req.passthrough_for(Dialect::Openai);
     if !req.tools.is_empty() {
         let tools = req.tools.iter().map(|t| {
-            json!({"type": "function", "function": {
-                "name": t.name, "description": t.description, "parameters": t.parameters}})
+            let mut function = Map::new();
+            function.insert("name".into(), json!(t.name));
+            function.insert("description".into(), json!(t.description));
+            function.insert("parameters".into(), t.parameters.clone());
+            match (&t.extra, passthrough.is_some()) {
+                (Some(extra), true) => merge_absent(&mut function, extra),
+                (Some(_), false) => dropped.note("tools.extra"),
+                (None, _) => {}
+            }
+            if t.cache.is_some() {
+                dropped.note("cache_control");
+            }
+            json!({"type": "function", "function": function})
         });
         body.insert("tools".into(), Value::Array(tools.collect()));
         match &req.tool_choice {
@@ -60,8 +86,23 @@ pub fn build_body(req: &ChatRequest) -> Value {
             }
         }
     }
-    if req.json_mode {
+    if let Some(schema) = &req.json_schema {
+        let mut js = Map::new();
+        js.insert("name".into(), json!(schema.name));
+        js.insert("schema".into(), schema.schema.clone());
+        js.insert("strict".into(), json!(schema.strict));
+        if let Some(d) = &schema.description {
+            js.insert("description".into(), json!(d));
+        }
+        body.insert(
+            "response_format".into(),
+            json!({"type": "json_schema", "json_schema": js}),
+        );
+    } else if req.json_mode {
         body.insert("response_format".into(), json!({"type": "json_object"}));
+    }
+    if let Some(effort) = req.reasoning.as_ref().and_then(effort_of) {
+        body.insert("reasoning_effort".into(), json!(effort));
     }
     if let Some(tier) = &req.service_tier {
         body.insert("service_tier".into(), json!(tier));
@@ -70,21 +111,139 @@ pub fn build_body(req: &ChatRequest) -> Value {
         body.insert("stream".into(), json!(true));
         body.insert("stream_options".into(), json!({"include_usage": true}));
     }
+    match (passthrough, req.passthrough.as_deref()) {
+        (Some(p), _) => merge_absent(&mut body, &p.fields),
+        (None, Some(other)) => dropped.passthrough(other),
+        (None, None) => {}
+    }
     Value::Object(body)
 }
 
-fn message_json(m: &ChatMessage) -> Value {
+/// OpenAI's `reasoning_effort` for a reasoning ask: the effort as asked, or
+/// one from a token budget; adaptive thinking leaves the model's default.
+pub(crate) fn effort_of(r: &crate::chat::ReasoningAsk) -> Option<String> {
+    if let Some(e) = &r.effort {
+        return Some(e.clone());
+    }
+    let budget = r.budget_tokens?;
+    Some(
+        match budget {
+            0..=2048 => "low",
+            2049..=8192 => "medium",
+            _ => "high",
+        }
+        .to_string(),
+    )
+}
+
+/// Copies `extra`'s fields into `into` where `into` has none of that name:
+/// a door's unmodelled fields never override what the adapter set.
+pub(crate) fn merge_absent(into: &mut Map<String, Value>, extra: &Map<String, Value>) {
+    for (k, v) in extra {
+        if !into.contains_key(k) {
+            into.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+/// `data:<media type>;base64,<data>`.
+pub(crate) fn data_url(media_type: &str, data: &[u8]) -> String {
+    use base64::Engine;
+    format!(
+        "data:{media_type};base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(data)
+    )
+}
+
+/// One content part in Chat Completions' shape; `None` for what it cannot carry.
+fn part_json(p: &Part, role: &str, dropped: &mut Dropped) -> Option<Value> {
+    if p.cache.is_some() {
+        dropped.note("cache_control");
+    }
+    match &p.kind {
+        PartKind::Text(t) => Some(json!({"type": "text", "text": t})),
+        PartKind::Image(_) | PartKind::Document(_) if role == "tool" => {
+            dropped.note("tool_result_media");
+            None
+        }
+        PartKind::Image(img) => {
+            let url = match &img.source {
+                MediaSource::Url(u) => u.clone(),
+                MediaSource::Data(d) => data_url(&img.media_type, d),
+            };
+            let mut image_url = Map::new();
+            image_url.insert("url".into(), json!(url));
+            if let Some(d) = &img.detail {
+                image_url.insert("detail".into(), json!(d));
+            }
+            Some(json!({"type": "image_url", "image_url": image_url}))
+        }
+        PartKind::Document(doc) => match (&doc.source, doc.media_type.as_str()) {
+            (MediaSource::Data(d), "application/pdf") => {
+                let filename = doc
+                    .filename
+                    .clone()
+                    .or_else(|| doc.title.clone().map(|t| format!("{t}.pdf")))
+                    .unwrap_or_else(|| "document.pdf".into());
+                Some(json!({"type": "file", "file": {
+                    "file_data": data_url("application/pdf", d), "filename": filename}}))
+            }
+            // A text document is its text (Chat files are PDF only).
+            (MediaSource::Data(d), _) => {
+                let text = String::from_utf8_lossy(d);
+                let text = match &doc.title {
+                    Some(t) => format!("{t}\n\n{text}"),
+                    None => text.into_owned(),
+                };
+                Some(json!({"type": "text", "text": text}))
+            }
+            (MediaSource::Url(_), _) => {
+                dropped.note("document_url");
+                None
+            }
+        },
+        PartKind::Reasoning(_) => {
+            dropped.note("reasoning");
+            None
+        }
+    }
+}
+
+fn message_json(m: &ChatMessage, dropped: &mut Dropped) -> Value {
     let mut o = Map::new();
     o.insert("role".into(), json!(m.role));
-    if m.tool_calls.is_empty() {
-        o.insert("content".into(), json!(m.content));
+    let content = if m.parts.is_empty() {
+        json!(m.content)
     } else {
-        let content = if m.content.is_empty() {
-            Value::Null
+        let parts: Vec<Value> = m
+            .parts
+            .iter()
+            .filter_map(|p| part_json(p, &m.role, dropped))
+            .collect();
+        // System and tool messages take text only: one string keeps them
+        // acceptable to every compatible server.
+        let text_only = parts.iter().all(|p| p["type"] == "text");
+        if text_only && m.role != "user" {
+            json!(parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n"))
         } else {
-            json!(m.content)
-        };
+            Value::Array(parts)
+        }
+    };
+    if m.is_error {
+        dropped.note("is_error");
+    }
+    if m.cache.is_some() {
+        dropped.note("cache_control");
+    }
+    if m.tool_calls.is_empty() {
         o.insert("content".into(), content);
+    } else {
+        let empty = content.as_str() == Some("") || content.as_array().is_some_and(Vec::is_empty);
+        o.insert("content".into(), if empty { Value::Null } else { content });
         let calls = m.tool_calls.iter().map(|c| {
             json!({"id": c.id, "type": "function",
                    "function": {"name": c.name, "arguments": c.arguments}})
@@ -290,6 +449,15 @@ impl OpenAiDecoder {
     }
 
     fn on_delta(&mut self, delta: &Value, out: &mut Vec<Chunk>) {
+        let reasoning =
+            non_empty_str(delta, "reasoning_content").or_else(|| non_empty_str(delta, "reasoning"));
+        if let Some(text) = reasoning {
+            out.push(Chunk::Reasoning {
+                text: text.to_owned(),
+                signature: None,
+                redacted: None,
+            });
+        }
         self.on_text(
             non_empty_str(delta, "content"),
             non_empty_str(delta, "refusal"),
@@ -389,6 +557,7 @@ impl StreamDecoder for OpenAiDecoder {
             finish_reason,
             usage: self.usage,
             service_tier: self.service_tier.clone(),
+            reasoning: Vec::new(),
         })
     }
 }
@@ -484,11 +653,41 @@ fn error_field_failure(raw: &str) -> Failure {
     }
 }
 
-fn parse_usage(v: Option<&Value>) -> Option<Usage> {
+/// Usage, normalised: OpenAI counts cached (and cache-written) tokens inside
+/// `prompt_tokens` and reasoning inside `completion_tokens`; Switchyard's
+/// `input_tokens` is the uncached rest.
+pub(crate) fn parse_usage(v: Option<&Value>) -> Option<Usage> {
     let u = v.filter(|u| u.is_object())?;
+    let prompt = u32_field(u, "prompt_tokens")
+        .or_else(|| u32_field(u, "input_tokens"))
+        .unwrap_or(0);
+    let output = u32_field(u, "completion_tokens")
+        .or_else(|| u32_field(u, "output_tokens"))
+        .unwrap_or(0);
+    let details = u
+        .get("prompt_tokens_details")
+        .or_else(|| u.get("input_tokens_details"));
+    let read = details
+        .and_then(|d| u32_field(d, "cached_tokens"))
+        .unwrap_or(0)
+        .min(prompt);
+    let write = details
+        .and_then(|d| u32_field(d, "cache_write_tokens"))
+        .unwrap_or(0)
+        .min(prompt - read);
+    let reasoning = u
+        .get("completion_tokens_details")
+        .or_else(|| u.get("output_tokens_details"))
+        .and_then(|d| u32_field(d, "reasoning_tokens"))
+        .unwrap_or(0)
+        .min(output);
     Some(Usage {
-        input_tokens: u32_field(u, "prompt_tokens").unwrap_or(0),
-        output_tokens: u32_field(u, "completion_tokens").unwrap_or(0),
+        input_tokens: prompt - read - write,
+        output_tokens: output,
+        cache_read_input_tokens: read,
+        cache_write_input_tokens: write,
+        cache_write_1h_input_tokens: 0,
+        reasoning_tokens: reasoning,
     })
 }
 
@@ -557,6 +756,7 @@ pub fn decode_non_streaming(body: &[u8]) -> Result<(Vec<Chunk>, Completion), Fai
             finish_reason,
             usage: parse_usage(v.get("usage")),
             service_tier: tier_field(&v),
+            reasoning: Vec::new(),
         },
     ))
 }
@@ -565,6 +765,15 @@ pub fn decode_non_streaming(body: &[u8]) -> Result<(Vec<Chunk>, Completion), Fai
 /// each tool call's arguments.
 fn message_chunks(message: &Value) -> (Vec<Chunk>, bool, Vec<String>) {
     let mut chunks = Vec::new();
+    let reasoning =
+        non_empty_str(message, "reasoning_content").or_else(|| non_empty_str(message, "reasoning"));
+    if let Some(text) = reasoning {
+        chunks.push(Chunk::Reasoning {
+            text: text.to_owned(),
+            signature: None,
+            redacted: None,
+        });
+    }
     if let Some(text) = non_empty_str(message, "content") {
         chunks.push(Chunk::Text(text.to_owned()));
     }
@@ -666,11 +875,14 @@ mod tests {
                 name: "f".into(),
                 description: "get weather".into(),
                 parameters: json!({"type": "object"}),
+                cache: None,
+                extra: None,
             }],
             tool_choice: ToolChoice::Tool("f".into()),
             service_tier: Some("flex".into()),
             json_mode: true,
             stream: true,
+            ..Default::default()
         };
         let want = json!({
             "model": "gpt-4o-mini",
@@ -693,7 +905,7 @@ mod tests {
             "stream": true,
             "stream_options": {"include_usage": true}
         });
-        assert_eq!(build_body(&req), want);
+        assert_eq!(build_body(&req, &mut Dropped::default()), want);
     }
 
     #[test]
@@ -702,7 +914,10 @@ mod tests {
             model: "m".into(),
             ..Default::default()
         };
-        assert_eq!(build_body(&req), json!({"model": "m", "messages": []}));
+        assert_eq!(
+            build_body(&req, &mut Dropped::default()),
+            json!({"model": "m", "messages": []})
+        );
     }
 
     #[test]
@@ -728,7 +943,8 @@ mod tests {
             done.usage,
             Some(Usage {
                 input_tokens: 24,
-                output_tokens: 2
+                output_tokens: 2,
+                ..Default::default()
             })
         );
     }
@@ -750,7 +966,8 @@ mod tests {
             done.usage,
             Some(Usage {
                 input_tokens: 24,
-                output_tokens: 58
+                output_tokens: 58,
+                ..Default::default()
             })
         );
         let frag = |index, id: Option<&str>, name: Option<&str>, args: &str| Chunk::ToolCall {
@@ -993,7 +1210,8 @@ mod tests {
             done.usage,
             Some(Usage {
                 input_tokens: 5,
-                output_tokens: 7
+                output_tokens: 7,
+                ..Default::default()
             })
         );
     }

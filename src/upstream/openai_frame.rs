@@ -94,6 +94,12 @@ struct RawDelta<'a> {
     tool_calls: Option<&'a RawValue>,
     #[serde(default, borrow)]
     function_call: Option<&'a RawValue>,
+    /// Compatible servers' reasoning text (vLLM, DeepSeek: `reasoning_content`;
+    /// OpenRouter and others: `reasoning`).
+    #[serde(default, borrow)]
+    reasoning_content: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    reasoning: Option<&'a RawValue>,
 }
 
 /// A JSON object's text (serde would also read an array into a struct).
@@ -114,7 +120,11 @@ pub(crate) fn parse(data: &str) -> Option<Frame<'_>> {
             None => (None, None),
             Some(d) => {
                 let d: RawDelta = serde_json::from_str(object(d.get())?).ok()?;
-                if d.tool_calls.is_some() || d.function_call.is_some() {
+                if d.tool_calls.is_some()
+                    || d.function_call.is_some()
+                    || d.reasoning_content.is_some()
+                    || d.reasoning.is_some()
+                {
                     return None;
                 }
                 (text(d.content), text(d.refusal))
@@ -182,6 +192,8 @@ mod tests {
             r#"{"choices":[{"delta":{"content":5}}]}"#,
             r#"{"choices":[{"delta":{"tool_calls":[]}}]}"#,
             r#"{"choices":[{"delta":{"function_call":{}}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"hm"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning":"hm"}}]}"#,
             r#"{"choices":[{"finish_reason":5}]}"#,
             r#"{"service_tier":5}"#,
             r#"{"choices":[],"choices":[]}"#,

@@ -338,7 +338,7 @@ pub(crate) mod transcript {
             .iter()
             .filter_map(|c| match c {
                 Chunk::Text(t) => Some(t.as_str()),
-                Chunk::ToolCall { .. } => None,
+                Chunk::ToolCall { .. } | Chunk::Reasoning { .. } => None,
             })
             .collect()
     }

@@ -206,8 +206,12 @@ pub fn endpoint(base_url: &str, project: &str, region: &str, model: &str) -> Str
 }
 
 /// Anthropic's body with Vertex's version and without `model`.
-pub fn build_body(req: &ChatRequest) -> Value {
-    let mut body = crate::upstream::anthropic::build_body(req);
+pub fn build_body(req: &ChatRequest, dropped: &mut crate::upstream::Dropped) -> Value {
+    let mut body = crate::upstream::anthropic::build_body(
+        req,
+        crate::upstream::anthropic::Host::Cloud,
+        dropped,
+    );
     if let Some(o) = body.as_object_mut() {
         o.remove("model");
         o.insert("stream".into(), Value::Bool(true));
@@ -227,10 +231,13 @@ mod tests {
             endpoint("https://us-east5-aiplatform.googleapis.com", "my-project", "us-east5", "claude-sonnet-4-5@20250929"),
             "https://us-east5-aiplatform.googleapis.com/v1/projects/my-project/locations/us-east5/publishers/anthropic/models/claude-sonnet-4-5%4020250929:streamRawPredict"
         );
-        let body = build_body(&ChatRequest {
-            model: "claude-sonnet-4-5@20250929".into(),
-            ..Default::default()
-        });
+        let body = build_body(
+            &ChatRequest {
+                model: "claude-sonnet-4-5@20250929".into(),
+                ..Default::default()
+            },
+            &mut crate::upstream::Dropped::default(),
+        );
         assert_eq!(body["anthropic_version"], "vertex-2023-10-16");
         assert_eq!(body["stream"], true);
         assert!(body.get("model").is_none());

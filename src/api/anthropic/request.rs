@@ -233,7 +233,7 @@ fn turn(i: usize, m: InMessage, out: &mut Vec<proto::Message>) -> Result<(), Ant
                     role: "tool".into(),
                     content,
                     tool_call_id: id,
-                    tool_calls: Vec::new(),
+                    ..Default::default()
                 });
             }
             (kind @ ("tool_use" | "tool_result"), _) => {
@@ -248,8 +248,8 @@ fn turn(i: usize, m: InMessage, out: &mut Vec<proto::Message>) -> Result<(), Ant
         out.push(proto::Message {
             role,
             content: text.join("\n"),
-            tool_call_id: String::new(),
             tool_calls: calls,
+            ..Default::default()
         });
     }
     Ok(())
@@ -277,6 +277,7 @@ fn tools(input: Vec<InTool>) -> Result<Vec<proto::Tool>, AnthropicError> {
             name: t.name.unwrap_or_default(),
             description: t.description.unwrap_or_default(),
             parameters_json,
+            ..Default::default()
         });
     }
     Ok(tools)

@@ -110,6 +110,7 @@ mod tests {
                     input_tokens: 10,
                     output_tokens: 5,
                     estimated: false,
+                    ..Default::default()
                 }),
                 ..Default::default()
             },

@@ -100,6 +100,8 @@ impl Frames {
             let mut out = String::new();
             match item {
                 Some(Ok(Event::Started(_))) => continue,
+                // Thinking blocks: framed by the door's reasoning support.
+                Some(Ok(Event::Chunk(Chunk::Reasoning { .. }))) => continue,
                 Some(Ok(Event::Chunk(Chunk::Text(text)))) => {
                     self.enter(Open::Text, &mut out, || json!({"type": "text", "text": ""}));
                     out.push_str(&self.delta(json!({"type": "text_delta", "text": text})));
@@ -214,6 +216,7 @@ mod tests {
             usage: Usage {
                 input_tokens: 7,
                 output_tokens: 3,
+                ..Default::default()
             },
             usage_estimated: false,
             provider: "p".into(),
@@ -227,6 +230,8 @@ mod tests {
             cache_similarity: None,
             cost_usd: 0.0,
             service_tier: None,
+            reasoning: Vec::new(),
+            dropped: Vec::new(),
         }
     }
 

@@ -153,6 +153,7 @@ pub(super) fn to_proto(b: ChatBody) -> Result<Parsed, HttpError> {
             response_format: response_format as i32,
             tool_choice,
             target: String::new(),
+            ..Default::default()
         },
         stream,
         include_usage: stream
@@ -246,6 +247,7 @@ fn messages(input: Vec<InMessage>) -> Result<Vec<proto::Message>, HttpError> {
             content,
             tool_call_id: m.tool_call_id.unwrap_or_default(),
             tool_calls,
+            ..Default::default()
         });
     }
     Ok(messages)
@@ -280,6 +282,7 @@ fn tools(input: Vec<InTool>) -> Result<Vec<proto::Tool>, HttpError> {
             name: t.function.name,
             description: t.function.description.unwrap_or_default(),
             parameters_json,
+            ..Default::default()
         });
     }
     Ok(tools)

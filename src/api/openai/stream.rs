@@ -160,6 +160,12 @@ impl Sse {
                 // Only the first attempt's `Started` precedes output; a later
                 // one can't come (the stream ends at a `Reset`).
                 Some(Ok(Event::Started(_))) => continue,
+                Some(Ok(Event::Chunk(Chunk::Reasoning { text, .. }))) => {
+                    if text.is_empty() {
+                        continue;
+                    }
+                    return Some(self.chunk(json!({ "reasoning_content": text }), None));
+                }
                 Some(Ok(Event::Chunk(Chunk::Text(text)))) => return Some(self.text(&text, None)),
                 Some(Ok(Event::Chunk(call @ Chunk::ToolCall { .. }))) => {
                     return Some(

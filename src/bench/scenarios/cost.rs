@@ -41,14 +41,23 @@ const TOKEN_DELAY_MS: u64 = 3;
 const PRIMARY: Price = Price {
     input_per_mtok: 2.5,
     output_per_mtok: 10.0,
+    cache_read_per_mtok: None,
+    cache_write_5m_per_mtok: None,
+    cache_write_1h_per_mtok: None,
 };
 const SECONDARY: Price = Price {
     input_per_mtok: 3.0,
     output_per_mtok: 15.0,
+    cache_read_per_mtok: None,
+    cache_write_5m_per_mtok: None,
+    cache_write_1h_per_mtok: None,
 };
 const EMBEDDER: Price = Price {
     input_per_mtok: 0.02,
     output_per_mtok: 0.0,
+    cache_read_per_mtok: None,
+    cache_write_5m_per_mtok: None,
+    cache_write_1h_per_mtok: None,
 };
 /// What the naive client may be answered by; the static client's order.
 const NAIVE_BASES: &[Price] = &[PRIMARY];
