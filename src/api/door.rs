@@ -196,6 +196,8 @@ pub struct Served {
     pub by: String,
     pub tier: &'static str,
     pub attempts: u32,
+    /// What the serving target's wire could not carry (`x-switchyard-dropped`).
+    pub dropped: Vec<String>,
 }
 
 impl Served {
@@ -204,6 +206,7 @@ impl Served {
             by: format!("{}/{}", s.provider, s.model),
             tier: s.tier.as_str(),
             attempts: s.attempt,
+            dropped: s.dropped.clone(),
         }
     }
 
@@ -212,18 +215,58 @@ impl Served {
             by: format!("{}/{}", f.provider, f.model),
             tier: f.tier.as_str(),
             attempts: f.attempts,
+            dropped: f.dropped.clone(),
         }
     }
 }
 
-/// `x-switchyard-served-by`, `-tier`, `-attempts` and `x-request-id`.
+/// `x-switchyard-served-by`, `-tier`, `-attempts`, `-dropped` (when the
+/// serving wire left something out) and `x-request-id`.
 pub fn served_headers(h: &mut HeaderMap, served: Option<&Served>, request_id: &str) {
     if let Some(s) = served {
         insert(h, "x-switchyard-served-by", &s.by);
         insert(h, "x-switchyard-tier", s.tier);
         insert(h, "x-switchyard-attempts", &s.attempts.to_string());
+        dropped_header(h, &s.dropped);
     }
     insert(h, "x-request-id", request_id);
+}
+
+/// Longest `x-switchyard-dropped` value: the names are Switchyard's own and
+/// a door's field paths, bounded in number; the header stays well under any
+/// proxy's header limit.
+const MAX_DROPPED_HEADER: usize = 2048;
+
+/// `x-switchyard-dropped: a, b, c`: what the serving target's wire did not
+/// carry (absent when nothing was left out). A caller's field names are in
+/// it, so anything but visible ASCII (and `,`) becomes `_`; the list is cut
+/// at a whole name past [`MAX_DROPPED_HEADER`] bytes, ending `...`.
+pub fn dropped_header(h: &mut HeaderMap, dropped: &[String]) {
+    if dropped.is_empty() {
+        return;
+    }
+    let mut value = String::new();
+    for name in dropped {
+        let name: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_graphic() && c != ',' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if value.len() + name.len() + 2 > MAX_DROPPED_HEADER {
+            value.push_str(", ...");
+            break;
+        }
+        if !value.is_empty() {
+            value.push_str(", ");
+        }
+        value.push_str(&name);
+    }
+    insert(h, "x-switchyard-dropped", &value);
 }
 
 /// The `queue` rung took the request: 202 with the job, not an answer (the
@@ -371,6 +414,34 @@ mod tests {
             HeaderValue::from_str(&"a".repeat(129)).unwrap(),
         );
         assert_eq!(caller_request_id(&h), None);
+    }
+
+    #[test]
+    fn dropped_names_go_out_as_one_bounded_visible_ascii_list() {
+        let mut h = HeaderMap::new();
+        dropped_header(&mut h, &[]);
+        assert!(
+            h.get("x-switchyard-dropped").is_none(),
+            "absent when nothing was left out"
+        );
+        let names = vec![
+            "cache_control".to_string(),
+            "passthrough.seed".to_string(),
+            "passthrough.a b,\u{e9}".to_string(),
+        ];
+        dropped_header(&mut h, &names);
+        assert_eq!(
+            h["x-switchyard-dropped"],
+            "cache_control, passthrough.seed, passthrough.a_b__"
+        );
+        let many: Vec<String> = (0..1000).map(|i| format!("passthrough.f{i}")).collect();
+        dropped_header(&mut h, &many);
+        let v = h["x-switchyard-dropped"].to_str().unwrap();
+        assert!(
+            v.len() <= MAX_DROPPED_HEADER + 5 && v.ends_with(", ..."),
+            "{v}"
+        );
+        assert!(v.starts_with("passthrough.f0, passthrough.f1, "));
     }
 
     /// Frames fed one at a time through a channel.
