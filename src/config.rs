@@ -187,6 +187,17 @@ pub struct QueueConfig {
     /// to 0 bytes, or another file): an empty queue is made in it. Off by
     /// default, so a damaged file is never silently taken for an empty queue.
     pub accept_empty_file: bool,
+    /// Batch API uploads one tenant keeps at once (refused past it).
+    pub max_files_per_tenant: usize,
+    /// Bytes one tenant keeps (uploads, batch records and outputs); uploads
+    /// and new batches are refused past it.
+    pub max_file_bytes_per_tenant: usize,
+    /// Bytes every tenant keeps together: the budget of stored blobs.
+    pub max_stored_bytes: usize,
+    /// The longest wait for one chunk (1 MiB) of a big blob on Redis; chunks
+    /// travel outside `state.timeout` and the request path's breaker.
+    #[serde(with = "humantime_serde")]
+    pub blob_timeout: Duration,
 }
 
 impl Default for QueueConfig {
@@ -201,6 +212,10 @@ impl Default for QueueConfig {
             max_batch_lines: 10_000,
             file_ttl: Duration::from_secs(7 * 24 * 3600),
             accept_empty_file: false,
+            max_files_per_tenant: 100,
+            max_file_bytes_per_tenant: 256 * 1024 * 1024,
+            max_stored_bytes: 1024 * 1024 * 1024,
+            blob_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -948,6 +963,40 @@ impl Config {
         Ok(())
     }
 
+    /// `[queue]`: every file quota can hold at least one file.
+    fn validate_queue(&self) -> Result<(), ConfigError> {
+        let Some(q) = &self.queue else {
+            return Ok(());
+        };
+        if q.max_files_per_tenant == 0 {
+            return Err(ConfigError::new(
+                "queue.max_files_per_tenant",
+                "must be at least 1",
+            ));
+        }
+        for (field, n) in [
+            (
+                "queue.max_file_bytes_per_tenant",
+                q.max_file_bytes_per_tenant,
+            ),
+            ("queue.max_stored_bytes", q.max_stored_bytes),
+        ] {
+            if n < q.max_file_bytes {
+                return Err(ConfigError::new(
+                    field,
+                    format!("{n} is below queue.max_file_bytes ({}): the largest upload could never be kept", q.max_file_bytes),
+                ));
+            }
+        }
+        if q.blob_timeout < Duration::from_millis(10) {
+            return Err(ConfigError::new(
+                "queue.blob_timeout",
+                "must be at least 10ms",
+            ));
+        }
+        Ok(())
+    }
+
     /// Semantic checks serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         // An empty or comment-only file parses into defaults: serving it
@@ -966,6 +1015,7 @@ impl Config {
         }
         self.validate_server()?;
         self.validate_state()?;
+        self.validate_queue()?;
         for (i, p) in self.providers.iter().enumerate() {
             validate_provider(i, p)?;
         }

@@ -195,7 +195,7 @@ impl From<crate::queue::QueueError> for RequestError {
     fn from(e: crate::queue::QueueError) -> Self {
         use crate::queue::QueueError;
         match e {
-            QueueError::Full(_) | QueueError::TenantFull { .. } => {
+            QueueError::Full(_) | QueueError::TenantFull { .. } | QueueError::Quota(_) => {
                 RequestError::QueueFull(e.to_string())
             }
             QueueError::KeyReused => RequestError::IdempotencyKeyReused,

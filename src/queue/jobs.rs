@@ -2,15 +2,25 @@
 //! pool) or shared by the fleet (Redis, leases with fencing tokens). Every
 //! state change is announced on a broadcast channel (job id) so `WatchJob`
 //! streams wake up without polling; with Redis the notices come from every
-//! replica.
+//! replica. A sweeper task does the housekeeping every second, a bounded
+//! amount each time: SQLite deletes finished jobs a `job_ttl` after they
+//! finished and blobs past their `file_ttl` (Redis expires both itself);
+//! both return the quota charges of expired blobs.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::broadcast;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{JobRecord, JobStore, NewJob, QueueError};
+use super::quota::{FileLimits, Usage};
+use super::{BlobPut, JobRecord, JobState, JobStore, NewJob, QueueError};
 use crate::state::redis::RedisJobs;
+
+/// How often the sweeper runs.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Rows (jobs, blobs, charges) one sweep step handles, at most.
+const SWEEP_LIMIT: usize = 500;
 
 /// Queue operations for async callers. Cheap to share.
 pub struct Jobs {
@@ -20,6 +30,8 @@ pub struct Jobs {
     pub drain_rate: f64,
     /// How long a claimed run may take before the job is returned to the queue.
     pub lease: Duration,
+    /// Stops the sweeper when the queue goes.
+    _sweeper: DropGuard,
 }
 
 /// A new job with owned fields (moved to the blocking pool).
@@ -32,6 +44,7 @@ pub struct OwnedJob {
 }
 
 /// Where the jobs live.
+#[derive(Clone)]
 enum Backend {
     Sqlite(Arc<JobStore>),
     Redis(RedisJobs),
@@ -44,22 +57,32 @@ fn storage_gone() -> QueueError {
 impl Jobs {
     pub fn new(store: JobStore, drain_rate: f64, lease: Duration) -> Arc<Self> {
         let (changed, _) = broadcast::channel(1024);
-        Arc::new(Jobs {
-            backend: Backend::Sqlite(Arc::new(store)),
-            changed,
-            drain_rate,
-            lease,
-        })
+        Self::with_sweeper(Backend::Sqlite(Arc::new(store)), changed, drain_rate, lease)
     }
 
     /// Jobs in Redis, shared by every replica naming the same server.
     pub fn redis(store: RedisJobs, drain_rate: f64, lease: Duration) -> Arc<Self> {
         let (changed, _) = broadcast::channel(1);
+        Self::with_sweeper(Backend::Redis(store), changed, drain_rate, lease)
+    }
+
+    /// The queue, with its sweeper running when there is a runtime.
+    fn with_sweeper(
+        backend: Backend,
+        changed: broadcast::Sender<String>,
+        drain_rate: f64,
+        lease: Duration,
+    ) -> Arc<Self> {
+        let stop = CancellationToken::new();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(sweeper(backend.clone(), stop.clone()));
+        }
         Arc::new(Jobs {
-            backend: Backend::Redis(store),
+            backend,
             changed,
             drain_rate,
             lease,
+            _sweeper: stop.drop_guard(),
         })
     }
 
@@ -205,26 +228,70 @@ impl Jobs {
         Ok(done)
     }
 
-    /// Stores a blob (a batch's file or record) where the jobs live, for `ttl`.
+    /// Stores (or replaces) a blob (a Batch API file, a batch's record or
+    /// output) where the jobs live, charged to its tenant; an upload past
+    /// a quota is refused with `QueueError::Quota` and nothing is stored.
     pub async fn put_blob(
         &self,
-        key: &str,
+        blob: BlobPut<'_>,
         value: Vec<u8>,
-        ttl: Duration,
+        limits: &FileLimits,
     ) -> Result<(), QueueError> {
         if let Backend::Redis(r) = &self.backend {
-            return r.put_blob(key, &value, ttl).await;
+            return r.blobs().put(&blob, &value, limits).await;
         }
-        let k = key.to_string();
-        self.blocking(move |s| s.put_blob(&k, &value, ttl)).await
+        let (name, tenant, limits) = (blob.name.to_string(), blob.tenant.to_string(), *limits);
+        let (kind, ttl) = (blob.kind, blob.ttl);
+        self.blocking(move |s| {
+            let blob = BlobPut {
+                name: &name,
+                tenant: &tenant,
+                kind,
+                ttl,
+            };
+            s.put_blob(&blob, &value, &limits)
+        })
+        .await
     }
 
-    pub async fn get_blob(&self, key: &str) -> Result<Option<Vec<u8>>, QueueError> {
+    /// A blob's bytes, unless it expired.
+    pub async fn get_blob(
+        &self,
+        name: &str,
+        limits: &FileLimits,
+    ) -> Result<Option<Vec<u8>>, QueueError> {
         if let Backend::Redis(r) = &self.backend {
-            return r.get_blob(key).await;
+            return r.blobs().get(name, limits).await;
         }
-        let k = key.to_string();
+        let k = name.to_string();
         self.blocking(move |s| s.get_blob(&k)).await
+    }
+
+    /// Deletes a blob and returns its charge; `false` if there was none.
+    pub async fn delete_blob(&self, name: &str) -> Result<bool, QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r.blobs().delete(name).await;
+        }
+        let k = name.to_string();
+        self.blocking(move |s| s.delete_blob(&k)).await
+    }
+
+    /// What `tenant` keeps in blobs now, and every tenant together.
+    pub async fn blob_usage(&self, tenant: &str) -> Result<Usage, QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r.blobs().usage(tenant).await;
+        }
+        let t = tenant.to_string();
+        self.blocking(move |s| s.blob_usage(&t)).await
+    }
+
+    /// The states of these jobs (`None`: no such job), in order, without
+    /// reading any job's request or answer.
+    pub async fn states(&self, ids: Vec<String>) -> Result<Vec<Option<JobState>>, QueueError> {
+        if let Backend::Redis(r) = &self.backend {
+            return r.states(&ids).await;
+        }
+        self.blocking(move |s| s.states(&ids)).await
     }
 
     /// Runs cut short by this process's previous life go back to the queue.
@@ -269,5 +336,40 @@ impl Jobs {
         };
         let rate = self.drain_rate.max(0.001);
         (position, Duration::from_secs_f64(position as f64 / rate))
+    }
+}
+
+/// One round of housekeeping on `backend`, a bounded amount of work.
+async fn sweep_once(backend: &Backend) -> Result<(), QueueError> {
+    match backend {
+        Backend::Sqlite(store) => {
+            let store = store.clone();
+            let swept =
+                tokio::task::spawn_blocking(move || store.sweep(super::now_ms(), SWEEP_LIMIT))
+                    .await
+                    .map_err(|_| storage_gone())??;
+            if swept != super::Swept::default() {
+                tracing::debug!(?swept, "job queue swept");
+            }
+        }
+        Backend::Redis(r) => {
+            r.blobs().purge(SWEEP_LIMIT).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Sweeps every `SWEEP_EVERY` until stopped.
+async fn sweeper(backend: Backend, stop: CancellationToken) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        if let Err(e) = sweep_once(&backend).await {
+            tracing::debug!(error = %e, "job queue sweep skipped");
+        }
     }
 }

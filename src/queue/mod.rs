@@ -3,7 +3,11 @@
 //! about it and survives a SIGKILL. Jobs are claimed with a lease (a crashed
 //! run goes back to the queue at restart), finished at most once (a stale
 //! claim cannot overwrite a result), bounded per tenant and in total, and
-//! expire after their TTL. Blocking calls: run them off the async threads.
+//! expire after their TTL; finished jobs are deleted a TTL after they
+//! finish (`sweep`, bounded work per call). Tenants take turns: each job
+//! gets a start tag (start-time fair queueing, `turn`), so one tenant's
+//! thousand-line batch does not hold another tenant's single job back.
+//! Blocking calls: run them off the async threads.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -11,7 +15,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+mod blobs;
 pub mod jobs;
+pub mod quota;
+
+pub use blobs::BlobPut;
 
 /// A job's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -90,6 +98,9 @@ pub enum QueueError {
     /// The shared (Redis) queue could not be reached: nothing was stored.
     #[error("queue state unavailable: {0}")]
     Unavailable(String),
+    /// A file would pass its tenant's quota or the store's budget: nothing was stored.
+    #[error("{0}")]
+    Quota(#[from] quota::Refusal),
 }
 
 /// Bounds of the queue.
@@ -139,6 +150,49 @@ fn by_id(conn: &Connection, id: &str) -> rusqlite::Result<JobRecord> {
         &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
         params![id],
         row_to_record,
+    )
+}
+
+/// Final states, as SQL.
+const FINAL: &str = "('SUCCEEDED', 'FAILED', 'EXPIRED')";
+
+/// Waiting jobs expired by one claim or sweep, at most.
+const EXPIRE_BATCH: i64 = 256;
+
+/// Ids looked up in one statement (`states`), at most.
+const IDS_PER_QUERY: usize = 500;
+
+/// What one `sweep` removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Waiting jobs past their TTL, marked EXPIRED.
+    pub expired: usize,
+    /// Finished jobs a TTL after they finished, deleted.
+    pub jobs: usize,
+    /// Blobs (files, batch records) past their TTL, deleted.
+    pub blobs: usize,
+}
+
+/// Adds `column` to `table` when a file from an older version lacks it.
+fn add_column(conn: &Connection, table: &str, column: &str, decl: &str) -> rusqlite::Result<()> {
+    let present: bool = conn.query_row(
+        &format!("SELECT count(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
+        params![column],
+        |r| r.get::<_, i64>(0).map(|n| n > 0),
+    )?;
+    if !present {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+    }
+    Ok(())
+}
+
+/// Marks at most `limit` waiting jobs past their TTL EXPIRED; their records
+/// are kept a TTL from now.
+fn expire_waiting(conn: &Connection, now: i64, ttl_ms: i64, limit: i64) -> rusqlite::Result<usize> {
+    conn.execute(
+        "UPDATE jobs SET state = 'EXPIRED', error = 'job expired before it could run', error_reason = 'JOB_EXPIRED', updated_ms = ?1, expires_ms = ?1 + ?2
+         WHERE rowid IN (SELECT rowid FROM jobs WHERE state = 'QUEUED' AND expires_ms <= ?1 LIMIT ?3)",
+        params![now, ttl_ms, limit],
     )
 }
 
@@ -195,7 +249,8 @@ impl JobStore {
                 updated_ms INTEGER NOT NULL,
                 expires_ms INTEGER NOT NULL,
                 claim TEXT,
-                lease_until_ms INTEGER
+                lease_until_ms INTEGER,
+                vtag INTEGER NOT NULL DEFAULT 0
             );
             CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency ON jobs(tenant, idempotency_key)
                 WHERE idempotency_key IS NOT NULL;
@@ -203,8 +258,29 @@ impl JobStore {
             CREATE TABLE IF NOT EXISTS blobs (
                 key TEXT PRIMARY KEY,
                 value BLOB NOT NULL,
-                expires_ms INTEGER NOT NULL
-            );",
+                expires_ms INTEGER NOT NULL,
+                tenant TEXT,
+                bytes INTEGER NOT NULL DEFAULT 0,
+                files INTEGER NOT NULL DEFAULT 0
+            );
+            CREATE TABLE IF NOT EXISTS queue_clock (
+                id INTEGER PRIMARY KEY CHECK (id = 0),
+                v INTEGER NOT NULL
+            );
+            INSERT OR IGNORE INTO queue_clock (id, v) VALUES (0, 0);",
+        )?;
+        // Files written by an older version: the columns fairness and
+        // quotas need (old rows: tag 0, FIFO among themselves; no owner).
+        add_column(&conn, "jobs", "vtag", "INTEGER NOT NULL DEFAULT 0")?;
+        add_column(&conn, "blobs", "tenant", "TEXT")?;
+        add_column(&conn, "blobs", "bytes", "INTEGER NOT NULL DEFAULT 0")?;
+        add_column(&conn, "blobs", "files", "INTEGER NOT NULL DEFAULT 0")?;
+        conn.execute_batch(
+            "CREATE INDEX IF NOT EXISTS jobs_turn ON jobs(state, vtag);
+            CREATE INDEX IF NOT EXISTS jobs_tenant_turn ON jobs(tenant, state, vtag);
+            CREATE INDEX IF NOT EXISTS jobs_retention ON jobs(state, expires_ms);
+            CREATE INDEX IF NOT EXISTS blobs_expiry ON blobs(expires_ms);
+            CREATE INDEX IF NOT EXISTS blobs_tenant ON blobs(tenant, expires_ms);",
         )?;
         Ok(JobStore {
             conn: Mutex::new(conn),
@@ -260,9 +336,10 @@ impl JobStore {
         }
         let now = now_ms();
         let id = format!("job-{:016x}{:08x}", now, rand::random::<u32>());
+        let tag = turn(&tx, job.tenant)?;
         tx.execute(
-            "INSERT INTO jobs (id, tenant, route, idempotency_key, fingerprint, request, state, created_ms, updated_ms, expires_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'QUEUED', ?7, ?7, ?8)",
+            "INSERT INTO jobs (id, tenant, route, idempotency_key, fingerprint, request, state, created_ms, updated_ms, expires_ms, vtag)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'QUEUED', ?7, ?7, ?8, ?9)",
             params![
                 id,
                 job.tenant,
@@ -271,7 +348,8 @@ impl JobStore {
                 job.fingerprint,
                 job.request,
                 now as i64,
-                (now + self.limits.ttl.as_millis() as u64) as i64
+                (now + self.limits.ttl.as_millis() as u64) as i64,
+                tag
             ],
         )?;
         let record = by_id(&tx, &id)?;
@@ -283,28 +361,34 @@ impl JobStore {
         Ok(by_id(&self.conn(), id).optional()?)
     }
 
-    /// Claims the oldest waiting job for a run of at most `lease`; expires
-    /// jobs past their TTL first.
+    /// A finished record is kept this long after it finished.
+    fn ttl_ms(&self) -> i64 {
+        self.limits.ttl.as_millis().min(i64::MAX as u128) as i64
+    }
+
+    /// Claims the waiting job whose turn it is (the lowest start tag, the
+    /// oldest among equals) for a run of at most `lease`; expires jobs past
+    /// their TTL first.
     pub fn claim(&self, lease: Duration) -> Result<Option<JobRecord>, QueueError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let now = now_ms() as i64;
-        tx.execute(
-            "UPDATE jobs SET state = 'EXPIRED', error = 'job expired before it could run', error_reason = 'JOB_EXPIRED', updated_ms = ?1
-             WHERE state = 'QUEUED' AND expires_ms <= ?1",
-            params![now],
-        )?;
-        let id: Option<String> = tx
+        expire_waiting(&tx, now, self.ttl_ms(), EXPIRE_BATCH)?;
+        let next: Option<(String, i64)> = tx
             .query_row(
-                "SELECT id FROM jobs WHERE state = 'QUEUED' ORDER BY rowid LIMIT 1",
+                "SELECT id, vtag FROM jobs WHERE state = 'QUEUED' ORDER BY vtag, rowid LIMIT 1",
                 [],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?;
-        let Some(id) = id else {
+        let Some((id, tag)) = next else {
             tx.commit()?;
             return Ok(None);
         };
+        tx.execute(
+            "UPDATE queue_clock SET v = MAX(v, ?1) WHERE id = 0",
+            params![tag],
+        )?;
         let claim = format!("{:016x}", rand::random::<u64>());
         tx.execute(
             "UPDATE jobs SET state = 'RUNNING', attempts = attempts + 1, claim = ?2, lease_until_ms = ?3, updated_ms = ?4 WHERE id = ?1",
@@ -319,9 +403,9 @@ impl JobStore {
     /// no longer holds the job (it finished elsewhere or was re-queued).
     pub fn succeed(&self, id: &str, claim: &str, result: &[u8]) -> Result<bool, QueueError> {
         let n = self.conn().execute(
-            "UPDATE jobs SET state = 'SUCCEEDED', result = ?3, claim = NULL, updated_ms = ?4
+            "UPDATE jobs SET state = 'SUCCEEDED', result = ?3, claim = NULL, updated_ms = ?4, expires_ms = ?4 + ?5
              WHERE id = ?1 AND claim = ?2 AND state = 'RUNNING'",
-            params![id, claim, result, now_ms() as i64],
+            params![id, claim, result, now_ms() as i64, self.ttl_ms()],
         )?;
         Ok(n == 1)
     }
@@ -335,9 +419,9 @@ impl JobStore {
         reason: &str,
     ) -> Result<bool, QueueError> {
         let n = self.conn().execute(
-            "UPDATE jobs SET state = 'FAILED', error = ?3, error_reason = ?4, claim = NULL, updated_ms = ?5
+            "UPDATE jobs SET state = 'FAILED', error = ?3, error_reason = ?4, claim = NULL, updated_ms = ?5, expires_ms = ?5 + ?6
              WHERE id = ?1 AND claim = ?2 AND state = 'RUNNING'",
-            params![id, claim, error, reason, now_ms() as i64],
+            params![id, claim, error, reason, now_ms() as i64, self.ttl_ms()],
         )?;
         Ok(n == 1)
     }
@@ -356,43 +440,11 @@ impl JobStore {
     /// if it is running or final already.
     pub fn cancel(&self, id: &str, error: &str) -> Result<bool, QueueError> {
         let n = self.conn().execute(
-            "UPDATE jobs SET state = 'FAILED', error = ?2, error_reason = 'CANCELLED', updated_ms = ?3
+            "UPDATE jobs SET state = 'FAILED', error = ?2, error_reason = 'CANCELLED', updated_ms = ?3, expires_ms = ?3 + ?4
              WHERE id = ?1 AND state = 'QUEUED'",
-            params![id, error, now_ms() as i64],
+            params![id, error, now_ms() as i64, self.ttl_ms()],
         )?;
         Ok(n == 1)
-    }
-
-    /// Stores a blob (a batch's file or record) for `ttl`; expired blobs go.
-    pub fn put_blob(&self, key: &str, value: &[u8], ttl: Duration) -> Result<(), QueueError> {
-        let now = now_ms();
-        let conn = self.conn();
-        conn.execute(
-            "DELETE FROM blobs WHERE expires_ms < ?1",
-            params![now as i64],
-        )?;
-        conn.execute(
-            "INSERT OR REPLACE INTO blobs (key, value, expires_ms) VALUES (?1, ?2, ?3)",
-            params![
-                key,
-                value,
-                now.saturating_add(ttl.as_millis() as u64) as i64
-            ],
-        )?;
-        Ok(())
-    }
-
-    pub fn get_blob(&self, key: &str) -> Result<Option<Vec<u8>>, QueueError> {
-        let got = self.conn().query_row(
-            "SELECT value FROM blobs WHERE key = ?1 AND expires_ms >= ?2",
-            params![key, now_ms() as i64],
-            |r| r.get(0),
-        );
-        match got {
-            Ok(v) => Ok(Some(v)),
-            Err(rusqlite::Error::QueryReturnedNoRows) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
     }
 
     /// Returns runs whose lease ran out (a crash) to the queue; at start and periodically.
@@ -422,15 +474,73 @@ impl JobStore {
         Ok((n as u64, age))
     }
 
-    /// Jobs waiting ahead of this one.
+    /// Jobs waiting ahead of this one (those whose turn comes first).
     pub fn position(&self, record: &JobRecord) -> Result<u64, QueueError> {
         let n: i64 = self.conn().query_row(
-            "SELECT COUNT(*) FROM jobs WHERE state = 'QUEUED' AND rowid < (SELECT rowid FROM jobs WHERE id = ?1)",
+            "SELECT COUNT(*) FROM jobs AS j, (SELECT vtag, rowid AS r FROM jobs WHERE id = ?1) AS me
+             WHERE j.state = 'QUEUED' AND (j.vtag < me.vtag OR (j.vtag = me.vtag AND j.rowid < me.r))",
             params![record.id],
             |r| r.get(0),
         )?;
         Ok(n as u64)
     }
+
+    /// The states of these jobs (`None`: no such job), in order: what a
+    /// batch's progress needs, without any job's request or answer.
+    pub fn states(&self, ids: &[String]) -> Result<Vec<Option<JobState>>, QueueError> {
+        let conn = self.conn();
+        let mut found = std::collections::HashMap::with_capacity(ids.len());
+        for chunk in ids.chunks(IDS_PER_QUERY) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let mut stmt =
+                conn.prepare(&format!("SELECT id, state FROM jobs WHERE id IN ({marks})"))?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(chunk.iter()), |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })?;
+            for row in rows {
+                let (id, state) = row?;
+                found.insert(id, JobState::parse(&state));
+            }
+        }
+        Ok(ids.iter().map(|id| found.get(id).copied()).collect())
+    }
+
+    /// Housekeeping at `now_ms`, each step at most `limit` rows: waiting
+    /// jobs past their TTL expire, finished jobs a TTL after they finished
+    /// are deleted, and so are files and batch records past their TTL.
+    pub fn sweep(&self, now_ms: u64, limit: usize) -> Result<Swept, QueueError> {
+        let conn = self.conn();
+        let (now, limit) = (now_ms as i64, limit as i64);
+        let expired = expire_waiting(&conn, now, self.ttl_ms(), limit)?;
+        let jobs = conn.execute(
+            &format!(
+                "DELETE FROM jobs WHERE rowid IN
+                 (SELECT rowid FROM jobs WHERE state IN {FINAL} AND expires_ms <= ?1 LIMIT ?2)"
+            ),
+            params![now, limit],
+        )?;
+        let blobs = conn.execute(
+            "DELETE FROM blobs WHERE rowid IN (SELECT rowid FROM blobs WHERE expires_ms < ?1 LIMIT ?2)",
+            params![now, limit],
+        )?;
+        Ok(Swept {
+            expired,
+            jobs,
+            blobs,
+        })
+    }
+}
+
+/// The start tag of `tenant`'s next job: one after its last waiting job,
+/// and never before the tag of the job that ran last (the queue's clock).
+/// Claims take the lowest tag, so tenants with work waiting take turns.
+fn turn(conn: &Connection, tenant: &str) -> rusqlite::Result<i64> {
+    conn.query_row(
+        "SELECT MAX(c.v, COALESCE((SELECT MAX(vtag) + 1 FROM jobs WHERE tenant = ?1 AND state = 'QUEUED'), 0))
+         FROM queue_clock AS c WHERE c.id = 0",
+        params![tenant],
+        |r| r.get(0),
+    )
 }
 
 #[cfg(test)]
@@ -529,6 +639,138 @@ mod tests {
             Err(QueueError::KeyReused)
         ));
         assert_eq!(s.depth().unwrap().0, 3);
+    }
+
+    #[test]
+    fn tenants_take_turns_so_a_big_backlog_does_not_hold_another_tenants_job_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 100, 100);
+        let lease = Duration::from_secs(30);
+        let mut a = Vec::new();
+        for i in 0..20u8 {
+            a.push(s.submit(job("a", None, &[i])).unwrap().id);
+        }
+        let first = s.claim(lease).unwrap().unwrap();
+        assert_eq!(first.id, a[0]);
+        let b = s.submit(job("b", None, b"b")).unwrap();
+        assert_eq!(s.position(&b).unwrap(), 0, "b's job is next");
+        let c = s.submit(job("c", None, b"c")).unwrap();
+        assert_eq!(s.position(&c).unwrap(), 1, "then c's, before a's second");
+        let order: Vec<String> = (0..4)
+            .map(|_| s.claim(lease).unwrap().unwrap().id)
+            .collect();
+        assert_eq!(order, vec![b.id, c.id, a[1].clone(), a[2].clone()]);
+        // Two tenants with backlogs alternate.
+        let d: Vec<String> = (0..3u8)
+            .map(|i| s.submit(job("d", None, &[b'd', i])).unwrap().id)
+            .collect();
+        let next: Vec<String> = (0..4)
+            .map(|_| s.claim(lease).unwrap().unwrap().id)
+            .collect();
+        assert_eq!(
+            next,
+            vec![d[0].clone(), a[3].clone(), d[1].clone(), a[4].clone()]
+        );
+    }
+
+    #[test]
+    fn states_are_read_in_order_and_unknown_ids_are_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 10, 10);
+        let a = s.submit(job("t", None, b"a")).unwrap();
+        let b = s.submit(job("t", None, b"b")).unwrap();
+        let c = s.claim(Duration::from_secs(30)).unwrap().unwrap();
+        assert!(s
+            .succeed(&c.id, c.claim.as_deref().unwrap(), b"ok")
+            .unwrap());
+        let ids = vec![b.id.clone(), "job-nope".to_string(), a.id.clone()];
+        assert_eq!(
+            s.states(&ids).unwrap(),
+            vec![Some(JobState::Queued), None, Some(JobState::Succeeded)]
+        );
+        let many: Vec<String> = (0..1200).map(|i| format!("job-{i}")).collect();
+        assert_eq!(
+            s.states(&many).unwrap().len(),
+            1200,
+            "more ids than one query takes"
+        );
+    }
+
+    #[test]
+    fn finished_jobs_are_deleted_a_ttl_after_they_finish_a_bounded_number_per_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), 10, 10);
+        let lease = Duration::from_secs(30);
+        for i in 0..3u8 {
+            s.submit(job("t", None, &[i])).unwrap();
+        }
+        let waiting = s.submit(job("t", None, b"w")).unwrap();
+        let mut done = Vec::new();
+        for _ in 0..3 {
+            let c = s.claim(lease).unwrap().unwrap();
+            assert!(s
+                .succeed(&c.id, c.claim.as_deref().unwrap(), b"ok")
+                .unwrap());
+            done.push(c.id);
+        }
+        let now = now_ms();
+        assert_eq!(
+            s.sweep(now, 10).unwrap(),
+            Swept::default(),
+            "nothing is due yet"
+        );
+        assert!(s.get(&done[0]).unwrap().is_some());
+        let later = now + 3_600_000 + 60_000;
+        let first = s.sweep(later, 2).unwrap();
+        assert_eq!(
+            (first.jobs, first.expired),
+            (2, 1),
+            "at most 2 a step; the waiting job expires"
+        );
+        let second = s.sweep(later, 2).unwrap();
+        assert_eq!(second.jobs, 1);
+        for id in &done {
+            assert_eq!(s.get(id).unwrap(), None, "{id} is gone");
+        }
+        // The job that expired waiting is kept a TTL from its expiry.
+        let expired = s.get(&waiting.id).unwrap().unwrap();
+        assert_eq!(expired.state, JobState::Expired);
+        assert_eq!(s.sweep(later, 10).unwrap().jobs, 0);
+        assert_eq!(s.sweep(later + 3_600_000 + 60_000, 10).unwrap().jobs, 1);
+        let rows: i64 = s
+            .conn()
+            .query_row("SELECT COUNT(*) FROM jobs", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 0);
+    }
+
+    #[test]
+    fn a_queue_file_from_before_turns_and_quotas_opens_with_its_jobs_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("q.sqlite3");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE jobs (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, route TEXT NOT NULL,
+                   idempotency_key TEXT, fingerprint BLOB NOT NULL, request BLOB NOT NULL,
+                   state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, result BLOB,
+                   error TEXT, error_reason TEXT, created_ms INTEGER NOT NULL,
+                   updated_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL, claim TEXT,
+                   lease_until_ms INTEGER);
+                 CREATE TABLE blobs (key TEXT PRIMARY KEY, value BLOB NOT NULL, expires_ms INTEGER NOT NULL);
+                 INSERT INTO jobs (id, tenant, route, fingerprint, request, state, created_ms, updated_ms, expires_ms)
+                   VALUES ('job-old1', 'a', 'chat', x'00', x'00', 'QUEUED', 1, 1, 99999999999999),
+                          ('job-old2', 'b', 'chat', x'00', x'00', 'QUEUED', 2, 2, 99999999999999);",
+            )
+            .unwrap();
+        }
+        let s = store(dir.path(), 10, 10);
+        let new = s.submit(job("a", None, b"n")).unwrap();
+        let lease = Duration::from_secs(30);
+        let order: Vec<String> = (0..3)
+            .map(|_| s.claim(lease).unwrap().unwrap().id)
+            .collect();
+        assert_eq!(order, vec!["job-old1", "job-old2", new.id.as_str()]);
     }
 
     #[test]

@@ -5,6 +5,11 @@
 //! the queue refused it), expired (its window passed first), cancelling ->
 //! cancelled. Every step is idempotent, so a batch a crash interrupted
 //! resumes on its next read: its jobs are keyed by batch id and line.
+//!
+//! A read costs the batch's record (its counts), and while it is in
+//! progress its line list and its jobs' states: never a job's request or
+//! answer, which only the one read that writes the output file loads, one
+//! job at a time.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +23,8 @@ use super::files::FileMeta;
 use super::{now_secs, BatchApi, BatchError};
 use crate::api::intake::{Arrival, Door};
 use crate::proto;
-use crate::queue::JobState;
+use crate::queue::quota::{self, BlobKind};
+use crate::queue::{BlobPut, JobState};
 use crate::request::RequestSpec;
 
 const ENDPOINT: &str = "/v1/chat/completions";
@@ -35,7 +41,8 @@ struct Line {
     job: String,
 }
 
-/// A batch as stored.
+/// A batch as stored: its state and counts; the line list is a blob of
+/// its own, read only while the batch is in progress.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Batch {
     id: String,
@@ -59,6 +66,8 @@ struct Batch {
     total: u64,
     completed: u64,
     failed: u64,
+    /// The line list of a record an older version wrote (read, never written).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     lines: Vec<Line>,
 }
 
@@ -95,6 +104,10 @@ fn key(id: &str) -> String {
     format!("batch:{id}")
 }
 
+fn lines_key(id: &str) -> String {
+    format!("batch:{id}:lines")
+}
+
 /// A line's refusal, in the shape of a batch's `errors.data[]`.
 fn line_error(line: usize, param: Option<&str>, message: String) -> Value {
     json!({"code": "invalid_request", "message": message, "param": param, "line": line})
@@ -118,19 +131,43 @@ struct InputLine {
 
 impl BatchApi {
     async fn load(&self, tenant: &str, id: &str) -> Result<Batch, BatchError> {
-        let raw = self.jobs()?.get_blob(&key(id)).await?;
+        let raw = self.jobs()?.get_blob(&key(id), &self.limits()).await?;
         let batch: Option<Batch> = raw.and_then(|b| serde_json::from_slice(&b).ok());
         batch
             .filter(|b| b.tenant == tenant)
             .ok_or_else(|| BatchError::not_found(format!("no batch `{id}`"), "batch_id"))
     }
 
+    /// Stores `value` as `name`, owed to the batch's tenant.
+    async fn put_owed(&self, batch: &Batch, name: &str, value: Vec<u8>) -> Result<(), BatchError> {
+        let blob = BlobPut {
+            name,
+            tenant: &batch.tenant,
+            kind: BlobKind::Owed,
+            ttl: self.config.file_ttl,
+        };
+        self.jobs()?.put_blob(blob, value, &self.limits()).await?;
+        Ok(())
+    }
+
     async fn save(&self, batch: &Batch) -> Result<(), BatchError> {
         let bytes = serde_json::to_vec(batch).map_err(|e| BatchError::internal(e.to_string()))?;
-        self.jobs()?
-            .put_blob(&key(&batch.id), bytes, self.config.file_ttl)
-            .await?;
-        Ok(())
+        self.put_owed(batch, &key(&batch.id), bytes).await
+    }
+
+    /// The batch's lines: its own blob (or, for an older record, inline).
+    async fn lines(&self, batch: &Batch) -> Result<Vec<Line>, BatchError> {
+        if !batch.lines.is_empty() {
+            return Ok(batch.lines.clone());
+        }
+        let raw = self
+            .jobs()?
+            .get_blob(&lines_key(&batch.id), &self.limits())
+            .await?
+            .ok_or_else(|| {
+                BatchError::internal(format!("batch `{}` lost its line list", batch.id))
+            })?;
+        serde_json::from_slice(&raw).map_err(|e| BatchError::internal(e.to_string()))
     }
 
     /// Moves a batch as far as its jobs allow; saves it when it changed.
@@ -186,7 +223,8 @@ impl BatchApi {
                 }
             }
         }
-        batch.lines = lines;
+        let list = serde_json::to_vec(&lines).map_err(|e| BatchError::internal(e.to_string()))?;
+        self.put_owed(batch, &lines_key(&batch.id), list).await?;
         batch.status = "in_progress".into();
         batch.in_progress_at = Some(now);
         Ok(())
@@ -303,48 +341,46 @@ impl BatchApi {
         Ok((custom_id, model, admitted.spec))
     }
 
-    /// Counts the jobs; cancels the queued ones of a cancelled or expired
-    /// batch; once every job is final, writes the output and error files.
+    /// Counts the jobs from their states; cancels the queued ones of a
+    /// cancelled or expired batch; once every job is final, writes the
+    /// output and error files (in a file slot: when every slot is busy, a
+    /// later read finishes the batch).
     async fn progress(&self, batch: &mut Batch) -> Result<(), BatchError> {
         let jobs = self.jobs()?;
         let now = now_secs();
         let expiring = batch.status == "in_progress" && now >= batch.expires_at;
-        let withdrawing = expiring || batch.status == "cancelling";
         let why = if expiring {
             "batch expired"
         } else {
             "batch cancelled"
         };
-        let mut records = Vec::with_capacity(batch.lines.len());
-        for line in &batch.lines {
-            let mut record = jobs.get(&line.job).await?;
-            if withdrawing && record.as_ref().is_some_and(|r| r.state == JobState::Queued) {
-                jobs.cancel(&line.job, why).await?;
-                record = jobs.get(&line.job).await?;
+        let lines = self.lines(batch).await?;
+        let ids: Vec<String> = lines.iter().map(|l| l.job.clone()).collect();
+        let mut states = jobs.states(ids.clone()).await?;
+        if expiring || batch.status == "cancelling" {
+            let mut withdrew = false;
+            for (line, state) in lines.iter().zip(&states) {
+                if *state == Some(JobState::Queued) {
+                    withdrew |= jobs.cancel(&line.job, why).await?;
+                }
             }
-            records.push(record);
+            if withdrew {
+                states = jobs.states(ids).await?;
+            }
         }
-        let is_done =
-            |r: &Option<crate::queue::JobRecord>| r.as_ref().is_none_or(|r| r.state.is_final());
-        batch.completed = records
-            .iter()
-            .filter(|r| r.as_ref().is_some_and(|r| r.state == JobState::Succeeded))
-            .count() as u64;
-        batch.failed = records
-            .iter()
-            .filter(|r| is_done(r) && !r.as_ref().is_some_and(|r| r.state == JobState::Succeeded))
-            .count() as u64;
+        let (completed, failed) = counts(&states);
+        (batch.completed, batch.failed) = (completed, failed);
+        if completed + failed < states.len() as u64 {
+            return Ok(());
+        }
+        let Ok(_slot) = self.file_slot() else {
+            return Ok(());
+        };
         if expiring {
             batch.status = "expiring".into();
         }
-        if !records.iter().all(is_done) {
-            if batch.status == "expiring" {
-                batch.status = "in_progress".into();
-            }
-            return Ok(());
-        }
         batch.finalizing_at.get_or_insert(now);
-        self.write_results(batch, &records).await?;
+        self.write_results(batch, &lines).await?;
         match batch.status.as_str() {
             "cancelling" => {
                 batch.status = "cancelled".into();
@@ -364,13 +400,12 @@ impl BatchApi {
 
     /// The output file (one answer per succeeded line) and the error file
     /// (one error per other line), in input order, as OpenAI writes them.
-    async fn write_results(
-        &self,
-        batch: &mut Batch,
-        records: &[Option<crate::queue::JobRecord>],
-    ) -> Result<(), BatchError> {
+    async fn write_results(&self, batch: &mut Batch, lines: &[Line]) -> Result<(), BatchError> {
+        let jobs = self.jobs()?;
         let (mut out, mut err) = (String::new(), String::new());
-        for (line, record) in batch.lines.iter().zip(records) {
+        for line in lines {
+            let record = jobs.get(&line.job).await?;
+            let record = &record;
             let id = format!("batch_req_{}", line.job);
             let answer = record.as_ref().and_then(|r| {
                 let bytes = r.result.as_deref()?;
@@ -436,6 +471,20 @@ impl BatchApi {
         }
         Ok(())
     }
+}
+
+/// Lines succeeded, and lines final otherwise (a job whose record is gone
+/// counts as failed).
+fn counts(states: &[Option<JobState>]) -> (u64, u64) {
+    let completed = states
+        .iter()
+        .filter(|s| **s == Some(JobState::Succeeded))
+        .count();
+    let failed = states
+        .iter()
+        .filter(|s| s.is_none_or(|s| s.is_final() && s != JobState::Succeeded))
+        .count();
+    (completed as u64, failed as u64)
 }
 
 fn window(text: Option<&str>, limit: Duration) -> Result<(String, Duration), BatchError> {
@@ -529,6 +578,9 @@ pub(super) async fn create(State(api): State<Arc<BatchApi>>, request: Request) -
             failed: 0,
             lines: Vec::new(),
         };
+        let usage = api.jobs()?.blob_usage(&batch.tenant).await?;
+        quota::admit_batch(&api.limits(), &batch.tenant, usage)
+            .map_err(|r| BatchError::quota(&r))?;
         // Stored before any job: a crash from here on resumes on the next read.
         api.save(&batch).await?;
         api.advance(&mut batch).await?;

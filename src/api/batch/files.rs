@@ -2,7 +2,9 @@
 //! `GET /v1/files/{id}` and `GET /v1/files/{id}/content`, in OpenAI's
 //! shapes. A file is two blobs where the jobs live (SQLite or the fleet's
 //! Redis): its metadata and its bytes, kept for `queue.file_ttl`, visible
-//! only to the tenant that owns it.
+//! only to the tenant that owns it. An upload counts against its tenant's
+//! file quotas (a batch's output only against its bytes, never refused);
+//! a refused or failed upload leaves nothing stored.
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -12,6 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{now_secs, BatchApi, BatchError};
+use crate::queue::quota::BlobKind;
+use crate::queue::BlobPut;
 
 /// A stored file's metadata.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -49,20 +53,40 @@ fn data_key(id: &str) -> String {
 }
 
 impl BatchApi {
-    /// Stores a file for `tenant` (an upload, or a batch's output).
+    /// Stores a file for its tenant (an upload, or a batch's output): the
+    /// metadata first, then the bytes (the upload checked against the
+    /// quotas); when the bytes are refused or fail, the metadata goes too.
     pub(super) async fn put_file(&self, meta: &FileMeta, data: Vec<u8>) -> Result<(), BatchError> {
         let jobs = self.jobs()?;
-        let ttl = self.config.file_ttl;
-        jobs.put_blob(&data_key(&meta.id), data, ttl).await?;
+        let limits = self.limits();
+        let blob = |name, kind| BlobPut {
+            name,
+            tenant: &meta.tenant,
+            kind,
+            ttl: self.config.file_ttl,
+        };
+        let kind = if meta.purpose == "batch" {
+            BlobKind::Upload
+        } else {
+            BlobKind::Owed
+        };
         let meta_bytes =
             serde_json::to_vec(meta).map_err(|e| BatchError::internal(e.to_string()))?;
-        jobs.put_blob(&meta_key(&meta.id), meta_bytes, ttl).await?;
+        let (meta_name, data_name) = (meta_key(&meta.id), data_key(&meta.id));
+        jobs.put_blob(blob(&meta_name, BlobKind::Owed), meta_bytes, &limits)
+            .await?;
+        if let Err(e) = jobs.put_blob(blob(&data_name, kind), data, &limits).await {
+            if let Err(gone) = jobs.delete_blob(&meta_name).await {
+                tracing::warn!(file = %meta.id, error = %gone, "a failed upload's metadata stays until queue.file_ttl");
+            }
+            return Err(e.into());
+        }
         Ok(())
     }
 
     /// The tenant's file, or 404 (another tenant's file does not exist for it).
     pub(super) async fn file(&self, tenant: &str, id: &str) -> Result<FileMeta, BatchError> {
-        let raw = self.jobs()?.get_blob(&meta_key(id)).await?;
+        let raw = self.jobs()?.get_blob(&meta_key(id), &self.limits()).await?;
         let meta: Option<FileMeta> = raw.and_then(|b| serde_json::from_slice(&b).ok());
         meta.filter(|m| m.tenant == tenant)
             .ok_or_else(|| BatchError::not_found(format!("no file `{id}`"), "file_id"))
@@ -71,7 +95,7 @@ impl BatchApi {
     pub(super) async fn file_data(&self, tenant: &str, id: &str) -> Result<Vec<u8>, BatchError> {
         self.file(tenant, id).await?;
         self.jobs()?
-            .get_blob(&data_key(id))
+            .get_blob(&data_key(id), &self.limits())
             .await?
             .ok_or_else(|| BatchError::not_found(format!("no file `{id}`"), "file_id"))
     }

@@ -5,7 +5,8 @@
 //! (idempotent by batch id and line), admitted and planned through the one
 //! intake like `SubmitJob`, drained by the recovery actor's token bucket, so
 //! a batch survives SIGKILL and outages. Files and batch records are blobs
-//! where the jobs live (SQLite, or Redis for a fleet).
+//! where the jobs live (SQLite, or Redis for a fleet), charged to their
+//! tenant: an upload or a new batch past a quota is a 429 naming it.
 
 mod batches;
 mod files;
@@ -26,6 +27,7 @@ use crate::api::door::{insert, HttpState};
 use crate::config::QueueConfig;
 use crate::error::RequestError;
 use crate::queue::jobs::Jobs;
+use crate::queue::quota::{FileLimits, Refusal};
 use crate::queue::QueueError;
 
 /// What the Batch API's handlers share.
@@ -88,6 +90,11 @@ impl BatchApi {
             param: None,
             code: "FILES_BUSY",
         })
+    }
+
+    /// The bounds on what tenants store.
+    fn limits(&self) -> FileLimits {
+        FileLimits::from(&self.config)
     }
 
     fn jobs(&self) -> Result<Arc<Jobs>, BatchError> {
@@ -171,6 +178,19 @@ impl BatchError {
         }
     }
 
+    /// A quota refused what would be stored: 429, in OpenAI's
+    /// `insufficient_quota` shape.
+    fn quota(r: &Refusal) -> Self {
+        let mut message = r.to_string();
+        crate::api::status::truncate(&mut message, crate::api::status::MAX_MESSAGE);
+        BatchError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message,
+            param: None,
+            code: r.code(),
+        }
+    }
+
     fn from_request(e: &RequestError) -> Self {
         let (status, _) = crate::api::status::http_status(e);
         let mut message = e.to_string();
@@ -184,7 +204,9 @@ impl BatchError {
     }
 
     fn response(&self) -> Response {
+        let quota = matches!(self.code, "FILE_QUOTA" | "FILE_STORE_FULL");
         let kind = match self.status.as_u16() {
+            _ if quota => "insufficient_quota",
             400 | 404 | 409 | 413 => "invalid_request_error",
             408 => "timeout_error",
             401 => "authentication_error",
@@ -194,12 +216,21 @@ impl BatchError {
         let body = json!({"error": {
             "message": self.message, "type": kind, "param": self.param, "code": self.code,
         }});
-        (self.status, axum::Json(body)).into_response()
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if quota {
+            // A quota frees up as files expire, not in seconds: SDKs that
+            // honour this header do not retry.
+            insert(r.headers_mut(), "x-should-retry", "false");
+        }
+        r
     }
 }
 
 impl From<QueueError> for BatchError {
     fn from(e: QueueError) -> Self {
-        BatchError::from_request(&RequestError::from(e))
+        match e {
+            QueueError::Quota(r) => BatchError::quota(&r),
+            e => BatchError::from_request(&RequestError::from(e)),
+        }
     }
 }

@@ -4,10 +4,17 @@
 //! lapsed leases. Every key shares the `{jobs}` hash tag and every change is
 //! one script; a Redis failure is `QueueError::Unavailable`, never a guess.
 //!
-//! Keys under `{prefix}{jobs}:`: `job:<id>` (hash), `queued` (zset by
-//! insertion order), `expiry` (zset of queued ids by expiry ms), `running`
-//! (zset by lease deadline), `tenants` (hash tenant -> jobs waiting or
-//! running), `seq` (insertion counter), `idem:<len>:<tenant>:<key>` (job id).
+//! Tenants take turns: a job's score in `queued` is its start tag (one after
+//! its tenant's last waiting job, never below the tag that ran last), so the
+//! lowest score is the next turn and one tenant's big batch interleaves with
+//! every other tenant's jobs instead of running first.
+//!
+//! Keys under `{prefix}{jobs}:`: `job:<id>` (hash; `seq` holds its tag),
+//! `queued` (zset by start tag), `expiry` (zset of queued ids by expiry ms),
+//! `running` (zset by lease deadline), `tenants` (hash tenant -> jobs
+//! waiting or running), `tenants:turns` (hash tenant -> its last tag, gone
+//! with its last job), `clock` (the tag that ran last),
+//! `idem:<len>:<tenant>:<key>` (job id). Blobs: see `blobs.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
@@ -18,6 +25,7 @@ use redis::{Script, Value};
 use tokio::sync::broadcast;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::blobs::RedisBlobs;
 use super::{ms, reply, Redis, LUA_NOW};
 use crate::queue::{JobRecord, JobState, Limits, QueueError};
 use crate::state::StateError;
@@ -27,7 +35,10 @@ const LUA_JOBS: &str = r"
 local function dec_tenant(tenants, tenant)
   if not tenant then return end
   local n = redis.call('HINCRBY', tenants, tenant, -1)
-  if n <= 0 then redis.call('HDEL', tenants, tenant) end
+  if n <= 0 then
+    redis.call('HDEL', tenants, tenant)
+    redis.call('HDEL', tenants .. ':turns', tenant)
+  end
 end
 local function expire_record(jk, ttl)
   redis.call('PEXPIRE', jk, ttl)
@@ -41,7 +52,7 @@ local function requeue(jk, id, queued, expiry)
 end
 ";
 
-/// KEYS: queued, running, tenants, seq, expiry, job, idem.
+/// KEYS: queued, running, tenants, clock, expiry, job, idem, turns.
 /// ARGV: id, tenant, route, fingerprint, request, max jobs, max per tenant,
 /// ttl ms, has idem, job key base, channel.
 static SUBMIT: LazyLock<Script> = LazyLock::new(|| {
@@ -64,7 +75,10 @@ if total >= tonumber(ARGV[6]) then return {'full', total} end
 local tc = tonumber(redis.call('HGET', KEYS[3], ARGV[2])) or 0
 if tc >= tonumber(ARGV[7]) then return {'tenant_full', tc} end
 local now = now_ms()
-local seq = redis.call('INCR', KEYS[4])
+local seq = tonumber(redis.call('GET', KEYS[4])) or 0
+local last = tonumber(redis.call('HGET', KEYS[8], ARGV[2]))
+if last and last + 1 > seq then seq = last + 1 end
+redis.call('HSET', KEYS[8], ARGV[2], seq)
 redis.call('HSET', KEYS[6], 'id', ARGV[1], 'tenant', ARGV[2], 'route', ARGV[3], 'fp', ARGV[4],
   'request', ARGV[5], 'state', 'QUEUED', 'attempts', 0, 'created_ms', now, 'updated_ms', now,
   'expires_ms', now + tonumber(ARGV[8]), 'seq', seq)
@@ -81,15 +95,21 @@ return {'job', redis.call('HGETALL', KEYS[6])}
     ))
 });
 
-/// KEYS: queued, running, tenants, expiry. ARGV: job key base, lease ms,
-/// claim token, ttl ms, channel.
+/// Waiting jobs one claim expires, at most.
+const EXPIRE_BATCH: usize = 256;
+
+/// Ids looked up in one call (`states`), at most.
+const IDS_PER_CALL: usize = 500;
+
+/// KEYS: queued, running, tenants, expiry, clock. ARGV: job key base, lease
+/// ms, claim token, ttl ms, channel, most jobs to expire.
 static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{LUA_NOW}{LUA_JOBS}{}",
         r"
 local now = now_ms()
 local ttl = tonumber(ARGV[4])
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[6]))) do
   local jk = ARGV[1] .. id
   redis.call('ZREM', KEYS[4], id)
   redis.call('ZREM', KEYS[1], id)
@@ -103,13 +123,17 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
   end
 end
 while true do
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0)
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   local id = first[1]
   if not id then return {'none'} end
   local jk = ARGV[1] .. id
   redis.call('ZREM', KEYS[1], id)
   redis.call('ZREM', KEYS[4], id)
   if redis.call('HGET', jk, 'state') == 'QUEUED' then
+    local tag = tonumber(first[2]) or 0
+    if tag > (tonumber(redis.call('GET', KEYS[5])) or 0) then
+      redis.call('SET', KEYS[5], tag)
+    end
     local lease = now + tonumber(ARGV[2])
     redis.call('HINCRBY', jk, 'attempts', 1)
     redis.call('HSET', jk, 'state', 'RUNNING', 'claim', ARGV[3], 'lease_until_ms', lease,
@@ -239,6 +263,8 @@ return redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. seq)
 pub struct RedisJobs {
     redis: Redis,
     limits: Limits,
+    /// Files and batch records, where the jobs live.
+    blobs: RedisBlobs,
     changes: broadcast::Sender<String>,
     /// Stops the change-feed task when the last clone goes.
     _feed: Arc<DropGuard>,
@@ -270,6 +296,16 @@ fn bad(what: &str) -> QueueError {
     QueueError::Unavailable(format!("redis {what}: unexpected reply"))
 }
 
+fn parse_state(s: &str) -> JobState {
+    match s {
+        "RUNNING" => JobState::Running,
+        "SUCCEEDED" => JobState::Succeeded,
+        "FAILED" => JobState::Failed,
+        "EXPIRED" => JobState::Expired,
+        _ => JobState::Queued,
+    }
+}
+
 /// A job hash (HGETALL, flat or as a map) as a record.
 fn record(v: &Value) -> Option<JobRecord> {
     let mut fields: HashMap<String, Vec<u8>> = HashMap::new();
@@ -297,13 +333,7 @@ fn record(v: &Value) -> Option<JobRecord> {
             .map(|b| String::from_utf8_lossy(b).into_owned())
     };
     let number = |k: &str| text(k).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
-    let state = match text("state").as_deref() {
-        Some("RUNNING") => JobState::Running,
-        Some("SUCCEEDED") => JobState::Succeeded,
-        Some("FAILED") => JobState::Failed,
-        Some("EXPIRED") => JobState::Expired,
-        _ => JobState::Queued,
-    };
+    let state = parse_state(text("state").as_deref().unwrap_or_default());
     Some(JobRecord {
         id: text("id")?,
         tenant: text("tenant")?,
@@ -340,6 +370,11 @@ impl RedisJobs {
         &self.redis
     }
 
+    /// The blobs (Batch API files and records) stored beside the jobs.
+    pub fn blobs(&self) -> &RedisBlobs {
+        &self.blobs
+    }
+
     /// The queue on `redis` with these bounds. Inside a Tokio runtime this
     /// starts the change feed (a pub/sub subscriber that resubscribes after
     /// Redis restarts); outside one, `subscribe_changes` hears nothing.
@@ -358,6 +393,7 @@ impl RedisJobs {
             tracing::warn!("redis job store built outside a runtime: no change feed");
         }
         RedisJobs {
+            blobs: RedisBlobs::new(redis.clone()),
             redis,
             limits,
             changes,
@@ -402,10 +438,11 @@ impl RedisJobs {
             self.key("queued"),
             self.key("running"),
             self.key("tenants"),
-            self.key("seq"),
+            self.key("clock"),
             self.key("expiry"),
             self.key(&format!("job:{id}")),
             idem,
+            self.key("tenants:turns"),
         ];
         let args: [Vec<u8>; 11] = [
             id.clone().into_bytes(),
@@ -474,14 +511,43 @@ impl RedisJobs {
         Ok(record(&v))
     }
 
-    /// Claims the oldest waiting job for a run of at most `lease`, after
-    /// expiring waiting jobs past their TTL.
+    /// The states of these jobs (`None`: no such job), in order; reads no
+    /// request or answer, a few hundred ids per call.
+    pub async fn states(&self, ids: &[String]) -> Result<Vec<Option<JobState>>, QueueError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(IDS_PER_CALL) {
+            let keys: Vec<String> = chunk
+                .iter()
+                .map(|id| self.key(&format!("job:{id}")))
+                .collect();
+            let states: Vec<Option<String>> = self
+                .redis
+                .call("jobs states", |mut c| async move {
+                    let mut pipe = redis::pipe();
+                    for k in &keys {
+                        pipe.cmd("HGET").arg(k).arg("state");
+                    }
+                    pipe.query_async(&mut c).await
+                })
+                .await
+                .map_err(unavailable)?;
+            if states.len() != chunk.len() {
+                return Err(bad("jobs states"));
+            }
+            out.extend(states.into_iter().map(|s| s.as_deref().map(parse_state)));
+        }
+        Ok(out)
+    }
+
+    /// Claims the waiting job whose turn it is (the lowest start tag) for a
+    /// run of at most `lease`, after expiring waiting jobs past their TTL.
     pub async fn claim(&self, lease: Duration) -> Result<Option<JobRecord>, QueueError> {
         let keys = [
             self.key("queued"),
             self.key("running"),
             self.key("tenants"),
             self.key("expiry"),
+            self.key("clock"),
         ];
         let base = self.job_base();
         let token = format!("{:016x}", rand::random::<u64>());
@@ -497,6 +563,7 @@ impl RedisJobs {
                     .arg(token)
                     .arg(ttl)
                     .arg(channel)
+                    .arg(EXPIRE_BATCH)
                     .invoke_async(&mut c)
                     .await
             })
@@ -601,40 +668,6 @@ impl RedisJobs {
             .await
             .map_err(unavailable)?;
         Ok(done == 1)
-    }
-
-    /// Stores a blob (a batch's file or record) for `ttl`.
-    pub async fn put_blob(
-        &self,
-        name: &str,
-        value: &[u8],
-        ttl: Duration,
-    ) -> Result<(), QueueError> {
-        let key = self.key(&format!("blob:{name}"));
-        let value = value.to_vec();
-        let ttl = ms(ttl, 1);
-        self.redis
-            .call("blob put", |mut c| async move {
-                redis::cmd("SET")
-                    .arg(key)
-                    .arg(value)
-                    .arg("PX")
-                    .arg(ttl)
-                    .query_async::<()>(&mut c)
-                    .await
-            })
-            .await
-            .map_err(unavailable)
-    }
-
-    pub async fn get_blob(&self, name: &str) -> Result<Option<Vec<u8>>, QueueError> {
-        let key = self.key(&format!("blob:{name}"));
-        self.redis
-            .call("blob get", |mut c| async move {
-                redis::cmd("GET").arg(key).query_async(&mut c).await
-            })
-            .await
-            .map_err(unavailable)
     }
 
     /// Returns runs whose lease ran out to the queue, at their original place.
@@ -1005,6 +1038,87 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(n, 0);
+    }
+
+    #[tokio::test]
+    async fn tenants_take_turns_so_a_big_backlog_does_not_hold_another_tenants_job_back() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let s = store(&server, limits(100, 100));
+        let mut a = Vec::new();
+        for i in 0..20u8 {
+            a.push(s.submit("a", "chat", None, &[i], b"r").await.unwrap().id);
+        }
+        assert_eq!(s.claim(LEASE).await.unwrap().unwrap().id, a[0]);
+        let b = s.submit("b", "chat", None, b"b", b"r").await.unwrap();
+        assert_eq!(s.position(&b.id).await.unwrap(), 0, "b's job is next");
+        let mut order = Vec::new();
+        for _ in 0..3 {
+            order.push(s.claim(LEASE).await.unwrap().unwrap().id);
+        }
+        assert_eq!(order, vec![b.id.clone(), a[1].clone(), a[2].clone()]);
+        // Two tenants with backlogs alternate.
+        let mut d = Vec::new();
+        for i in 0..3u8 {
+            d.push(
+                s.submit("d", "chat", None, &[b'd', i], b"r")
+                    .await
+                    .unwrap()
+                    .id,
+            );
+        }
+        let mut next = Vec::new();
+        for _ in 0..4 {
+            next.push(s.claim(LEASE).await.unwrap().unwrap().id);
+        }
+        // d joins at the turn that ran last (a's third job), then each turn
+        // takes one job of each tenant (equal tags in either order).
+        assert_eq!(next[0], d[0]);
+        let mut turn = next[1..3].to_vec();
+        turn.sort();
+        let mut want = vec![d[1].clone(), a[3].clone()];
+        want.sort();
+        assert_eq!(turn, want, "one of each tenant per turn");
+        assert!(next[3] == a[4] || next[3] == d[2], "{next:?}");
+        // A tenant whose last job went starts afresh (no stale turn).
+        let turns: i64 = server
+            .raw(&["HEXISTS", "switchyard:{jobs}:tenants:turns", "b"])
+            .await
+            .unwrap();
+        assert_eq!(turns, 1, "b's job is still running");
+        let c = s.get(&b.id).await.unwrap().unwrap();
+        assert!(s
+            .succeed(&b.id, c.claim.as_deref().unwrap(), b"ok")
+            .await
+            .unwrap());
+        let turns: i64 = server
+            .raw(&["HEXISTS", "switchyard:{jobs}:tenants:turns", "b"])
+            .await
+            .unwrap();
+        assert_eq!(turns, 0);
+    }
+
+    #[tokio::test]
+    async fn states_are_read_in_order_without_bodies() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let s = store(&server, limits(10, 10));
+        let a = s.submit("t", "chat", None, b"a", b"r").await.unwrap();
+        let b = s.submit("t", "chat", None, b"b", b"r").await.unwrap();
+        let c = s.claim(LEASE).await.unwrap().unwrap();
+        assert!(s
+            .succeed(&c.id, c.claim.as_deref().unwrap(), b"ok")
+            .await
+            .unwrap());
+        let ids = vec![b.id.clone(), "job-nope".to_string(), a.id.clone()];
+        assert_eq!(
+            s.states(&ids).await.unwrap(),
+            vec![Some(JobState::Queued), None, Some(JobState::Succeeded)]
+        );
+        let many: Vec<String> = (0..1200).map(|i| format!("job-{i}")).collect();
+        assert_eq!(s.states(&many).await.unwrap().len(), 1200);
     }
 
     #[tokio::test]

@@ -11,7 +11,8 @@
 //! - `{prefix}{t:<tenant>}:spend`, `:cost:res`, `:slots`, `:rate`: per tenant;
 //! - `{prefix}{i:<scoped key>}`: one idempotency record;
 //! - `{prefix}{fleet}:replicas`: the replicas' heartbeats;
-//! - `{prefix}{jobs}:...`: the whole job queue, and `{prefix}{jobs}:drain:<name>`.
+//! - `{prefix}{jobs}:...`: the whole job queue, its blobs (Batch API files),
+//!   and `{prefix}{jobs}:drain:<name>`.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +25,7 @@ use tokio::time::Instant;
 
 use super::{Persistence, StateError};
 
+mod blobs;
 mod breaker;
 #[cfg(test)]
 mod faults;
@@ -32,6 +34,7 @@ pub mod server;
 #[cfg(test)]
 pub(crate) mod testutil;
 
+pub use blobs::RedisBlobs;
 pub use jobs::RedisJobs;
 
 use breaker::{Admit, Breaker, Transition};
