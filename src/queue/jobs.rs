@@ -276,6 +276,31 @@ impl Jobs {
         self.blocking(move |s| s.delete_blob(&k)).await
     }
 
+    /// Deletes a blob in the background, retrying (100 ms, doubling to
+    /// 2 s) for up to a minute while the store does not answer: what a
+    /// failed upload stored first does not stay behind.
+    pub fn delete_blob_soon(self: &Arc<Self>, name: String) {
+        const GIVE_UP: Duration = Duration::from_secs(60);
+        let jobs = self.clone();
+        tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + GIVE_UP;
+            let mut wait = Duration::from_millis(100);
+            loop {
+                match jobs.delete_blob(&name).await {
+                    Ok(_) => return,
+                    Err(e) if tokio::time::Instant::now() + wait >= until => {
+                        tracing::warn!(error = %e, "a failed upload's metadata stays until queue.file_ttl");
+                        return;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
+        });
+    }
+
     /// What `tenant` keeps in blobs now, and every tenant together.
     pub async fn blob_usage(&self, tenant: &str) -> Result<Usage, QueueError> {
         if let Backend::Redis(r) = &self.backend {

@@ -76,8 +76,8 @@ impl BatchApi {
         jobs.put_blob(blob(&meta_name, BlobKind::Owed), meta_bytes, &limits)
             .await?;
         if let Err(e) = jobs.put_blob(blob(&data_name, kind), data, &limits).await {
-            if let Err(gone) = jobs.delete_blob(&meta_name).await {
-                tracing::warn!(file = %meta.id, error = %gone, "a failed upload's metadata stays until queue.file_ttl");
+            if jobs.delete_blob(&meta_name).await.is_err() {
+                jobs.delete_blob_soon(meta_name);
             }
             return Err(e.into());
         }

@@ -7,11 +7,13 @@
 //! neither times out at 250 ms nor trips the breaker keyed requests need.
 //!
 //! A big blob is reserved (its room charged, under `upload:<id>`, for a
-//! short lease), written chunk by chunk, then committed (one script: the
-//! chunks get the blob's TTL, the charge moves to its name). A failed or
-//! abandoned upload is aborted (its chunks deleted, its charge returned);
-//! if even that cannot reach Redis, its chunks expire with the lease and
-//! the next purge returns the charge. Nothing stays behind.
+//! short lease), written chunk by chunk (each write fenced by the
+//! reservation: a chunk that arrives after an abort is not stored), then
+//! committed (one script: the chunks get the blob's TTL, the charge moves
+//! to its name). A failed or abandoned upload is aborted (its chunks
+//! deleted, its charge returned), retried until Redis answers or the lease
+//! ends; past that its chunks expire with the lease and the next purge
+//! returns the charge. Nothing stays behind.
 //!
 //! Keys under `{prefix}{jobs}:`: `obj:<name>` (hash: `t` tenant, `b` bytes,
 //! `f` files, then `d` the bytes, or `n` chunks of upload `u`),
@@ -163,6 +165,18 @@ return {'ok'}
     ))
 });
 
+/// One chunk, stored only while its upload's reservation holds. KEYS: acct,
+/// chunk. ARGV: upload member, bytes, lease ms.
+static CHUNK_PUT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+return 1
+",
+    )
+});
+
 /// KEYS: obj, exp, acct, usage. ARGV: name, upload id, chunks, ttl ms,
 /// chunk base. `lost` when the reservation or a chunk is gone.
 static COMMIT: LazyLock<Script> = LazyLock::new(|| {
@@ -299,6 +313,8 @@ struct PendingUpload {
     blobs: RedisBlobs,
     upload: String,
     chunks: usize,
+    /// Past this the chunks expire on their own.
+    lease: Duration,
     armed: bool,
 }
 
@@ -308,12 +324,9 @@ impl Drop for PendingUpload {
             return;
         }
         let (blobs, upload, chunks) = (self.blobs.clone(), self.upload.clone(), self.chunks);
+        let until = tokio::time::Instant::now() + self.lease;
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if let Err(e) = blobs.abort(&upload, chunks).await {
-                    tracing::warn!(error = %e, "blob upload not cleaned up now; its chunks expire with its lease");
-                }
-            });
+            rt.spawn(async move { blobs.abort_until(&upload, chunks, until).await });
         }
     }
 }
@@ -419,21 +432,30 @@ impl RedisBlobs {
             blobs: self.clone(),
             upload: upload.clone(),
             chunks: parts.len(),
+            lease,
             armed: true,
         };
         let base = format!("{}{upload}:", self.chunk_base());
+        let (acct, member) = (self.key("objs:acct"), format!("upload:{upload}"));
         for (i, part) in parts.iter().enumerate() {
-            let (key, part, lease) = (format!("{base}{i}"), part.to_vec(), ms(lease, 1));
-            self.chunk_call("blob chunk put", limits, |mut c| async move {
-                redis::cmd("SET")
-                    .arg(key)
-                    .arg(part)
-                    .arg("PX")
-                    .arg(lease)
-                    .query_async::<()>(&mut c)
-                    .await
-            })
-            .await?;
+            let keys = [acct.clone(), format!("{base}{i}")];
+            let (member, part, lease) = (member.clone(), part.to_vec(), ms(lease, 1));
+            let stored: i64 = self
+                .chunk_call("blob chunk put", limits, |mut c| async move {
+                    CHUNK_PUT
+                        .key(&keys[..])
+                        .arg(member)
+                        .arg(part)
+                        .arg(lease)
+                        .invoke_async(&mut c)
+                        .await
+                })
+                .await?;
+            if stored != 1 {
+                return Err(QueueError::Unavailable(
+                    "redis blob chunk put: the upload's lease ran out before it was stored".into(),
+                ));
+            }
         }
         self.commit(blob, &upload, parts.len()).await?;
         pending.armed = false;
@@ -511,6 +533,25 @@ impl RedisBlobs {
                 "redis blob commit: the upload's lease ran out before it was stored".into(),
             )),
             _ => Err(bad("blob commit")),
+        }
+    }
+
+    /// Aborts an upload, retrying (100 ms, doubling to 2 s) while Redis
+    /// does not answer, until `until`.
+    async fn abort_until(&self, upload: &str, chunks: usize, until: tokio::time::Instant) {
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match self.abort(upload, chunks).await {
+                Ok(()) => return,
+                Err(e) if tokio::time::Instant::now() + wait >= until => {
+                    tracing::warn!(error = %e, "a failed blob upload could not be cleaned up; its chunks expire with its lease");
+                    return;
+                }
+                Err(_) => {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+            }
         }
     }
 
@@ -880,7 +921,10 @@ mod tests {
             .unwrap();
         assert_eq!(names.len() as i64, chunks);
         let ttl: i64 = server.raw(&["PTTL", &names[0]]).await.unwrap();
-        assert!(ttl > 590_000 && ttl <= 600_000, "chunks live as long as the blob: {ttl}");
+        assert!(
+            ttl > 590_000 && ttl <= 600_000,
+            "chunks live as long as the blob: {ttl}"
+        );
         assert!(redis.is_healthy());
         assert_eq!(redis.errors_total(), 0, "no request-path call failed");
         assert_eq!(blobs.usage("a").await.unwrap().bytes, 40_000_000);
