@@ -433,6 +433,57 @@ async fn an_upload_cut_short_by_a_redis_stall_leaves_nothing_once_redis_answers(
     assert_eq!(status, 200);
 }
 
+#[tokio::test]
+async fn a_full_redis_refuses_new_work_with_errors_and_loses_nothing_it_holds() {
+    let Some(s) = Stack::start("full redis", Backend::Redis, "").await else {
+        return;
+    };
+    let file = s.file(A, &jsonl(1, 10)).await;
+    let job = s.submit_job(A).await;
+    within(20, "the job finishes", || async {
+        let j = s.job(A, &job.id).await.ok()?;
+        (j.state == JobState::Succeeded as i32).then_some(())
+    })
+    .await;
+    // Every write that needs memory is refused from here on.
+    let _: () = s.redis(&["CONFIG", "SET", "maxmemory", "1"]).await;
+    let mut client = s.sy.client().await;
+    let refused = client
+        .submit_job(with_token(request("chat"), B))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert_eq!(reason(&refused), "STATE_UNAVAILABLE");
+    let keyed = proto::CompletionRequest {
+        idempotency_key: "full-1".into(),
+        ..request("chat")
+    };
+    let got = stream(&mut client, with_token(keyed, B)).await;
+    let status = got.status.expect("a keyed request fails closed");
+    assert_eq!(reason(&status), "STATE_UNAVAILABLE", "{status:?}");
+    let (status, _, body) = s.upload(B, &jsonl(1, 10)).await;
+    assert_eq!(status, 503, "{body}");
+    let _: () = s.redis(&["CONFIG", "SET", "maxmemory", "0"]).await;
+    // What was stored before is all there.
+    let j = within(10, "the job reads again", || async {
+        s.job(A, &job.id).await.ok()
+    })
+    .await;
+    assert_eq!(j.state, JobState::Succeeded as i32);
+    assert!(j.result.is_some());
+    let (status, content) = s.get(A, &format!("/v1/files/{file}/content")).await;
+    assert_eq!((status, content), (200, jsonl(1, 10)));
+    within(10, "jobs are accepted again", || async {
+        let mut client = s.sy.client().await;
+        client
+            .submit_job(with_token(request("chat"), B))
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+}
+
 /// 16 concurrent reads of a 1,000-line in-progress batch whose lines carry
 /// 20 KB prompts (20 MB of job requests): the peak RSS rise of the process.
 async fn rss_rise_of_concurrent_batch_reads(backend: Backend) -> Option<u64> {

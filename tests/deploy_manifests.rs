@@ -154,3 +154,66 @@ fn the_pod_ports_match_the_config() {
     let dockerfile = std::fs::read_to_string(base_dir().join("../Dockerfile")).unwrap();
     assert!(dockerfile.contains("\"--config\", \"/etc/switchyard/switchyard.toml\""));
 }
+
+/// Bytes of a Kubernetes quantity (`1536Mi`) or a Redis size (`1gb`).
+fn bytes_of(q: &str) -> u64 {
+    let q = q.trim().trim_matches('"');
+    let digits: String = q.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let n: u64 = digits.parse().unwrap();
+    let unit = match &q[digits.len()..] {
+        "" | "b" => 1,
+        "Ki" | "kb" => 1 << 10,
+        "Mi" | "mb" => 1 << 20,
+        "Gi" | "gb" => 1 << 30,
+        other => panic!("unit `{other}` in `{q}`"),
+    };
+    n * unit
+}
+
+/// The value after `key:` within the `limits:` block of redis.yaml.
+fn redis_limit(yaml: &str, key: &str) -> String {
+    let mut in_limits = false;
+    for line in yaml.lines() {
+        let t = line.trim();
+        if t == "limits:" {
+            in_limits = true;
+        } else if in_limits {
+            if let Some(v) = t.strip_prefix(&format!("{key}:")) {
+                return v.trim().to_string();
+            }
+        }
+    }
+    panic!("redis.yaml has no limits.{key}");
+}
+
+/// The argument after `flag` in redis.yaml's `args:`.
+fn redis_arg(yaml: &str, flag: &str) -> String {
+    let lines: Vec<&str> = yaml.lines().map(str::trim).collect();
+    let at = lines
+        .iter()
+        .position(|l| *l == format!("- {flag}"))
+        .unwrap_or_else(|| panic!("redis.yaml does not pass {flag}"));
+    lines[at + 1].trim_start_matches("- ").to_string()
+}
+
+#[test]
+fn the_shipped_redis_has_a_maxmemory_below_its_limit_with_noeviction_and_room_beside_files() {
+    let yaml = std::fs::read_to_string(base_dir().join("redis.yaml")).unwrap();
+    let limit = bytes_of(&redis_limit(&yaml, "memory"));
+    let maxmemory = bytes_of(&redis_arg(&yaml, "--maxmemory"));
+    assert_eq!(redis_arg(&yaml, "--maxmemory-policy"), "noeviction");
+    assert!(
+        maxmemory > 0 && maxmemory * 4 <= limit * 3,
+        "maxmemory {maxmemory} leaves the fork and buffers a quarter of the {limit} limit"
+    );
+    // The files' budget leaves most of Redis to jobs, keys and ledgers.
+    let toml = configmap_toml();
+    let stored: u64 = toml
+        .lines()
+        .find_map(|l| l.strip_prefix("max_stored_bytes = "))
+        .expect("the ConfigMap sets queue.max_stored_bytes")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(stored * 2 <= maxmemory, "{stored} of {maxmemory}");
+}
