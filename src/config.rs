@@ -196,7 +196,7 @@ pub struct QueueConfig {
     pub max_stored_bytes: usize,
     /// The longest wait for one chunk (1 MiB) of a big blob on Redis; chunks
     /// travel outside `state.timeout` and the request path's breaker.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::duration")]
     pub blob_timeout: Duration,
 }
 

@@ -373,7 +373,7 @@ impl BatchApi {
         if completed + failed < states.len() as u64 {
             return Ok(());
         }
-        let Ok(_slot) = self.file_slot() else {
+        let Ok(_slot) = self.file_slot(&batch.tenant) else {
             return Ok(());
         };
         if expiring {
