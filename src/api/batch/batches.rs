@@ -357,16 +357,9 @@ impl BatchApi {
         let lines = self.lines(batch).await?;
         let ids: Vec<String> = lines.iter().map(|l| l.job.clone()).collect();
         let mut states = jobs.states(ids.clone()).await?;
-        if expiring || batch.status == "cancelling" {
-            let mut withdrew = false;
-            for (line, state) in lines.iter().zip(&states) {
-                if *state == Some(JobState::Queued) {
-                    withdrew |= jobs.cancel(&line.job, why).await?;
-                }
-            }
-            if withdrew {
-                states = jobs.states(ids).await?;
-            }
+        if (expiring || batch.status == "cancelling") && withdraw(&jobs, &ids, &states, why).await?
+        {
+            states = jobs.states(ids).await?;
         }
         let (completed, failed) = counts(&states);
         (batch.completed, batch.failed) = (completed, failed);
@@ -404,8 +397,8 @@ impl BatchApi {
         let jobs = self.jobs()?;
         let (mut out, mut err) = (String::new(), String::new());
         for line in lines {
-            let record = jobs.get(&line.job).await?;
-            let record = &record;
+            let stored = jobs.get(&line.job).await?;
+            let record = &stored;
             let id = format!("batch_req_{}", line.job);
             let answer = record.as_ref().and_then(|r| {
                 let bytes = r.result.as_deref()?;
@@ -471,6 +464,22 @@ impl BatchApi {
         }
         Ok(())
     }
+}
+
+/// Cancels the jobs still queued; whether any was.
+async fn withdraw(
+    jobs: &crate::queue::jobs::Jobs,
+    ids: &[String],
+    states: &[Option<JobState>],
+    why: &str,
+) -> Result<bool, BatchError> {
+    let mut withdrew = false;
+    for (id, state) in ids.iter().zip(states) {
+        if *state == Some(JobState::Queued) {
+            withdrew |= jobs.cancel(id, why).await?;
+        }
+    }
+    Ok(withdrew)
 }
 
 /// Lines succeeded, and lines final otherwise (a job whose record is gone
