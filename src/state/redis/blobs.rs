@@ -46,8 +46,18 @@ const PURGE_BATCH: usize = 100;
 /// Room a pending upload holds beyond its chunks' worst-case time.
 const LEASE_SLACK: Duration = Duration::from_secs(60);
 
-/// Shared Lua: charges (`bytes:files:tenant`), usage, purging.
+/// Shared Lua: the OOM guard, charges (`bytes:files:tenant`), usage, purging.
+///
+/// Redis refuses a script's write past `maxmemory` only while the script has
+/// written nothing yet: once any write ran (even a `DEL` of nothing), the rest
+/// may grow memory. A script that adds data therefore starts with
+/// `refuse_when_full`: a deny-oom write that changes nothing (an empty
+/// `SETRANGE` on a key that never exists), so a full Redis refuses the whole
+/// script before it changes anything.
 const LUA_OBJS: &str = r"
+local function refuse_when_full(near)
+  redis.call('SETRANGE', near .. ':oom-guard', 0, '')
+end
 local function parse(v)
   local b, f, t = string.match(v, '^(%d+):(%d+):(.*)$')
   return tonumber(b), tonumber(f), t
@@ -115,6 +125,7 @@ static PUT_INLINE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{LUA_NOW}{LUA_OBJS}{}",
         r"
+refuse_when_full(KEYS[2])
 local now = now_ms()
 local base, chunk = ARGV[11], tonumber(ARGV[12])
 purge(KEYS[2], KEYS[3], KEYS[4], now, tonumber(ARGV[13]), base, chunk)
@@ -148,6 +159,7 @@ static RESERVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{LUA_NOW}{LUA_OBJS}{}",
         r"
+refuse_when_full(KEYS[1])
 local now = now_ms()
 purge(KEYS[1], KEYS[2], KEYS[3], now, tonumber(ARGV[12]), ARGV[10], tonumber(ARGV[11]))
 local bytes, files = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -974,6 +986,42 @@ mod tests {
         );
         assert_eq!(redis.errors_total(), 0);
         assert_eq!(blobs.get("small", &l).await.unwrap().unwrap(), b"kept");
+    }
+
+    #[tokio::test]
+    async fn a_full_redis_refuses_a_blob_before_it_changes_anything() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let blobs = RedisBlobs::new(server.client());
+        let l = limits();
+        blobs.put(&upload("kept", "a"), b"kept", &l).await.unwrap();
+        let keys = dbsize(&server).await;
+        let _: () = server
+            .raw(&["CONFIG", "SET", "maxmemory", "1"])
+            .await
+            .unwrap();
+        // Small (one script) and big (reserve, chunks, commit) alike.
+        for (name, n) in [("small", 10), ("big", 2_000_000)] {
+            let refused = blobs
+                .put(&upload(name, "b"), &data(n), &l)
+                .await
+                .unwrap_err();
+            assert!(refused.to_string().contains("OOM"), "{refused}");
+        }
+        assert_eq!(dbsize(&server).await, keys, "nothing was written");
+        let _: () = server
+            .raw(&["CONFIG", "SET", "maxmemory", "0"])
+            .await
+            .unwrap();
+        assert_eq!(
+            blobs.usage("b").await.unwrap(),
+            Usage {
+                total_bytes: 4,
+                ..Usage::default()
+            }
+        );
+        assert_eq!(blobs.get("kept", &l).await.unwrap().unwrap(), b"kept");
     }
 
     #[tokio::test]
