@@ -129,6 +129,19 @@ fn with_request_id<T>(mut response: Response<T>, id: &str) -> Response<T> {
     response
 }
 
+/// `x-switchyard-dropped` in the initial metadata: what the serving
+/// target's wire left out (also in `Finished.dropped`).
+fn with_dropped<T>(mut response: Response<T>, dropped: &[String]) -> Response<T> {
+    let mut h = axum::http::HeaderMap::new();
+    super::door::dropped_header(&mut h, dropped);
+    if let Some(v) = h.remove("x-switchyard-dropped") {
+        if let Ok(v) = tonic::metadata::MetadataValue::try_from(v.as_bytes()) {
+            response.metadata_mut().insert("x-switchyard-dropped", v);
+        }
+    }
+    response
+}
+
 #[tonic::async_trait]
 impl proto::router_server::Router for RouterService {
     type StreamCompletionStream = EventStream;
@@ -192,11 +205,16 @@ impl proto::router_server::Router for RouterService {
             Some(Err(e)) => return Err(to_status(&e)),
             None => return Err(Status::internal("request ended without an answer")),
         };
+        let dropped = match &first {
+            crate::sink::Event::Started(s) => s.dropped.clone(),
+            _ => Vec::new(),
+        };
         let (id, rest) = (started.started.request_id, started.started.rx);
         let stream = futures_util::stream::once(async move { Ok(first) })
             .chain(rest)
             .map(|item| item.map(convert::event).map_err(|e| to_status(&e)));
-        Ok(with_request_id(Response::new(Box::pin(stream)), &id))
+        let response = with_request_id(Response::new(Box::pin(stream) as EventStream), &id);
+        Ok(with_dropped(response, &dropped))
     }
 
     async fn complete(
@@ -210,7 +228,9 @@ impl proto::router_server::Router for RouterService {
             match item {
                 Ok(event) => {
                     if let Some(response) = assembler.push(event) {
-                        return Ok(with_request_id(Response::new(response), &id));
+                        let dropped = response.dropped.clone();
+                        let response = with_request_id(Response::new(response), &id);
+                        return Ok(with_dropped(response, &dropped));
                     }
                 }
                 Err(e) => return Err(to_status(&e)),
