@@ -156,8 +156,12 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         primary_cap: cap,
         secondary_cap: cap * 3 / 10,
         failover_ceiling: cap * 3 / 20,
-        main_rate: f64::from(cap) * 2.5,
-        side_rate: f64::from(cap * 3 / 10) * 5.0 / 3.0,
+        // The quick run (CI) keeps five times its capacity in hand in the
+        // normal phase, so a busy machine's slower answers never push a mock
+        // past its limit before the trip: its checks prove accounting and
+        // the guard, not the machine's speed.
+        main_rate: f64::from(cap) * ctx.pick(1.0, 2.5),
+        side_rate: f64::from(cap * 3 / 10) * ctx.pick(1.0, 5.0 / 3.0),
         normal: ctx.pick(Duration::from_secs(1), Duration::from_secs(4)),
         trip: ctx.pick(Duration::from_secs(2), Duration::from_secs(6)),
     };
