@@ -341,7 +341,9 @@ pub struct ServerConfig {
     pub grpc_listen: SocketAddr,
     /// Admin HTTP listener: `/metrics`, `/healthz`, `/readyz`.
     pub admin_listen: SocketAddr,
-    /// OpenAI-compatible HTTP listener (`/v1/chat/completions`, `/v1/models`); off when absent.
+    /// The HTTP doors (OpenAI and Anthropic shapes); off when absent in a
+    /// config file (`serve` without one opens them on 127.0.0.1:8080), and
+    /// `serve --http-listen` overrides it.
     pub http_listen: Option<SocketAddr>,
     pub log_format: LogFormat,
     /// Re-read the config file when it changes (a ConfigMap update).
@@ -591,6 +593,11 @@ pub struct ModelConfig {
     /// Price in USD per million tokens, for the cost guard and `Finished.cost_usd`.
     #[serde(default)]
     pub price: Price,
+    /// An `embeddings` model's family: vectors of one family are comparable,
+    /// so `/v1/embeddings` fails over only within it (see the route's
+    /// `embedding_family_failover`). Default: the model's name.
+    #[serde(default)]
+    pub family: Option<String>,
 }
 
 /// USD per million tokens. Prompt-cache prices default from the input
@@ -671,6 +678,24 @@ impl ModelConfig {
     pub fn has(&self, cap: Capability) -> bool {
         self.capabilities.contains(&cap)
     }
+
+    /// The embedding family: `family`, else the model's name.
+    pub fn family(&self) -> &str {
+        self.family.as_deref().unwrap_or(&self.name)
+    }
+}
+
+/// A route's `embedding_family_failover`: which other targets an embeddings
+/// request may fail over to.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum FamilyFailover {
+    /// Only targets of the family of the route's first `embeddings` target
+    /// (vectors of other models are not comparable).
+    #[default]
+    Same,
+    /// Any `embeddings` target of the route.
+    Any,
 }
 
 /// What a route does when its serving upstream fails after output was sent.
@@ -808,6 +833,11 @@ pub struct RouteConfig {
     /// this replica's allowance.
     #[serde(default)]
     pub fail_closed: bool,
+    /// `/v1/embeddings` and `Router.Embed`: fail over only within the
+    /// family of the route's first `embeddings` target (`same`), or to any
+    /// of its `embeddings` targets (`any`).
+    #[serde(default)]
+    pub embedding_family_failover: FamilyFailover,
 }
 
 /// A route's `semantic_cache = { embedder = "provider/model", threshold = 0.92, ... }`.
@@ -1018,6 +1048,7 @@ impl Config {
         self.validate_queue()?;
         for (i, p) in self.providers.iter().enumerate() {
             validate_provider(i, p)?;
+            validate_embedding_models(i, p)?;
         }
         let mut ids = HashSet::new();
         for (i, p) in self.providers.iter().enumerate() {
@@ -1400,6 +1431,7 @@ impl Config {
                         cache_write_5m_per_mtok: None,
                         cache_write_1h_per_mtok: None,
                     },
+                    family: None,
                 }],
             },
             ProviderConfig {
@@ -1438,6 +1470,7 @@ impl Config {
                         cache_write_5m_per_mtok: None,
                         cache_write_1h_per_mtok: None,
                     },
+                    family: None,
                 }],
             },
         ];
@@ -1476,6 +1509,7 @@ impl Config {
                 require_validated: false,
                 shared_across_tenants: false,
                 fail_closed: false,
+                embedding_family_failover: FamilyFailover::Same,
             }],
         }
     }
@@ -1526,6 +1560,32 @@ fn valid_name(s: &str) -> bool {
 }
 
 /// One `[[providers]]` entry on its own (ids across entries are checked by the caller).
+/// `embeddings` models: on an `openai`-kind provider (its `/embeddings`),
+/// with a sane `family`.
+fn validate_embedding_models(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
+    for (j, m) in p.models.iter().enumerate() {
+        let at = |field: &str| format!("providers[{i}].models[{j}].{field}");
+        if m.has(Capability::Embeddings) && p.kind != ProviderKind::Openai {
+            return Err(ConfigError::new(
+                at("capabilities"),
+                format!(
+                    "`embeddings` is served from an `openai`-kind provider's /embeddings (OpenAI, vLLM, llama.cpp, Ollama, TEI), not `{}`",
+                    p.kind.as_str()
+                ),
+            ));
+        }
+        if let Some(f) = &m.family {
+            if f.is_empty() || f.len() > 128 || f.chars().any(char::is_control) {
+                return Err(ConfigError::new(
+                    at("family"),
+                    "must be 1 to 128 printable characters",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
     let at = |field: &str| format!("providers[{i}].{field}");
 

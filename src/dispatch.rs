@@ -473,7 +473,7 @@ impl Dispatcher {
     }
 
     /// Asks the route's budget for one more attempt.
-    async fn withdraw(&self, route: &str) -> bool {
+    pub(crate) async fn withdraw(&self, route: &str) -> bool {
         let Some(router) = self.registry.router() else {
             return false;
         };
@@ -831,7 +831,9 @@ impl Dispatcher {
             .target(entry.runtime.kind.as_str(), &c.provider, &c.model)
     }
 
-    fn served(&self, route: &str, c: &Candidate, tier: Tier) {
+    /// Counts an answer served by a live target and tells the router (its
+    /// failover rate).
+    pub(crate) fn served(&self, route: &str, c: &Candidate, tier: Tier) {
         self.count_served(route, tier, &c.provider);
         if let Some(router) = self.registry.router() {
             let _ = router.cast(RouterMsg::Served {
@@ -965,7 +967,7 @@ impl Dispatcher {
 }
 
 /// A target's price table entry.
-fn price(entry: &ProviderEntry, model: &str) -> crate::config::Price {
+pub(crate) fn price(entry: &ProviderEntry, model: &str) -> crate::config::Price {
     entry
         .runtime
         .model(model)

@@ -10,7 +10,7 @@
 //! | attempt | [`attempt`], [`sink`] | one upstream attempt with a permit it is given; the event sink to the caller |
 //! | state | [`state`], [`queue`], [`cache`] | stores: one folder per store ([`state::cost`], [`state::idempotency`], [`state::tenants`]) with its embedded and Redis implementation and what a Redis outage does to it; the Redis client ([`state::redis`]) |
 //! | actors | [`actors`] | supervisor, provider, router and recovery actors: policy wired to messages |
-//! | request task | [`dispatch`], [`request`] | one per request: plan, admission, attempts as [`policy::next`] says, the ladder |
+//! | request task | [`dispatch`], [`request`], [`embeddings`] | one per request: plan, admission, attempts as [`policy::next`] says, the ladder (an embeddings call: the same walk, no ladder) |
 //! | api | [`api`] | the one intake ([`api::intake`]), gRPC services, the OpenAI HTTP door, jobs, the error table ([`api::status`]) |
 //! | app / cli | [`app`], [`reload`], [`mock`], [`drill`], [`bench`](mod@bench), [`plan`], [`telemetry`] | assembly, config reload, subcommands, metrics and tracing |
 
@@ -26,6 +26,7 @@ pub mod config;
 mod config_fuzz;
 pub mod dispatch;
 pub mod drill;
+pub mod embeddings;
 pub mod error;
 pub mod golden;
 pub mod mock;

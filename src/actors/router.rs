@@ -17,7 +17,8 @@ use tokio::time::Instant;
 use super::provider::Unavailable;
 use super::registry::Registry;
 use crate::config::{
-    Capability, Config, MidStreamPolicy, RetryBudgetConfig, Rung, SemanticCacheConfig,
+    Capability, Config, FamilyFailover, MidStreamPolicy, RetryBudgetConfig, Rung,
+    SemanticCacheConfig,
 };
 use crate::golden::record::{Records, RouteValidation};
 use crate::policy::budget::RetryBudget;
@@ -107,11 +108,29 @@ pub enum PlanError {
     NoCapableTarget { route: String, missing: Vec<String> },
 }
 
+impl From<PlanError> for crate::error::RequestError {
+    fn from(e: PlanError) -> Self {
+        match e {
+            PlanError::UnknownRoute(r) => crate::error::RequestError::UnknownRoute(r),
+            PlanError::NoCapableTarget { route, missing } => {
+                crate::error::RequestError::NoCapableTarget { route, missing }
+            }
+        }
+    }
+}
+
 pub enum RouterMsg {
     Plan {
         route: String,
         needs: Needs,
         /// Only this `provider/model` target may serve.
+        pin: Option<String>,
+        reply: RpcReplyPort<Result<Plan, PlanError>>,
+    },
+    /// A plan for an embeddings call: the route's `embeddings` targets of
+    /// one family (unless the route says `embedding_family_failover = "any"`).
+    PlanEmbeddings {
+        route: String,
         pin: Option<String>,
         reply: RpcReplyPort<Result<Plan, PlanError>>,
     },
@@ -159,6 +178,7 @@ struct RouteEntry {
     mid_stream: MidStreamPolicy,
     side_effects: bool,
     fail_closed: bool,
+    family_failover: FamilyFailover,
     budget: RetryBudget,
     /// Requests answered in the last minute, and how many by a non-primary target.
     served: ShareWindow,
@@ -172,11 +192,35 @@ struct TargetInfo {
     priority: u32,
     weight: u32,
     downshift: bool,
+    /// The embedding family (`family`, else the model's name).
+    family: String,
     /// Health evidence ranks it below its route place now.
     demoted: std::cell::Cell<bool>,
 }
 
+/// What a plan is for.
+#[derive(Debug, Clone, Copy)]
+enum Purpose<'a> {
+    /// A chat request with these needs.
+    Chat(&'a Needs),
+    /// An embeddings call.
+    Embeddings,
+}
+
 impl TargetInfo {
+    /// What this target lacks for the purpose, by name.
+    fn unmet_for(&self, purpose: Purpose<'_>) -> Vec<String> {
+        match purpose {
+            Purpose::Chat(needs) => self.unmet(needs),
+            // The regular targets only: `downshift` is a chat rung.
+            Purpose::Embeddings if self.downshift => vec!["embeddings".to_string()],
+            Purpose::Embeddings => (!self.capabilities.contains(&Capability::Embeddings))
+                .then(|| "embeddings".to_string())
+                .into_iter()
+                .collect(),
+        }
+    }
+
     /// The needs this target does not meet, by name.
     fn unmet(&self, needs: &Needs) -> Vec<String> {
         let mut missing = Vec::new();
@@ -256,6 +300,7 @@ fn build_routes(
                         priority: t.priority.unwrap_or(i as u32),
                         weight: t.weight.max(1),
                         downshift: down,
+                        family: m.family().to_string(),
                         demoted: std::cell::Cell::new(false),
                     }
                 })
@@ -276,6 +321,7 @@ fn build_routes(
                 mid_stream: r.mid_stream,
                 side_effects: r.side_effects,
                 fail_closed: r.fail_closed,
+                family_failover: r.embedding_family_failover,
                 budget: RetryBudget::new(budget, now),
                 served: ShareWindow::new(Duration::from_secs(60), now),
             };
@@ -340,11 +386,37 @@ fn observe_demotion(route: &str, t: &TargetInfo, demoted: bool, metrics: &Metric
         .set(i64::from(demoted));
 }
 
+/// An embeddings plan's targets: numbered among the route's `embeddings`
+/// targets (the first is the primary), and kept to the first one's family
+/// unless the route allows `any` (a pinned call names its one target).
+fn embedding_targets(
+    capable: Vec<(usize, &TargetInfo)>,
+    failover: FamilyFailover,
+) -> Vec<(usize, &TargetInfo)> {
+    let family = capable.first().map(|(_, t)| t.family.clone());
+    capable
+        .into_iter()
+        .enumerate()
+        .map(|(position, (_, t))| (position, t))
+        .filter(|(_, t)| failover == FamilyFailover::Any || Some(&t.family) == family.as_ref())
+        .collect()
+}
+
 impl RouterState {
     fn plan(
         &mut self,
         route: &str,
         needs: &Needs,
+        pin: Option<&str>,
+        now: Instant,
+    ) -> Result<Plan, PlanError> {
+        self.plan_for(route, Purpose::Chat(needs), pin, now)
+    }
+
+    fn plan_for(
+        &mut self,
+        route: &str,
+        purpose: Purpose<'_>,
         pin: Option<&str>,
         now: Instant,
     ) -> Result<Plan, PlanError> {
@@ -357,7 +429,7 @@ impl RouterState {
             .targets
             .iter()
             .enumerate()
-            .filter(|(_, t)| t.unmet(needs).is_empty())
+            .filter(|(_, t)| t.unmet_for(purpose).is_empty())
             .filter(|(_, t)| pin.is_none_or(|p| p.split_once('/') == Some((&t.provider, &t.model))))
             // A pinned request (a golden run) may reach an unvalidated target.
             .filter(|(_, t)| {
@@ -369,6 +441,10 @@ impl RouterState {
                         .is_some_and(|v| v.validated(&format!("{}/{}", t.provider, t.model)))
             })
             .collect();
+        let capable = match purpose {
+            Purpose::Embeddings => embedding_targets(capable, entry.family_failover),
+            Purpose::Chat(_) => capable,
+        };
         if let Some(p) = pin.filter(|_| capable.is_empty()) {
             let listed = entry
                 .targets
@@ -385,7 +461,7 @@ impl RouterState {
             // Name what no target offers.
             let mut missing: Vec<String> = Vec::new();
             for t in &entry.targets {
-                for m in t.unmet(needs) {
+                for m in t.unmet_for(purpose) {
                     if !missing.contains(&m) {
                         missing.push(m);
                     }
@@ -522,6 +598,10 @@ impl Actor for RouterActor {
                 reply,
             } => {
                 let _ = reply.send(state.plan(&route, &needs, pin.as_deref(), now));
+            }
+            RouterMsg::PlanEmbeddings { route, pin, reply } => {
+                let plan = state.plan_for(&route, Purpose::Embeddings, pin.as_deref(), now);
+                let _ = reply.send(plan);
             }
             RouterMsg::WithdrawRetry { route, reply } => {
                 let granted = match state.routes.get_mut(&route) {
@@ -808,5 +888,86 @@ require_validated = true
     fn health_bands_treat_near_equal_scores_as_equal() {
         assert_eq!(band(1.0), band(0.85));
         assert!(band(0.5) > band(0.95));
+    }
+
+    fn embeddings_state() -> RouterState {
+        let config = Config::from_toml_str(
+            r#"
+[[providers]]
+id = "a"
+kind = "openai"
+base_url = "http://127.0.0.1:1/v1"
+  [[providers.models]]
+  name = "chat-model"
+  [[providers.models]]
+  name = "text-embedding-3-small"
+  capabilities = ["embeddings"]
+[[providers]]
+id = "b"
+kind = "openai"
+base_url = "http://127.0.0.1:2/v1"
+  [[providers.models]]
+  name = "te3-small"
+  capabilities = ["embeddings"]
+  family = "text-embedding-3-small"
+  [[providers.models]]
+  name = "other-embed"
+  capabilities = ["embeddings"]
+[[routes]]
+name = "embed"
+targets = ["a/chat-model", "a/text-embedding-3-small", "b/other-embed", "b/te3-small"]
+[[routes]]
+name = "any"
+targets = ["a/text-embedding-3-small", "b/other-embed"]
+embedding_family_failover = "any"
+[[routes]]
+name = "chat"
+targets = ["a/chat-model"]
+"#,
+        )
+        .unwrap();
+        let now = Instant::now();
+        RouterState {
+            routes: build_routes(&config, &config.retry_budget, now),
+            registry: Arc::new(Registry::default()),
+            metrics: Arc::new(Metrics::new()),
+            rng: StdRng::seed_from_u64(7),
+            validations: Arc::default(),
+        }
+    }
+
+    #[test]
+    fn embeddings_fail_over_only_within_the_first_targets_family() {
+        let mut s = embeddings_state();
+        let mut plan = |route: &str, pin: Option<&str>| {
+            s.plan_for(route, Purpose::Embeddings, pin, Instant::now())
+        };
+        let p = plan("embed", None).unwrap();
+        // The chat model is not a candidate; `b/other-embed` is another
+        // family; `b/te3-small` declares the first target's family.
+        assert_eq!(names(&p), ["a/text-embedding-3-small", "b/te3-small"]);
+        // Numbered among the embeddings targets: the first is the primary.
+        assert!(p.candidates[0].primary && p.candidates[0].position == 0);
+        assert!(!p.candidates[1].primary && p.candidates[1].position == 2);
+        // A route may allow any family.
+        let p = plan("any", None).unwrap();
+        assert_eq!(names(&p), ["a/text-embedding-3-small", "b/other-embed"]);
+        // A pin names its one target, whatever its family.
+        let p = plan("embed", Some("b/other-embed")).unwrap();
+        assert_eq!(names(&p), ["b/other-embed"]);
+        // A route without embeddings targets says what is missing.
+        let e = plan("chat", None).unwrap_err();
+        assert_eq!(
+            e,
+            PlanError::NoCapableTarget {
+                route: "chat".into(),
+                missing: vec!["embeddings".into()],
+            }
+        );
+        // And chat plans never see the embeddings purpose's filter.
+        let p = s
+            .plan("embed", &Needs::default(), None, Instant::now())
+            .unwrap();
+        assert_eq!(p.candidates.len(), 4);
     }
 }

@@ -70,6 +70,29 @@ impl HttpState {
         Ok((route.name.clone(), Some(model.to_string())))
     }
 
+    /// Every name the doors take as `model` now, in config order: the
+    /// routes, then each route's targets as `provider/model` (a pin). Every
+    /// authenticated tenant may call every route.
+    pub fn models(&self) -> Vec<ListedModel> {
+        let Some(config) = self.reloader.config() else {
+            return Vec::new();
+        };
+        let routes = config.routes.iter().map(|r| ListedModel {
+            id: r.name.clone(),
+            owned_by: "switchyard".to_string(),
+        });
+        let mut pins: Vec<ListedModel> = Vec::new();
+        for t in config.routes.iter().flat_map(|r| r.targets.iter()) {
+            if !pins.iter().any(|p| p.id == t.target) {
+                pins.push(ListedModel {
+                    id: t.target.clone(),
+                    owned_by: t.target.split('/').next().unwrap_or_default().to_string(),
+                });
+            }
+        }
+        routes.chain(pins).collect()
+    }
+
     /// A route of that name is configured now.
     pub fn knows_route(&self, name: &str) -> bool {
         self.reloader
@@ -168,8 +191,28 @@ pub fn check_declared_length(headers: &HeaderMap, limit: usize) -> Result<(), Re
     Ok(())
 }
 
+/// A name `GET /v1/models` lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedModel {
+    pub id: String,
+    /// `switchyard` for a route; the provider id for a pinned target.
+    pub owned_by: String,
+}
+
+/// When the HTTP doors started, in Unix seconds: the `created` time of
+/// every listed model.
+pub fn started_unix() -> u64 {
+    static STARTED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *STARTED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    })
+}
+
 /// Both doors, and the Batch API, on one listener.
 pub fn router(state: Arc<HttpState>) -> axum::Router {
+    started_unix();
     crate::api::openai::routes()
         .merge(crate::api::anthropic::routes())
         .fallback(crate::api::openai::not_found)

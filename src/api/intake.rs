@@ -1,5 +1,5 @@
 //! The one request start every front door uses (gRPC, the OpenAI HTTP door,
-//! SubmitJob and the job runner): validation into a `RequestSpec`, the
+//! SubmitJob, the job runner, and embeddings calls): validation into a `RequestSpec`, the
 //! authenticated tenant, per-tenant limits, the request id, the span with the
 //! caller's trace context, and the spawned request task. Cost reservation and
 //! idempotency run first thing in that task (`Dispatcher::serve`), so no door
@@ -14,6 +14,7 @@ use tracing::Instrument;
 use super::convert;
 use crate::config::LimitsConfig;
 use crate::dispatch::Dispatcher;
+use crate::embeddings::{EmbedSpec, Embedded};
 use crate::error::RequestError;
 use crate::proto;
 use crate::request::RequestSpec;
@@ -171,6 +172,48 @@ impl Intake {
         let deadline = arrival.deadline;
         let admitted = self.admit(arrival).await?;
         Ok(self.spawn(admitted, buffered, deadline))
+    }
+
+    /// An embeddings call through the same intake: the authenticated
+    /// tenant, the tenant's limits (its slot held as long as the call runs),
+    /// the request id and the span with the caller's trace context. The call
+    /// runs in a task of its own, so its bill is settled even if the caller
+    /// leaves.
+    pub async fn embed(
+        &self,
+        door: Door,
+        mut spec: EmbedSpec,
+        tenant: Option<String>,
+        trace: Option<&tonic::metadata::MetadataMap>,
+    ) -> Result<Embedded, RequestError> {
+        if let Some(tenant) = tenant {
+            spec.tenant = tenant;
+        }
+        spec.validate(&self.limits)?;
+        let slot = self.tenants.admit(&spec.tenant).await?;
+        let span = tracing::info_span!(
+            "request",
+            otel.name = %format!("embeddings {}", spec.route),
+            otel.kind = "server",
+            request_id = %spec.request_id,
+            route = %spec.route,
+            gen_ai.operation.name = "embeddings",
+            api = door.as_str(),
+        );
+        if let Some(trace) = trace {
+            crate::telemetry::tracing::continue_trace(&span, trace);
+        }
+        let run = crate::embeddings::run(self.dispatcher.clone(), spec);
+        let task = tokio::spawn(
+            async move {
+                let result = run.await;
+                drop(slot);
+                result
+            }
+            .instrument(span),
+        );
+        task.await
+            .map_err(|e| RequestError::Unavailable(format!("the embeddings task ended: {e}")))?
     }
 
     /// Spawns an admitted request's task.

@@ -11,6 +11,7 @@ pub mod codec;
 pub mod content;
 pub mod convert;
 pub mod door;
+pub mod embeddings;
 pub mod grpc_limits;
 pub mod intake;
 pub mod jobs;

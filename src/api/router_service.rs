@@ -66,14 +66,7 @@ impl RouterService {
         request: Request<proto::CompletionRequest>,
         buffered: bool,
     ) -> Result<Waiting, Status> {
-        let deadline = request
-            .metadata()
-            .get("grpc-timeout")
-            .and_then(|v| v.to_str().ok())
-            .and_then(convert::parse_grpc_timeout)
-            .map(|t| {
-                crate::policy::clock::after(Instant::now(), t.saturating_sub(deadline_margin(t)))
-            });
+        let deadline = caller_deadline(&request);
         let started = self
             .intake
             .start(Self::arrival(request, deadline, buffered))
@@ -109,6 +102,16 @@ impl Waiting {
             }
         }
     }
+}
+
+/// The caller's `grpc-timeout` as a deadline, less the reply margin.
+fn caller_deadline<T>(request: &Request<T>) -> Option<Instant> {
+    request
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(convert::parse_grpc_timeout)
+        .map(|t| crate::policy::clock::after(Instant::now(), t.saturating_sub(deadline_margin(t))))
 }
 
 /// How much earlier than the caller's deadline Switchyard gives up, so its
@@ -215,6 +218,25 @@ impl proto::router_server::Router for RouterService {
             .map(|item| item.map(convert::event).map_err(|e| to_status(&e)));
         let response = with_request_id(Response::new(Box::pin(stream) as EventStream), &id);
         Ok(with_dropped(response, &dropped))
+    }
+
+    async fn embed(
+        &self,
+        request: Request<proto::EmbedRequest>,
+    ) -> Result<Response<proto::EmbedResponse>, Status> {
+        let deadline = caller_deadline(&request);
+        let tenant = caller(&request);
+        let (metadata, _, request) = request.into_parts();
+        let id = self.intake.request_id();
+        let spec =
+            super::embeddings::spec(request, id.clone(), deadline).map_err(|e| to_status(&e))?;
+        let served = self
+            .intake
+            .embed(Door::Grpc, spec, tenant, Some(&metadata))
+            .await
+            .map_err(|e| to_status(&e))?;
+        let response = super::embeddings::response(served, id.clone());
+        Ok(with_request_id(Response::new(response), &id))
     }
 
     async fn complete(

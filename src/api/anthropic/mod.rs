@@ -9,6 +9,7 @@
 mod error;
 #[cfg(test)]
 mod fuzz;
+pub(crate) mod models;
 mod request;
 mod response;
 mod stream;

@@ -88,7 +88,7 @@ pub(crate) async fn not_found(request: Request) -> Response {
     HttpError {
         status: StatusCode::NOT_FOUND,
         message: format!(
-            "no endpoint {} {} (the HTTP doors serve POST /v1/chat/completions, GET /v1/models, POST /v1/messages and POST /v1/messages/count_tokens)",
+            "no endpoint {} {} (the HTTP doors serve POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models, GET /v1/models/{{id}}, POST /v1/messages and POST /v1/messages/count_tokens)",
             request.method(),
             request.uri().path()
         ),

@@ -1,13 +1,16 @@
 //! The OpenAI-compatible HTTP front door (`[server] http_listen`, shared
 //! with the Anthropic door through `door`):
-//! `POST /v1/chat/completions` (SSE or one `chat.completion`) and `GET
-//! /v1/models`. A request becomes a `proto::CompletionRequest` and goes through
+//! `POST /v1/chat/completions` (SSE or one `chat.completion`), `POST
+//! /v1/embeddings` ([`embeddings`]) and `GET /v1/models[/{id}]` ([`models`]).
+//! A chat request becomes a `proto::CompletionRequest` and goes through
 //! `convert::request_spec` and the same `Dispatcher` as gRPC; `model` names a
 //! route. Errors use OpenAI's error JSON with the `ErrorInfo` reason as `code`.
 
+mod embeddings;
 mod error;
 #[cfg(test)]
 mod fuzz;
+mod models;
 mod request;
 mod response;
 mod stream;
@@ -40,7 +43,9 @@ use crate::sink::{Event, Events};
 pub fn routes() -> axum::Router<Arc<HttpState>> {
     axum::Router::new()
         .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/models", get(models))
+        .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{*id}", get(models::retrieve))
 }
 
 /// A Chat Completions body (a batch line's `body`) as the gRPC request, or
@@ -68,34 +73,6 @@ pub(crate) fn completion_json(
 }
 
 // ---- handlers -------------------------------------------------------------
-
-async fn models(State(s): State<Arc<HttpState>>, request: Request) -> Response {
-    let request_id = s.request_id(request.headers());
-    if let Err(e) = s.authenticate(request.headers()) {
-        return HttpError::from_request(&e).response(&request_id);
-    }
-    let data: Vec<Value> = s
-        .reloader
-        .config()
-        .map(|c| {
-            c.routes
-                .iter()
-                .map(|r| {
-                    json!({
-                        "id": r.name,
-                        "object": "model",
-                        "created": 0,
-                        "owned_by": "switchyard",
-                        "targets": r.targets.iter().map(|t| t.target.clone()).collect::<Vec<_>>(),
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut r = axum::Json(json!({"object": "list", "data": data})).into_response();
-    insert(r.headers_mut(), "x-request-id", &request_id);
-    r
-}
 
 async fn chat_completions(State(s): State<Arc<HttpState>>, request: Request) -> Response {
     let request_id = s.request_id(request.headers());
