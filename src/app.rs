@@ -1,6 +1,6 @@
 //! Assembly: builds provider runtimes, starts the supervisor (and with it the
 //! provider and router actors), and serves the gRPC, admin and (optional)
-//! OpenAI-compatible HTTP listeners until told to stop. Shutdown runs in
+//! HTTP-door listeners until told to stop. Shutdown runs in
 //! phases (see [`Running::shutdown`]).
 
 use std::net::SocketAddr;
@@ -473,6 +473,20 @@ fn admin_access(config: &Config) -> Result<AdminAccess, StartError> {
 
 type GrpcTask = JoinHandle<Result<(), tonic::transport::Error>>;
 
+/// What server reflection describes: Switchyard's services, gRPC health,
+/// both reflection services, and the `google.rpc` error details
+/// (`ErrorInfo`, `RetryInfo`, ...) every error carries, so a reflection
+/// client (grpcurl) can decode them. Served as `grpc.reflection.v1` and as
+/// `v1alpha` (grpcurl 1.8 and other older clients).
+fn reflection_set() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
+}
+
 /// The gRPC server: health, reflection, Router (behind the caller auth
 /// interceptor) and Admin (behind the admin one), with the size-limit layer;
 /// TLS terminated here so certificates can be reloaded.
@@ -494,11 +508,9 @@ async fn serve_grpc(
     health
         .set_serving::<proto::router_server::RouterServer<RouterService>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| StartError::Actors(format!("reflection: {e}")))?;
+    let reflection_error = |e| StartError::Actors(format!("reflection: {e}"));
+    let reflection = reflection_set().build_v1().map_err(reflection_error)?;
+    let reflection_v1alpha = reflection_set().build_v1alpha().map_err(reflection_error)?;
     let admin_access = admin_access(config)?;
     let admin_service = tonic::service::interceptor::InterceptedService::new(
         proto::admin_server::AdminServer::new(AdminService::new(
@@ -519,6 +531,7 @@ async fn serve_grpc(
         })
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(router)
         .add_service(admin_service);
     let grpc_stop = stop.clone();

@@ -23,8 +23,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the gRPC router. Without --config: real providers for whichever of
-    /// OPENAI_API_KEY / ANTHROPIC_API_KEY is set, built-in mock upstreams otherwise.
+    /// Serve the gRPC router and the HTTP doors. Without --config: real providers
+    /// for whichever of OPENAI_API_KEY / ANTHROPIC_API_KEY is set, built-in mock
+    /// upstreams otherwise, and the HTTP doors on 127.0.0.1:8080.
     Serve(ServeArgs),
     /// Validate a config file; prints the first error (with its dotted path) and exits non-zero.
     CheckConfig {
@@ -56,6 +57,10 @@ struct ServeArgs {
     /// Override `server.admin_listen`.
     #[arg(long)]
     admin_listen: Option<SocketAddr>,
+    /// Where the HTTP doors (OpenAI and Anthropic shapes) listen; default
+    /// `server.http_listen`, or 127.0.0.1:8080 without --config.
+    #[arg(long)]
+    http_listen: Option<SocketAddr>,
     /// Override `server.log_format`.
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
@@ -198,7 +203,11 @@ async fn serve(args: ServeArgs) -> ExitCode {
                     }
                 }
             }
-            Config::builtin(urls[0].as_deref(), urls[1].as_deref())
+            let mut builtin = Config::builtin(urls[0].as_deref(), urls[1].as_deref());
+            // Out of the box, the OpenAI and Anthropic SDKs (and the agents
+            // built on them) need only a base URL.
+            builtin.server.http_listen = Some(SocketAddr::from(([127, 0, 0, 1], 8080)));
+            builtin
         }
     };
     if let Some(a) = args.grpc_listen {
@@ -206,6 +215,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
     }
     if let Some(a) = args.admin_listen {
         config.server.admin_listen = a;
+    }
+    if let Some(a) = args.http_listen {
+        config.server.http_listen = Some(a);
     }
     if let Some(f) = args.log_format {
         config.server.log_format = f;
@@ -218,7 +230,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let telemetry = switchyard::telemetry::tracing::init(config.server.log_format);
     if args.config.is_none() {
         if mocks.is_empty() {
-            tracing::info!("no --config: routing `chat` to OpenAI and Anthropic with the keys from the environment");
+            tracing::info!("no --config: routing `chat` to OpenAI and Anthropic and `embed` to OpenAI, with the keys from the environment");
         } else {
             for (m, p) in mocks
                 .iter()
@@ -258,7 +270,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         running.grpc_addr, running.admin_addr
     );
     let _ = std::io::stdout().flush();
-    tracing::info!(grpc = %running.grpc_addr, admin = %running.admin_addr, "serving");
+    tracing::info!(grpc = %running.grpc_addr, admin = %running.admin_addr, http = ?running.http_addr, "serving");
 
     let code = loop {
         tokio::select! {

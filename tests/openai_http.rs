@@ -417,9 +417,16 @@ async fn bearer_auth_is_the_grpc_auth() {
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "chat");
     assert_eq!(v["data"][0]["object"], "model");
+    // Then each target, pinned by `provider/model`.
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
     assert_eq!(
-        v["data"][0]["targets"],
-        json!(["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"])
+        ids,
+        ["chat", "primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
     );
 }
 

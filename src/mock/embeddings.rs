@@ -5,8 +5,10 @@
 //! [`DIMENSIONS`] components picked by its hash. So two questions
 //! with the same content words embed identically (similarity 1), and the
 //! similarity of others is the cosine of their word counts (barring hash
-//! collisions). Logged like every request; the `hang`, `status`, `refuse`
-//! and `slow_first_token` faults (as a delay) apply.
+//! collisions). Token ids embed as the words `t<id>`; `dimensions` cuts
+//! the vectors, `encoding_format: "base64"` sends them as OpenAI does.
+//! Logged like every request; the `hang`, `status`, `refuse` and
+//! `slow_first_token` faults (as a delay) apply.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,16 +61,64 @@ pub fn embed(text: &str) -> Vec<f32> {
     v
 }
 
-/// `input` as the texts to embed: a string or an array of strings.
-fn inputs(body: &serde_json::Value) -> Option<Vec<String>> {
-    match body.get("input")? {
-        serde_json::Value::String(s) => Some(vec![s.clone()]),
-        serde_json::Value::Array(items) => items
+/// One input: a text, or token ids (embedded as the words `t<id>`).
+struct Text {
+    text: String,
+    tokens: usize,
+}
+
+/// `input` as the texts to embed: a string, an array of strings, an array
+/// of token ids, or an array of token-id arrays (as OpenAI takes them).
+fn inputs(body: &serde_json::Value) -> Option<Vec<Text>> {
+    use serde_json::Value;
+    let text = |s: &str| Text {
+        text: s.to_owned(),
+        tokens: s.split_whitespace().count(),
+    };
+    let ids = |items: &[Value]| {
+        items
             .iter()
-            .map(|i| i.as_str().map(str::to_owned))
+            .map(|i| i.as_u64().map(|n| format!("t{n}")))
+            .collect::<Option<Vec<_>>>()
+            .filter(|v| !v.is_empty())
+            .map(|words| Text {
+                tokens: words.len(),
+                text: words.join(" "),
+            })
+    };
+    match body.get("input")? {
+        Value::String(s) => Some(vec![text(s)]),
+        Value::Array(items) if items.first().is_some_and(Value::is_number) => {
+            Some(vec![ids(items)?])
+        }
+        Value::Array(items) => items
+            .iter()
+            .map(|i| match i {
+                Value::String(s) => Some(text(s)),
+                Value::Array(a) => ids(a),
+                _ => None,
+            })
             .collect::<Option<Vec<_>>>()
             .filter(|v| !v.is_empty()),
         _ => None,
+    }
+}
+
+/// One vector as the body carries it: numbers, or base64 of little-endian
+/// f32 when the request asked for `encoding_format: "base64"`; cut to the
+/// asked `dimensions`.
+fn encoded(mut v: Vec<f32>, dimensions: Option<usize>, base64: bool) -> serde_json::Value {
+    use base64::Engine;
+    if let Some(d) = dimensions {
+        v.truncate(d);
+    }
+    if base64 {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        base64::engine::general_purpose::STANDARD
+            .encode(bytes)
+            .into()
+    } else {
+        v.into()
     }
 }
 
@@ -121,14 +171,22 @@ pub(super) async fn embeddings(State(s): State<Arc<Shared>>, req: Request) -> Re
             &gen.request_id(),
         );
         body["error"]["message"] =
-            "'input' must be a string or a non-empty array of strings".into();
+            "'input' must be a string, a non-empty array of strings, or token ids".into();
         return error_response(&gen, attempt, status, body, &Default::default(), None);
     };
-    let tokens: usize = texts.iter().map(|t| t.split_whitespace().count()).sum();
+    let dimensions = json
+        .get("dimensions")
+        .and_then(serde_json::Value::as_u64)
+        .map(|d| d.clamp(1, DIMENSIONS as u64) as usize);
+    let base64 = json.get("encoding_format").and_then(|f| f.as_str()) == Some("base64");
+    let tokens: usize = texts.iter().map(|t| t.tokens).sum();
     let data: Vec<serde_json::Value> = texts
         .iter()
         .enumerate()
-        .map(|(i, t)| serde_json::json!({"object": "embedding", "index": i, "embedding": embed(t)}))
+        .map(|(i, t)| {
+            let embedding = encoded(embed(&t.text), dimensions, base64);
+            serde_json::json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
         .collect();
     let body = serde_json::json!({
         "object": "list",

@@ -228,7 +228,8 @@ impl Switchyard {
         Self::spawn(cmd, Some(file)).await
     }
 
-    /// Starts `serve` with no config and the given environment.
+    /// Starts `serve` with no config and the given environment (the HTTP
+    /// doors, on 127.0.0.1:8080 out of the box, on an ephemeral port).
     pub async fn start_default(env: &[(&str, &str)]) -> Switchyard {
         let mut cmd = Command::new(BIN);
         cmd.args([
@@ -236,6 +237,8 @@ impl Switchyard {
             "--grpc-listen",
             "127.0.0.1:0",
             "--admin-listen",
+            "127.0.0.1:0",
+            "--http-listen",
             "127.0.0.1:0",
         ])
         .env_remove("OPENAI_API_KEY")
