@@ -1899,6 +1899,41 @@ targets = ["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
     }
 
     #[test]
+    fn embeddings_models_and_their_family() {
+        let with = |model: &str, route: &str| {
+            GOOD.replace(
+                "  name = \"gpt-4o-mini\"\n",
+                &format!("  name = \"gpt-4o-mini\"\n{model}\n"),
+            )
+            .replace(
+                "targets = [\"primary/gpt-4o-mini\", \"secondary/claude-sonnet-4-5\"]",
+                &format!("targets = [\"primary/gpt-4o-mini\"]\n{route}"),
+            )
+        };
+        let c = Config::from_toml_str(&with(
+            "  family = \"te3\"",
+            "embedding_family_failover = \"any\"",
+        ))
+        .unwrap();
+        assert_eq!(c.providers[0].models[0].family(), "te3");
+        assert_eq!(c.providers[1].models[0].family(), "claude-sonnet-4-5");
+        assert_eq!(c.routes[0].embedding_family_failover, FamilyFailover::Any);
+        let c = Config::from_toml_str(GOOD).unwrap();
+        assert_eq!(c.routes[0].embedding_family_failover, FamilyFailover::Same);
+        let e = err(&with("  family = \"\"", ""));
+        assert_eq!(e.path, "providers[0].models[0].family");
+        let e = err(&with("", "embedding_family_failover = \"some\""));
+        assert_eq!(e.path, "routes[0].embedding_family_failover");
+        // Embeddings come from an OpenAI-compatible /embeddings only.
+        let e = err(&GOOD.replace(
+            "  name = \"claude-sonnet-4-5\"",
+            "  name = \"claude-sonnet-4-5\"\n  capabilities = [\"embeddings\"]",
+        ));
+        assert_eq!(e.path, "providers[1].models[0].capabilities");
+        assert!(e.message.contains("`anthropic`"), "{e}");
+    }
+
+    #[test]
     fn unknown_field_names_its_path() {
         let e = err(&GOOD.replace(
             "max_concurrency = 64",
