@@ -18,12 +18,12 @@ use crate::actors::provider::{self, Refusal, TrafficClass};
 use crate::actors::router::{Candidate, Plan, RouterMsg};
 use crate::actors::CALL_TIMEOUT;
 use crate::config::LimitsConfig;
-use crate::cost::Reservation;
 use crate::dispatch::{admit, price, Admission, Dispatcher};
 use crate::error::RequestError;
 use crate::policy::next::{next, Next, Outcome, Tried, View};
 use crate::semantic::embed::{self, Batch, Input, MAX_DIMENSION};
 use crate::sink::Tier;
+use crate::state::cost::{OnOutage, Reservation};
 use crate::telemetry::metrics::ShedLabels;
 
 /// Most inputs in one call (OpenAI's own limit).
@@ -150,9 +150,9 @@ pub async fn run(d: Arc<Dispatcher>, spec: EmbedSpec) -> Result<Embedded, Reques
 /// The plan, the cost hold, the walk, the bill.
 async fn serve(d: &Dispatcher, spec: &EmbedSpec) -> Result<Embedded, RequestError> {
     let plan = plan(d, spec).await?;
-    let deadline = spec
-        .deadline
-        .unwrap_or_else(|| Instant::now() + plan.deadline.unwrap_or(d.default_deadline));
+    let deadline = spec.deadline.unwrap_or_else(|| {
+        crate::policy::clock::after(Instant::now(), plan.deadline.unwrap_or(d.default_deadline))
+    });
     let result = match hold(d, spec, &plan, deadline).await {
         Ok(held) => {
             let result = walk(d, spec, &plan, deadline).await;
@@ -202,7 +202,8 @@ async fn plan(d: &Dispatcher, spec: &EmbedSpec) -> Result<Plan, RequestError> {
 }
 
 /// Holds the call's most likely cost (its input at the dearest candidate's
-/// input price) against the tenant's cap, or refuses with COST_CAP.
+/// input price) against the tenant's cap, or refuses with COST_CAP (or
+/// STATE_UNAVAILABLE on a `fail_closed` route while the fleet ledger is away).
 async fn hold(
     d: &Dispatcher,
     spec: &EmbedSpec,
@@ -221,15 +222,15 @@ async fn hold(
         .fold(0.0, f64::max);
     // Held past the deadline by a margin, so a live call never loses it.
     let hold = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(30);
+    let on_outage = if plan.fail_closed {
+        OnOutage::Refuse
+    } else {
+        OnOutage::Allowance
+    };
     d.cost
-        .reserve(&spec.tenant, usd, hold)
+        .reserve(&spec.tenant, usd, hold, on_outage)
         .await
-        .map_err(|over| RequestError::CostCap {
-            tenant: spec.tenant.clone(),
-            spent_usd: over.spent_usd,
-            cap_usd: over.cap_usd,
-            retry_in: over.retry_in,
-        })
+        .map_err(|refused| refused.into_error(&spec.tenant))
 }
 
 /// Asks the decision table what to do after each attempt and does it.

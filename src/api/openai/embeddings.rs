@@ -59,6 +59,7 @@ async fn embed(s: &HttpState, request: Request, request_id: &str) -> Result<Resp
         by: format!("{}/{}", served.provider, served.model),
         tier: served.tier.as_str(),
         attempts: served.attempts,
+        dropped: Vec::new(),
     };
     let mut r = axum::Json(answer(&served, call.base64)).into_response();
     served_headers(r.headers_mut(), Some(&by), request_id);
