@@ -16,7 +16,7 @@ use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::sink::EventSink;
 use crate::upstream::endpoint::Endpoint;
 use crate::upstream::{
-    anthropic, azure, bedrock, classify, openai, sse, sse::SseParser, vertex, ChatRequest,
+    anthropic, azure, bedrock, classify, gemini, openai, sse, sse::SseParser, vertex, ChatRequest,
     Completion, Dropped, ProviderKind, StreamDecoder,
 };
 
@@ -291,13 +291,9 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
         }
         return AttemptEnd::Failed(passed_on(failure, rt, meta));
     };
-    // Anthropic is always streamed (its SDKs refuse long non-streamed calls);
-    // the non-streaming path is OpenAI's.
-    let always_streamed = matches!(
-        rt.kind,
-        ProviderKind::Anthropic | ProviderKind::BedrockAnthropic | ProviderKind::VertexAnthropic
-    );
-    let end = if input.chat.stream || always_streamed {
+    // Anthropic and Gemini are always streamed (Anthropic's SDKs refuse long
+    // non-streamed calls); the non-streaming path is OpenAI's.
+    let end = if input.chat.stream || rt.kind.always_streamed() {
         stream_body(input, response, sink, meta, first_limit).await
     } else {
         whole_body(input, response, sink, meta, first_limit).await
@@ -424,6 +420,24 @@ fn build_request(
                 headers,
             )
         }
+        ProviderKind::Gemini | ProviderKind::VertexGemini => {
+            let host = gemini::Host::of(rt.kind);
+            let headers = match host {
+                gemini::Host::AiStudio => gemini::auth_headers(key),
+                gemini::Host::Vertex => openai::auth_headers(bearer.map(|t| t.expose())),
+            };
+            (
+                gemini::endpoint(
+                    host,
+                    &rt.base_url,
+                    rt.project.as_deref().unwrap_or_default(),
+                    rt.region.as_deref().unwrap_or_default(),
+                    &chat.model,
+                ),
+                gemini::build_body(chat, host, dropped),
+                headers,
+            )
+        }
     };
     Ok(rt
         .http
@@ -481,6 +495,7 @@ fn decoder_for(kind: ProviderKind) -> Box<dyn StreamDecoder> {
         ProviderKind::Anthropic
         | ProviderKind::BedrockAnthropic
         | ProviderKind::VertexAnthropic => Box::new(anthropic::AnthropicDecoder::new()),
+        ProviderKind::Gemini | ProviderKind::VertexGemini => Box::new(gemini::GeminiDecoder::new()),
     }
 }
 

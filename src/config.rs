@@ -1369,7 +1369,7 @@ impl Config {
                     missing.push((format!("providers[{i}].keys[{k}].env"), key.env.clone()));
                 }
             }
-            if p.kind == ProviderKind::VertexAnthropic {
+            if p.kind.google_service_account() {
                 let env = p.vertex_credentials_env();
                 if std::env::var_os(env).is_none() {
                     missing.push((format!("providers[{i}].credentials_file_env"), env.into()));
@@ -1662,10 +1662,7 @@ fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
             ))
         }
     }
-    let hosted = matches!(
-        p.kind,
-        ProviderKind::BedrockAnthropic | ProviderKind::VertexAnthropic
-    );
+    let hosted = p.kind.hosted();
     match (hosted, p.region.as_deref()) {
         (true, None) => {
             return Err(ConfigError::new(
@@ -1692,18 +1689,21 @@ fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
             return Err(ConfigError::new(
                 at("region"),
                 format!(
-                    "only bedrock_anthropic and vertex_anthropic take a region, not `{}`",
+                    "only bedrock_anthropic, vertex_anthropic and vertex_gemini take a region, not `{}`",
                     p.kind.as_str()
                 ),
             ))
         }
     }
-    let vertex = p.kind == ProviderKind::VertexAnthropic;
+    let vertex = p.kind.google_service_account();
     match (vertex, p.project.as_deref()) {
         (true, None) => {
             return Err(ConfigError::new(
                 at("project"),
-                "required for kind = \"vertex_anthropic\" (the Google Cloud project id)",
+                format!(
+                    "required for kind = \"{}\" (the Google Cloud project id)",
+                    p.kind.as_str()
+                ),
             ))
         }
         (true, Some(pr))
@@ -1720,7 +1720,7 @@ fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
         (false, Some(_)) => {
             return Err(ConfigError::new(
                 at("project"),
-                "only kind = \"vertex_anthropic\" takes a project",
+                "only kinds vertex_anthropic and vertex_gemini take a project",
             ))
         }
         _ => {}
@@ -1728,7 +1728,7 @@ fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
     if !vertex && p.credentials_file_env.is_some() {
         return Err(ConfigError::new(
             at("credentials_file_env"),
-            "only kind = \"vertex_anthropic\" takes a credentials_file_env",
+            "only kinds vertex_anthropic and vertex_gemini take a credentials_file_env",
         ));
     }
     if let Some(keys) = &p.keys {
@@ -1775,6 +1775,12 @@ fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
                 ));
             }
         }
+    }
+    if p.kind == ProviderKind::Gemini && p.api_key_env.is_none() && p.keys.is_none() {
+        return Err(ConfigError::new(
+            at("api_key_env"),
+            "required for kind = \"gemini\" (or keys): AI Studio takes an API key",
+        ));
     }
     if let Some(env) = &p.api_key_env {
         if env.is_empty() || env.contains('=') {

@@ -1055,7 +1055,8 @@ fn takes_tier(kind: crate::upstream::ProviderKind, tier: &str) -> bool {
     match kind {
         K::Openai => matches!(tier, "auto" | "default" | "flex" | "priority"),
         K::Anthropic => matches!(tier, "auto" | "standard_only"),
-        K::AzureOpenai | K::BedrockAnthropic | K::VertexAnthropic => false,
+        // Azure, the cloud hosts and Gemini take no tier.
+        _ => false,
     }
 }
 

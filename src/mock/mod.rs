@@ -54,6 +54,7 @@
 mod bedrock;
 pub mod embeddings;
 mod faults;
+mod gemini;
 mod log;
 mod script;
 mod server;
@@ -85,6 +86,11 @@ pub enum MockKind {
     Openai,
     /// Anthropic Messages.
     Anthropic,
+    /// Google Gemini, at AI Studio's and Vertex's paths (`vertex_gemini`
+    /// is the same).
+    #[value(alias = "vertex_gemini")]
+    #[serde(alias = "vertex_gemini")]
+    Gemini,
 }
 
 impl MockKind {
@@ -92,6 +98,7 @@ impl MockKind {
         match self {
             MockKind::Openai => "openai",
             MockKind::Anthropic => "anthropic",
+            MockKind::Gemini => "gemini",
         }
     }
 }

@@ -83,6 +83,8 @@ pub(crate) struct Shared {
     refuse_tx: mpsc::UnboundedSender<RefuseCmd>,
     /// Per-key answers (`PUT /_mock/keys`), for providers with several keys.
     keys: Mutex<KeyRules>,
+    /// Gemini: prompt prefixes seen, for implicit cache reads.
+    implicit_cache: Mutex<super::gemini::ImplicitCache>,
 }
 
 /// Keys (test values, never logged) that get a 429 or a 401 whatever the fault.
@@ -112,6 +114,7 @@ impl Shared {
             faults: Mutex::new(FaultState::new(seed)),
             refuse_tx,
             keys: Mutex::new(KeyRules::default()),
+            implicit_cache: Mutex::default(),
         };
         (Arc::new(shared), refuse_rx)
     }
@@ -350,6 +353,11 @@ fn router(shared: Arc<Shared>) -> Router {
             "/v1/projects/{project}/locations/{location}/publishers/anthropic/models/{model_action}",
             post(super::vertex::stream_raw_predict),
         )
+        .route("/v1beta/models/{model_action}", post(super::gemini::ai_studio))
+        .route(
+            "/v1/projects/{project}/locations/{location}/publishers/google/models/{model_action}",
+            post(super::gemini::vertex),
+        )
         .route("/_mock/faults", get(get_faults).put(put_faults))
         .route("/_mock/requests", get(get_requests).delete(delete_requests))
         .route("/_mock/stats", get(get_stats))
@@ -367,6 +375,8 @@ async fn not_found(State(s): State<Arc<Shared>>, req: Request) -> Response {
         MockKind::Anthropic
     } else if path.contains("completions") {
         MockKind::Openai
+    } else if path.contains("GenerateContent") || path.contains("generateContent") {
+        MockKind::Gemini
     } else {
         s.kind
     };
@@ -378,6 +388,9 @@ async fn not_found(State(s): State<Arc<Shared>>, req: Request) -> Response {
         MockKind::Anthropic => {
             body["error"]["type"] = "not_found_error".into();
             body["error"]["message"] = msg.into();
+        }
+        MockKind::Gemini => {
+            body["error"] = serde_json::json!({"code": 404, "message": msg, "status": "NOT_FOUND"});
         }
     }
     (StatusCode::NOT_FOUND, Json(body)).into_response()
@@ -462,6 +475,7 @@ fn request_key(headers: &HeaderMap) -> Option<String> {
     bearer
         .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
+        .or_else(|| headers.get("x-goog-api-key").and_then(|v| v.to_str().ok()))
         .map(str::to_string)
 }
 
@@ -499,7 +513,8 @@ pub(super) fn new_record(
         body: body.clone(),
         authorization_present: headers.contains_key(header::AUTHORIZATION)
             || headers.contains_key("x-api-key")
-            || headers.contains_key("api-key"),
+            || headers.contains_key("api-key")
+            || headers.contains_key("x-goog-api-key"),
         headers: selected,
         arrived_ms: 0.0,
         finished_ms: None,
@@ -566,13 +581,20 @@ pub(super) async fn completion_as(
         None => Parsed::from_body(dialect, &body_json),
         Some(model) => {
             let mut as_read = body_json.clone();
+            // Gemini names the streaming call in its path; the others stream here.
+            let stream =
+                dialect != MockKind::Gemini || parts.uri.path().ends_with(":streamGenerateContent");
             if let Some(o) = as_read.as_object_mut() {
                 o.insert("model".into(), model.clone().into());
-                o.insert("stream".into(), true.into());
+                o.insert("stream".into(), stream.into());
             }
             Parsed::from_body(dialect, &as_read)
         }
     };
+    let mut parsed = parsed;
+    if dialect == MockKind::Gemini {
+        parsed.cached_tokens = lock(&s.implicit_cache).read(&body_json);
+    }
     let cfg = s.config();
     let record = new_record(
         dialect,
@@ -630,6 +652,12 @@ pub(super) async fn completion_as(
         let (status, body) = wire::bad_json(dialect, &gen.request_id());
         return error_response(&gen, attempt, status, body, &BTreeMap::new(), None);
     }
+    if dialect == MockKind::Gemini {
+        if let Some((status, body)) = super::gemini::check_signatures(&body_json) {
+            attempt.set_fault(Some("thought_signature"));
+            return error_response(&gen, attempt, status, body, &BTreeMap::new(), None);
+        }
+    }
     if fault != Fault::None {
         attempt.set_fault(Some(fault.name()));
     }
@@ -679,7 +707,7 @@ fn unreachable_response() -> Response {
 
 fn request_id_header(dialect: MockKind) -> HeaderName {
     match dialect {
-        MockKind::Openai => HeaderName::from_static("x-request-id"),
+        MockKind::Openai | MockKind::Gemini => HeaderName::from_static("x-request-id"),
         MockKind::Anthropic => HeaderName::from_static("request-id"),
     }
 }

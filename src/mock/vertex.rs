@@ -82,6 +82,15 @@ fn check_assertion(jwt: &str, audience: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `headers` carry a bearer token `/token` issued.
+pub(super) fn issued_bearer(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| ISSUED.lock().is_ok_and(|issued| issued.contains(t)))
+}
+
 /// `GET /_mock/tokens`.
 pub(super) async fn grants() -> Response {
     axum::Json(json!({ "grants": GRANTS.load(Ordering::Relaxed) })).into_response()
@@ -96,16 +105,7 @@ pub(super) async fn stream_raw_predict(
     let Some(model) = model_action.strip_suffix(":streamRawPredict") else {
         return google_error(StatusCode::NOT_FOUND, "NOT_FOUND", "unknown method");
     };
-    let token = req
-        .headers()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::to_string);
-    let known = token
-        .as_ref()
-        .is_some_and(|t| ISSUED.lock().is_ok_and(|issued| issued.contains(t)));
-    if !known {
+    if !issued_bearer(req.headers()) {
         return google_error(
             StatusCode::UNAUTHORIZED,
             "UNAUTHENTICATED",

@@ -1,5 +1,6 @@
 //! OpenAI and Anthropic wire shapes: request fields the mock reads, SSE frames,
-//! non-streaming bodies and real error bodies (reference Part A.1-A.4).
+//! non-streaming bodies and real error bodies (reference Part A.1-A.4);
+//! Gemini's are rendered by `super::gemini`.
 //! Pure functions from a [`Gen`] context to bytes; no I/O, no fault logic.
 
 use bytes::Bytes;
@@ -24,12 +25,30 @@ pub(crate) struct Parsed {
     pub input_tokens: u32,
     /// The `service_tier` asked for.
     pub service_tier: Option<String>,
-    /// OpenAI `response_format: {"type": "json_object"}`: the answer is JSON.
+    /// OpenAI `response_format: {"type": "json_object"}` (Gemini
+    /// `responseMimeType: application/json`): the answer is JSON.
     pub json_object: bool,
+    /// Gemini `includeThoughts`: the answer opens with a thought.
+    pub thoughts: bool,
+    /// Gemini: prompt tokens read from its implicit cache.
+    pub cached_tokens: u32,
 }
 
 impl Parsed {
     pub(crate) fn from_body(dialect: MockKind, body: &Value) -> Parsed {
+        if dialect == MockKind::Gemini {
+            let (max_tokens, tool, prompt, json_object, thoughts) = super::gemini::read(body);
+            return Parsed {
+                model: body.get("model").and_then(Value::as_str).map(str::to_owned),
+                stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+                max_tokens,
+                tool,
+                input_tokens: clamp_u32(prompt as u64 / 4 + 1),
+                json_object,
+                thoughts,
+                ..Parsed::default()
+            };
+        }
         let max = |k: &str| body.get(k).and_then(Value::as_u64).map(clamp_u32);
         let tool = body
             .get("tools")
@@ -39,6 +58,7 @@ impl Parsed {
                 let name = match dialect {
                     MockKind::Openai => t.pointer("/function/name"),
                     MockKind::Anthropic => t.get("name"),
+                    MockKind::Gemini => t.pointer("/functionDeclarations/0/name"),
                 };
                 name.and_then(Value::as_str).unwrap_or("tool").to_owned()
             });
@@ -64,6 +84,7 @@ impl Parsed {
                 .pointer("/response_format/type")
                 .and_then(Value::as_str)
                 == Some("json_object"),
+            ..Parsed::default()
         }
     }
 }
@@ -144,9 +165,9 @@ impl Gen {
         self
     }
 
-    /// The answer is a JSON object (OpenAI JSON mode, no tool call).
+    /// The answer is a JSON object (OpenAI or Gemini JSON mode, no tool call).
     fn json(&self) -> bool {
-        self.req.json_object && self.req.tool.is_none() && self.dialect == MockKind::Openai
+        self.req.json_object && self.req.tool.is_none() && self.dialect != MockKind::Anthropic
     }
 
     fn json_open(&self) -> String {
@@ -171,6 +192,7 @@ impl Gen {
         match self.dialect {
             MockKind::Openai => format!("chatcmpl-mock{:06}", self.seq),
             MockKind::Anthropic => format!("msg_mock{:06}", self.seq),
+            MockKind::Gemini => format!("resp-mock{:06}", self.seq),
         }
     }
 
@@ -178,6 +200,7 @@ impl Gen {
         match self.dialect {
             MockKind::Openai => format!("call_mock{:06}", self.seq),
             MockKind::Anthropic => format!("toolu_mock{:06}", self.seq),
+            MockKind::Gemini => format!("call_mock{:06}", self.seq),
         }
     }
 
@@ -202,6 +225,7 @@ impl Gen {
             (MockKind::Anthropic, Finish::Length) => "max_tokens",
             (MockKind::Anthropic, Finish::Tool) => "tool_use",
             (MockKind::Anthropic, Finish::Refusal) => "refusal",
+            (MockKind::Gemini, f) => super::gemini::finish_str(f),
         }
     }
 }
@@ -247,6 +271,7 @@ fn served_tier(g: &Gen) -> &'static str {
         (MockKind::Openai, _) => "default",
         (MockKind::Anthropic, Some("auto")) => "priority",
         (MockKind::Anthropic, _) => "standard",
+        (MockKind::Gemini, _) => "none",
     }
 }
 
@@ -342,6 +367,7 @@ pub(crate) fn prelude(g: &Gen) -> Vec<Bytes> {
             }
             out
         }
+        (MockKind::Gemini, _) => super::gemini::prelude(g),
     }
 }
 
@@ -363,6 +389,7 @@ pub(crate) fn token(g: &Gen, i: u32) -> Bytes {
                     "delta": {"type": "text_delta", "text": t}}),
         ),
         (MockKind::Anthropic, true) => an_args(&t),
+        (MockKind::Gemini, _) => super::gemini::token(g, t),
     }
 }
 
@@ -416,6 +443,20 @@ pub(crate) fn epilogue(g: &Gen, finish: Finish, k: u32, terminator: bool) -> Vec
                 out.push(sse_event("message_stop", &json!({"type": "message_stop"})));
             }
         }
+        MockKind::Gemini => {
+            // Calls come whole; a stream's only terminator is its finish reason.
+            let args = format!("{ARGS_OPEN}{}{ARGS_CLOSE}", text_of(k));
+            let close = (g.json() && finish != Finish::Refusal).then(|| {
+                if k == 0 {
+                    format!("{}{JSON_CLOSE}", g.json_open())
+                } else {
+                    JSON_CLOSE.to_string()
+                }
+            });
+            out.extend(super::gemini::epilogue(
+                g, finish, k, &args, close, terminator,
+            ));
+        }
     }
     out
 }
@@ -432,6 +473,7 @@ pub(crate) fn error_frame(g: &Gen, error_type: Option<&str>, message: Option<&st
                 "type": error_type.unwrap_or("overloaded_error"),
                 "message": message.unwrap_or("Overloaded")}}),
         ),
+        MockKind::Gemini => super::gemini::error_frame(error_type, message),
     }
 }
 
@@ -442,6 +484,7 @@ pub(crate) fn malformed_frame(g: &Gen) -> Bytes {
         MockKind::Anthropic => Bytes::from_static(
             b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":\n\n",
         ),
+        MockKind::Gemini => super::gemini::malformed_frame(),
     }
 }
 
@@ -504,6 +547,10 @@ pub(crate) fn full_body(g: &Gen, finish: Finish, k: u32) -> Bytes {
                    "content": content, "stop_reason": g.finish_str(finish), "stop_sequence": null,
                    "usage": {"input_tokens": g.req.input_tokens, "output_tokens": k,
                              "service_tier": served_tier(g)}})
+        }
+        MockKind::Gemini => {
+            let args = format!("{ARGS_OPEN}{}{ARGS_CLOSE}", text_of(k));
+            super::gemini::full_body(g, finish, k, &text, &args)
         }
     };
     Bytes::from(v.to_string())
@@ -601,6 +648,7 @@ pub(crate) fn preset_error(
             Preset::ContentFilter => (400, an_error("invalid_request_error",
                 "Output blocked by content filtering policy", request_id)),
         },
+        MockKind::Gemini => super::gemini::preset_error(preset, model),
     }
 }
 
@@ -629,6 +677,7 @@ pub(crate) fn bad_json(dialect: MockKind, request_id: &str) -> (u16, Value) {
                 request_id,
             ),
         ),
+        MockKind::Gemini => super::gemini::bad_json(),
     }
 }
 

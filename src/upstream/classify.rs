@@ -29,6 +29,53 @@ struct ErrorFields {
     message: Option<String>,
     /// Anthropic `error.details.error_code`.
     detail_code: Option<String>,
+    /// Google's `error.status` (`RESOURCE_EXHAUSTED`, `UNAVAILABLE`, …).
+    status: Option<String>,
+    /// Google's `details`: `ErrorInfo.reason`, a per-day `QuotaFailure`,
+    /// `RetryInfo.retryDelay`.
+    google: GoogleDetails,
+}
+
+/// What Google's `error.details` say (reference D.5, D.7).
+#[derive(Debug, Default, PartialEq)]
+struct GoogleDetails {
+    /// `google.rpc.ErrorInfo.reason` (`API_KEY_INVALID`, `RATE_LIMIT_EXCEEDED`).
+    reason: Option<String>,
+    /// A `google.rpc.QuotaFailure` violation whose `quotaId` is per day:
+    /// the wait runs to the daily reset, a quota rather than a rate limit.
+    per_day: bool,
+    /// `google.rpc.RetryInfo.retryDelay` (`"19s"`, `"3.700s"`).
+    retry_delay: Option<Duration>,
+}
+
+impl GoogleDetails {
+    fn parse(details: Option<&Value>) -> Self {
+        let mut out = GoogleDetails::default();
+        for d in details.and_then(Value::as_array).into_iter().flatten() {
+            let ty = d.get("@type").and_then(Value::as_str).unwrap_or("");
+            if ty.ends_with("google.rpc.ErrorInfo") {
+                out.reason = str_field(d, "reason");
+            } else if ty.ends_with("google.rpc.RetryInfo") {
+                out.retry_delay = d
+                    .get("retryDelay")
+                    .and_then(Value::as_str)
+                    .and_then(parse_proto_duration);
+            } else if ty.ends_with("google.rpc.QuotaFailure") {
+                let violations = d.get("violations").and_then(Value::as_array);
+                out.per_day |= violations.into_iter().flatten().any(|v| {
+                    v.get("quotaId")
+                        .and_then(Value::as_str)
+                        .is_some_and(|id| id.contains("PerDay"))
+                });
+            }
+        }
+        out
+    }
+}
+
+/// A protobuf `Duration` in JSON (`"19s"`, `"3.700s"`); `None` unless positive.
+fn parse_proto_duration(v: &str) -> Option<Duration> {
+    positive_secs(v.trim().strip_suffix('s')?.parse().ok()?)
 }
 
 impl ErrorFields {
@@ -52,6 +99,8 @@ impl ErrorFields {
             code: o.get("code").and_then(scalar_string),
             message: str_field(o, "message"),
             detail_code: o.get("details").and_then(|d| str_field(d, "error_code")),
+            status: str_field(o, "status"),
+            google: GoogleDetails::parse(o.get("details")),
         }
     }
 
@@ -61,9 +110,10 @@ impl ErrorFields {
         (100..600).contains(&n).then_some(n)
     }
 
-    /// True if `type` or `code` matches one of `names` (see [`norm`]).
+    /// True if `type`, `code`, Google's `status` or `ErrorInfo.reason`
+    /// matches one of `names` (see [`norm`]).
     fn is_any(&self, names: &[&str]) -> bool {
-        [&self.kind, &self.code]
+        [&self.kind, &self.code, &self.status, &self.google.reason]
             .into_iter()
             .flatten()
             .any(|s| names.contains(&norm(s).as_str()))
@@ -71,7 +121,12 @@ impl ErrorFields {
 
     /// Short identifier for messages: `type` or `code`, sanitised.
     fn label(&self) -> String {
-        let raw = self.kind.as_deref().or(self.code.as_deref()).unwrap_or("");
+        let raw = self
+            .kind
+            .as_deref()
+            .or(self.status.as_deref())
+            .or(self.code.as_deref())
+            .unwrap_or("");
         raw.chars()
             .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
             .take(64)
@@ -131,22 +186,37 @@ fn class_for_status(status: u16) -> OutcomeClass {
 
 /// Class named by the error's type/code, if it names one.
 fn class_for_names(f: &ErrorFields) -> Option<OutcomeClass> {
+    // Google's names (`status`, `ErrorInfo.reason`) sit beside the others.
     let class = if f.detail_code.as_deref() == Some("enforced_spend_limit_reached")
+        || f.google.per_day
         || f.is_any(&["insufficientquota", "billingerror"])
     {
         OutcomeClass::Quota
-    } else if f.is_any(&["ratelimitexceeded", "ratelimiterror", "ratelimit"]) {
+    } else if f.is_any(&[
+        "ratelimitexceeded",
+        "ratelimiterror",
+        "ratelimit",
+        "resourceexhausted",
+    ]) {
         OutcomeClass::RateLimited
-    } else if f.is_any(&["overloadederror", "overloaded", "serviceunavailableerror"]) {
+    } else if f.is_any(&[
+        "overloadederror",
+        "overloaded",
+        "serviceunavailableerror",
+        "unavailable",
+    ]) {
         OutcomeClass::Overloaded
     } else if f.is_any(&[
         "authenticationerror",
         "permissionerror",
         "permissiondeniederror",
         "invalidapikey",
+        "permissiondenied",
+        "unauthenticated",
+        "apikeyinvalid",
     ]) {
         OutcomeClass::Auth
-    } else if f.is_any(&["notfounderror", "modelnotfound"]) {
+    } else if f.is_any(&["notfounderror", "modelnotfound", "notfound"]) {
         OutcomeClass::NotFound
     } else if f.is_any(&[
         "invalidrequesterror",
@@ -155,6 +225,8 @@ fn class_for_names(f: &ErrorFields) -> Option<OutcomeClass> {
         "contextlengthexceeded",
         "unprocessableentityerror",
         "requesttoolarge",
+        "invalidargument",
+        "failedprecondition",
     ]) {
         OutcomeClass::Invalid
     } else if f.is_any(&[
@@ -162,6 +234,8 @@ fn class_for_names(f: &ErrorFields) -> Option<OutcomeClass> {
         "apierror",
         "internalservererror",
         "timeouterror",
+        "internal",
+        "deadlineexceeded",
     ]) {
         OutcomeClass::ServerError
     } else {
@@ -236,12 +310,15 @@ pub fn classify_http_at(
         OutcomeClass::ServerError if named == Some(OutcomeClass::Overloaded) => {
             OutcomeClass::Overloaded
         }
+        // Google answers a bad API key with 400 `API_KEY_INVALID`.
+        OutcomeClass::Invalid if named == Some(OutcomeClass::Auth) => OutcomeClass::Auth,
         c => c,
     };
     let header_retry = should_retry_header(headers);
     Failure {
         class,
-        retry_after: parse_retry_after(headers, now),
+        // Headers first, then Google's `RetryInfo` (reference D.5).
+        retry_after: parse_retry_after(headers, now).or(fields.google.retry_delay),
         should_retry: header_retry.or((status == 408).then_some(true)),
         http_status: Some(status),
         upstream_request_id: request_id(headers),
@@ -271,6 +348,7 @@ pub fn classify_error_object(_kind: ProviderKind, v: &Value, http_status: Option
     };
     Failure {
         http_status,
+        retry_after: fields.google.retry_delay,
         ..Failure::new(class, message_for(class, &fields, None))
     }
 }
@@ -717,6 +795,147 @@ mod tests {
     fn error_object_without_names_falls_back_to_http_status() {
         let f = classify_error_object(ProviderKind::Openai, &json!({"error":"nope"}), Some(404));
         assert_eq!(f.class, OutcomeClass::NotFound);
+    }
+
+    /// Google's error shape (reference D.5, D.7).
+    fn google(code: u16, status: &str, details: Value) -> String {
+        json!({"error": {"code": code, "message": "m", "status": status, "details": details}})
+            .to_string()
+    }
+
+    fn quota(quota_id: &str, delay: &str) -> Value {
+        json!([
+            {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [
+                {"quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+                 "quotaId": quota_id, "quotaValue": "20"}]},
+            {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay}
+        ])
+    }
+
+    #[test]
+    fn google_errors_are_classified_by_status_and_details() {
+        let per_minute = google(
+            429,
+            "RESOURCE_EXHAUSTED",
+            quota(
+                "GenerateRequestsPerMinutePerProjectPerModel-FreeTier",
+                "19s",
+            ),
+        );
+        let per_day = google(
+            429,
+            "RESOURCE_EXHAUSTED",
+            quota(
+                "GenerateRequestsPerDayPerProjectPerModel-FreeTier",
+                "3.700s",
+            ),
+        );
+        let bad_key = google(
+            400,
+            "INVALID_ARGUMENT",
+            json!([{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": "API_KEY_INVALID", "domain": "googleapis.com"}]),
+        );
+        let none = json!([]);
+        let cases: &[(u16, String, OutcomeClass, Option<Duration>)] = &[
+            (
+                429,
+                per_minute.clone(),
+                OutcomeClass::RateLimited,
+                Some(Duration::from_secs(19)),
+            ),
+            (
+                429,
+                per_day.clone(),
+                OutcomeClass::Quota,
+                Some(Duration::from_millis(3700)),
+            ),
+            (
+                503,
+                google(503, "UNAVAILABLE", none.clone()),
+                OutcomeClass::Overloaded,
+                None,
+            ),
+            (
+                500,
+                google(500, "INTERNAL", none.clone()),
+                OutcomeClass::ServerError,
+                None,
+            ),
+            (
+                504,
+                google(504, "DEADLINE_EXCEEDED", none.clone()),
+                OutcomeClass::ServerError,
+                None,
+            ),
+            (
+                400,
+                google(400, "INVALID_ARGUMENT", none.clone()),
+                OutcomeClass::Invalid,
+                None,
+            ),
+            (
+                400,
+                google(400, "FAILED_PRECONDITION", none.clone()),
+                OutcomeClass::Invalid,
+                None,
+            ),
+            (400, bad_key, OutcomeClass::Auth, None),
+            (
+                403,
+                google(403, "PERMISSION_DENIED", none.clone()),
+                OutcomeClass::Auth,
+                None,
+            ),
+            (
+                401,
+                google(401, "UNAUTHENTICATED", none.clone()),
+                OutcomeClass::Auth,
+                None,
+            ),
+            (
+                404,
+                google(404, "NOT_FOUND", none.clone()),
+                OutcomeClass::NotFound,
+                None,
+            ),
+        ];
+        for (status, body, class, wait) in cases {
+            let f = http(*status, body);
+            assert_eq!(f.class, *class, "{status} {body}");
+            assert_eq!(f.retry_after, *wait, "{status} {body}");
+        }
+        assert_eq!(
+            http(429, &per_minute).message,
+            "upstream rate_limited (HTTP 429): RESOURCE_EXHAUSTED"
+        );
+        // A header wins over RetryInfo.
+        let h = headers(&[("retry-after", "2")]);
+        let f = classify_http_at(ProviderKind::Gemini, 429, &h, per_minute.as_bytes(), now());
+        assert_eq!(f.retry_after, Some(Duration::from_secs(2)));
+        // The same shapes inside a stream.
+        let v: Value = serde_json::from_str(&per_minute).unwrap();
+        let f = classify_error_object(ProviderKind::Gemini, &v, Some(200));
+        assert_eq!(f.class, OutcomeClass::RateLimited);
+        assert_eq!(f.retry_after, Some(Duration::from_secs(19)));
+        let v: Value = serde_json::from_str(&google(503, "UNAVAILABLE", none)).unwrap();
+        assert_eq!(
+            classify_error_object(ProviderKind::Gemini, &v, Some(200)).class,
+            OutcomeClass::Overloaded
+        );
+    }
+
+    #[test]
+    fn retry_delays_are_protobuf_durations() {
+        assert_eq!(parse_proto_duration("19s"), Some(Duration::from_secs(19)));
+        assert_eq!(
+            parse_proto_duration("3.700s"),
+            Some(Duration::from_millis(3700))
+        );
+        assert_eq!(parse_proto_duration("0s"), None);
+        assert_eq!(parse_proto_duration("-1s"), None);
+        assert_eq!(parse_proto_duration("19"), None);
+        assert_eq!(parse_proto_duration("NaNs"), None);
     }
 
     #[tokio::test]

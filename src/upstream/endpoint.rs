@@ -42,7 +42,8 @@ pub struct Endpoint {
     /// `bedrock_anthropic`: the SigV4 region and the credentials.
     pub region: Option<String>,
     pub aws: Option<super::bedrock::AwsCredentials>,
-    /// `vertex_anthropic`: the project and the service account's token source.
+    /// `vertex_anthropic`, `vertex_gemini`: the project and the service
+    /// account's token source.
     pub project: Option<String>,
     pub vertex: Option<std::sync::Arc<super::vertex::VertexAuth>>,
     /// Request sent -> first token.
@@ -59,7 +60,7 @@ pub struct Endpoint {
 pub enum EndpointError {
     #[error("environment variable {0} (api_key_env or a key's env) is not set")]
     MissingKey(String),
-    #[error("vertex_anthropic: {0}")]
+    #[error("vertex: {0}")]
     Vertex(String),
     #[error("environment variable {0} is not set (bedrock_anthropic signs with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and, if set, AWS_SESSION_TOKEN)")]
     MissingAws(&'static str),
@@ -154,7 +155,7 @@ impl Endpoint {
             _ => None,
         };
         let vertex = match cfg.kind {
-            ProviderKind::VertexAnthropic => {
+            kind if kind.google_service_account() => {
                 let env = cfg.vertex_credentials_env();
                 let path = std::env::var_os(env).ok_or_else(|| {
                     EndpointError::Vertex(format!(

@@ -12,6 +12,7 @@ mod content_tests;
 pub mod endpoint;
 #[cfg(test)]
 pub(crate) mod fuzz;
+pub mod gemini;
 pub mod keys;
 pub mod openai;
 mod openai_frame;
@@ -49,6 +50,11 @@ pub enum ProviderKind {
     /// Anthropic Messages on Google Vertex AI: OAuth2 from a service account.
     #[serde(rename = "vertex_anthropic")]
     VertexAnthropic,
+    /// Google Gemini on AI Studio: `x-goog-api-key`, Gemini's SSE.
+    Gemini,
+    /// Google Gemini on Vertex AI: the same wire, OAuth2 from a service account.
+    #[serde(rename = "vertex_gemini")]
+    VertexGemini,
 }
 
 impl ProviderKind {
@@ -59,7 +65,30 @@ impl ProviderKind {
             ProviderKind::AzureOpenai => "azure_openai",
             ProviderKind::BedrockAnthropic => "bedrock_anthropic",
             ProviderKind::VertexAnthropic => "vertex_anthropic",
+            ProviderKind::Gemini => "gemini",
+            ProviderKind::VertexGemini => "vertex_gemini",
         }
+    }
+
+    /// Authenticates with a Google service account's OAuth2 token (and
+    /// takes a `project` and a `region`).
+    pub fn google_service_account(self) -> bool {
+        matches!(
+            self,
+            ProviderKind::VertexAnthropic | ProviderKind::VertexGemini
+        )
+    }
+
+    /// A cloud host of another company's models: takes a `region`, and
+    /// authenticates without API keys (SigV4 or a service account).
+    pub fn hosted(self) -> bool {
+        self == ProviderKind::BedrockAnthropic || self.google_service_account()
+    }
+
+    /// Always called streaming, whatever the caller asked (the
+    /// non-streaming path is OpenAI's).
+    pub fn always_streamed(self) -> bool {
+        !matches!(self, ProviderKind::Openai | ProviderKind::AzureOpenai)
     }
 }
 
@@ -75,6 +104,7 @@ impl ProviderKind {
             ProviderKind::Anthropic
             | ProviderKind::BedrockAnthropic
             | ProviderKind::VertexAnthropic => Dialect::Anthropic,
+            ProviderKind::Gemini | ProviderKind::VertexGemini => Dialect::Gemini,
         }
     }
 }
@@ -82,7 +112,8 @@ impl ProviderKind {
 /// What an adapter could not put on its wire, by name, for the caller's
 /// `x-switchyard-dropped` (never silent). Names are stable: `cache_control`,
 /// `reasoning` (signed reasoning of another family), `thinking`, `is_error`,
-/// `document_url`, `tool_result_media`, `passthrough.<field>`, `header.<name>`.
+/// `document_url`, `image_url`, `tool_result_media`, `passthrough.<field>`,
+/// `header.<name>`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Dropped(Vec<String>);
 
