@@ -416,10 +416,26 @@ fn refuse(code: u16, status: &str, message: &str) -> Response {
 
 // ---- Endpoints --------------------------------------------------------------
 
-/// `{model}:streamGenerateContent` or `{model}:generateContent`: the model.
-fn model_of(model_action: &str) -> Option<String> {
-    let (model, action) = model_action.rsplit_once(':')?;
-    matches!(action, "streamGenerateContent" | "generateContent").then(|| model.to_string())
+/// Why a call is not served: status, Google's status name, message.
+type Refused = (u16, &'static str, &'static str);
+
+/// The model of `{model}:streamGenerateContent?alt=sse` or
+/// `{model}:generateContent`, or why the call is not served. Without
+/// `alt=sse` Google streams a JSON array, which the mock does not speak.
+fn model_of(model_action: &str, query: Option<&str>) -> Result<String, Refused> {
+    const UNKNOWN: Refused = (404, "NOT_FOUND", "unknown method");
+    let (model, action) = model_action.rsplit_once(':').ok_or(UNKNOWN)?;
+    let sse = query.is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
+    match action {
+        "generateContent" => Ok(model.to_string()),
+        "streamGenerateContent" if sse => Ok(model.to_string()),
+        "streamGenerateContent" => Err((
+            400,
+            "INVALID_ARGUMENT",
+            "mock-upstream: streamGenerateContent without alt=sse (a JSON array) is not served",
+        )),
+        _ => Err(UNKNOWN),
+    }
 }
 
 /// `POST /v1beta/models/{model_action}` (AI Studio).
@@ -428,8 +444,9 @@ pub(super) async fn ai_studio(
     Path(model_action): Path<String>,
     req: Request,
 ) -> Response {
-    let Some(model) = model_of(&model_action) else {
-        return refuse(404, "NOT_FOUND", "unknown method");
+    let model = match model_of(&model_action, req.uri().query()) {
+        Ok(model) => model,
+        Err((code, status, message)) => return refuse(code, status, message),
     };
     if !req.headers().contains_key("x-goog-api-key") {
         return refuse(
@@ -447,8 +464,9 @@ pub(super) async fn vertex(
     Path((_project, _location, model_action)): Path<(String, String, String)>,
     req: Request,
 ) -> Response {
-    let Some(model) = model_of(&model_action) else {
-        return refuse(404, "NOT_FOUND", "unknown method");
+    let model = match model_of(&model_action, req.uri().query()) {
+        Ok(model) => model,
+        Err((code, status, message)) => return refuse(code, status, message),
     };
     if !super::vertex::issued_bearer(req.headers()) {
         return refuse(
