@@ -5,7 +5,9 @@
 //! With OpenAI's `response_format: {"type":"json_object"}` the answer is the
 //! JSON object `{"answer":"tok0 tok1 ..."}`.
 //! `POST /v1/embeddings` answers with a deterministic bag-of-words vector
-//! (see [`embeddings`]).
+//! (see [`embeddings`]). Gemini's `:streamGenerateContent?alt=sse` and
+//! `:generateContent` (AI Studio's and Vertex's paths) take the same faults,
+//! rendered in Google's shapes (see `gemini`).
 //! It never forwards anything anywhere and never stores credentials.
 //!
 //! # Control API (never logged, never faulted)
