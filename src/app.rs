@@ -266,7 +266,8 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         async move { listener::serve_http(listeners.admin, admin_router, bounds, &metrics, stop).await }
     });
     let http = listeners.http.map(|http| {
-        let state = HttpState::new(core.intake.clone(), auth, reloader.clone());
+        let state = HttpState::new(core.intake.clone(), auth, reloader.clone())
+            .with_responses(core.responses.clone());
         let router = door::router(Arc::new(state));
         let (metrics, stop) = (core.metrics.clone(), stop.clone());
         let bounds = bounds("http", caps.http);
@@ -331,6 +332,8 @@ struct Core {
     dispatcher: Arc<Dispatcher>,
     intake: Arc<Intake>,
     jobs: Option<Arc<Jobs>>,
+    /// Stored Responses API responses.
+    responses: Arc<crate::state::responses::ResponseStore>,
     /// The golden-set validations (`Admin.RecordValidation`, `[golden] record`).
     validations: Arc<ValidationStore>,
     supervisor: ActorRef<SupervisorMsg>,
@@ -351,6 +354,7 @@ impl Core {
             Some(q) => Some(open_queue(q, stores.redis.as_ref()).await?),
             None => None,
         };
+        let responses = stores.responses.clone();
         let mut dispatcher = Dispatcher::new(
             registry.clone(),
             metrics.clone(),
@@ -407,6 +411,7 @@ impl Core {
             dispatcher,
             intake,
             jobs,
+            responses,
             validations,
             supervisor,
             supervisor_done,

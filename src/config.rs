@@ -73,6 +73,32 @@ pub struct Config {
     /// Where golden-set validations are kept (`switchyard golden`).
     #[serde(default)]
     pub golden: Option<GoldenConfig>,
+    /// Stored Responses (`previous_response_id`, `GET /v1/responses/{id}`).
+    #[serde(default)]
+    pub responses: ResponsesConfig,
+}
+
+/// `[responses]`: how long stored Responses API responses are kept and how
+/// much each tenant may keep (past either bound a `store` is refused, named).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResponsesConfig {
+    #[serde(with = "crate::config::duration")]
+    pub ttl: Duration,
+    /// Stored responses per tenant, at most.
+    pub max_per_tenant: usize,
+    /// Bytes of stored responses (each with its whole conversation) per tenant.
+    pub max_bytes_per_tenant: usize,
+}
+
+impl Default for ResponsesConfig {
+    fn default() -> Self {
+        ResponsesConfig {
+            ttl: Duration::from_secs(30 * 24 * 3600),
+            max_per_tenant: 10_000,
+            max_bytes_per_tenant: 256 * 1024 * 1024,
+        }
+    }
 }
 
 /// `[golden]`: the validation record file. Read at start and whenever it
@@ -1027,6 +1053,26 @@ impl Config {
         Ok(())
     }
 
+    fn validate_responses(&self) -> Result<(), ConfigError> {
+        let r = &self.responses;
+        if r.ttl.is_zero() {
+            return Err(ConfigError::new("responses.ttl", "must be positive"));
+        }
+        if r.max_per_tenant == 0 {
+            return Err(ConfigError::new(
+                "responses.max_per_tenant",
+                "must be at least 1",
+            ));
+        }
+        if r.max_bytes_per_tenant == 0 {
+            return Err(ConfigError::new(
+                "responses.max_bytes_per_tenant",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
     /// Semantic checks serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         // An empty or comment-only file parses into defaults: serving it
@@ -1046,6 +1092,7 @@ impl Config {
         self.validate_server()?;
         self.validate_state()?;
         self.validate_queue()?;
+        self.validate_responses()?;
         for (i, p) in self.providers.iter().enumerate() {
             validate_provider(i, p)?;
             validate_embedding_models(i, p)?;
@@ -1497,6 +1544,7 @@ impl Config {
             queue: None,
             state: StateConfig::default(),
             golden: None,
+            responses: ResponsesConfig::default(),
             providers,
             routes: vec![
                 RouteConfig {

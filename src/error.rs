@@ -111,6 +111,21 @@ pub enum RequestError {
     /// Switchyard itself could not act (an actor did not answer).
     #[error("router unavailable: {0}")]
     Unavailable(String),
+    /// No stored response of this id for the caller's tenant (OpenAI's wording).
+    #[error("Response with id '{0}' not found.")]
+    ResponseNotFound(String),
+    /// `previous_response_id` names no stored response of the caller's
+    /// tenant (OpenAI's wording and code).
+    #[error("Previous response with id '{0}' not found.")]
+    PreviousResponseNotFound(String),
+    /// A response cannot be stored: the tenant is at a `[responses]` bound.
+    #[error("tenant `{tenant}` holds {held} of {max} ({limit}); delete stored responses or send `store: false`")]
+    ResponsesFull {
+        tenant: String,
+        limit: &'static str,
+        held: u64,
+        max: u64,
+    },
 }
 
 impl RequestError {

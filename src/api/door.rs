@@ -30,6 +30,8 @@ pub struct HttpState {
     pub auth: Authenticator,
     /// The config in force, for `/v1/models` and `model` lookups (follows reloads).
     pub reloader: Arc<Reloader>,
+    /// Stored Responses API responses (`None`: the Responses door stores nothing).
+    pub responses: Option<Arc<crate::state::responses::ResponseStore>>,
 }
 
 impl HttpState {
@@ -38,7 +40,14 @@ impl HttpState {
             intake,
             auth,
             reloader,
+            responses: None,
         }
+    }
+
+    /// Where the Responses door keeps responses.
+    pub fn with_responses(mut self, store: Arc<crate::state::responses::ResponseStore>) -> Self {
+        self.responses = Some(store);
+        self
     }
 
     /// The caller's `x-request-id` when it is sane, else a fresh one.
@@ -210,14 +219,15 @@ pub fn started_unix() -> u64 {
     })
 }
 
-/// Both doors, and the Batch API, on one listener.
+/// Both doors, the Batch API and the Responses API, on one listener.
 pub fn router(state: Arc<HttpState>) -> axum::Router {
     started_unix();
     crate::api::openai::routes()
         .merge(crate::api::anthropic::routes())
         .fallback(crate::api::openai::not_found)
         .with_state(state.clone())
-        .merge(crate::api::batch::routes(state))
+        .merge(crate::api::batch::routes(state.clone()))
+        .merge(crate::api::responses::routes(state))
 }
 
 /// The caller's `x-request-id`, when it is sane.

@@ -1,4 +1,4 @@
-//! The one request start every front door uses (gRPC, the OpenAI HTTP door,
+//! The one request start every front door uses (gRPC, the OpenAI HTTP doors,
 //! SubmitJob, the job runner, and embeddings calls): validation into a `RequestSpec`, the
 //! authenticated tenant, per-tenant limits, the request id, the span with the
 //! caller's trace context, and the spawned request task. Cost reservation and
@@ -26,6 +26,8 @@ use crate::state::tenants::{Slot, TenantLimits};
 pub enum Door {
     Grpc,
     OpenAi,
+    /// The OpenAI Responses API door (a background response's job runs as `Job`).
+    Responses,
     Anthropic,
     /// A line of an OpenAI batch, accepted into the queue: the queue's caps
     /// bound it, not the per-request tenant limits.
@@ -39,6 +41,7 @@ impl Door {
         match self {
             Door::Grpc => "grpc",
             Door::OpenAi => "openai",
+            Door::Responses => "responses",
             Door::Anthropic => "anthropic",
             Door::Batch => "batch",
             Door::Job => "job",
@@ -145,7 +148,7 @@ impl Intake {
                 None
             }
             Door::Batch => None,
-            Door::Grpc | Door::OpenAi | Door::Anthropic => {
+            Door::Grpc | Door::OpenAi | Door::Responses | Door::Anthropic => {
                 Some(self.tenants.admit(&spec.tenant).await?)
             }
         };

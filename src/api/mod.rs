@@ -1,6 +1,6 @@
 //! The caller-facing surfaces: the gRPC `Router` service, the one mapping from
-//! request errors to gRPC and HTTP statuses, the OpenAI- and Anthropic-shaped
-//! HTTP front doors and the admin HTTP listener. Nothing here knows upstream wire details.
+//! request errors to gRPC and HTTP statuses, the OpenAI- (Chat Completions,
+//! Responses) and Anthropic-shaped HTTP front doors and the admin HTTP listener. Nothing here knows upstream wire details.
 
 pub mod admin;
 pub mod admin_http;
@@ -17,6 +17,7 @@ pub mod intake;
 pub mod jobs;
 pub mod listener;
 pub mod openai;
+pub mod responses;
 pub mod router_service;
 pub mod status;
 pub mod tls;

@@ -106,6 +106,15 @@ pub fn reason(err: &RequestError) -> &'static str {
     classify(err).1
 }
 
+/// OpenAI's own `error.code` for the errors its API defines one for (the
+/// OpenAI doors send it instead of the reason: clients match on it).
+pub fn openai_code(err: &RequestError) -> Option<&'static str> {
+    match err {
+        RequestError::PreviousResponseNotFound(_) => Some("previous_response_not_found"),
+        _ => None,
+    }
+}
+
 /// The gRPC code, `ErrorInfo.reason` and metadata of an error.
 fn classify(err: &RequestError) -> (Code, &'static str, HashMap<String, String>) {
     let mut meta: HashMap<String, String> = HashMap::new();
@@ -223,6 +232,19 @@ fn classify(err: &RequestError) -> (Code, &'static str, HashMap<String, String>)
         RequestError::TenantLimit { limit, .. } => {
             meta.insert("limit".into(), (*limit).into());
             (Code::ResourceExhausted, "TENANT_LIMIT")
+        }
+        RequestError::ResponseNotFound(id) => {
+            meta.insert("response".into(), id.clone());
+            (Code::NotFound, "RESPONSE_NOT_FOUND")
+        }
+        // OpenAI answers 400 here (an argument of this request is wrong).
+        RequestError::PreviousResponseNotFound(id) => {
+            meta.insert("response".into(), id.clone());
+            (Code::InvalidArgument, "PREVIOUS_RESPONSE_NOT_FOUND")
+        }
+        RequestError::ResponsesFull { limit, .. } => {
+            meta.insert("limit".into(), (*limit).into());
+            (Code::FailedPrecondition, "RESPONSES_STORE_FULL")
         }
     };
     (code, reason, meta)

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::cost::{CostGuard, CostLedger};
 use super::idempotency::{Idempotency, IdempotencyStore};
 use super::redis::{Redis, RedisJobs};
+use super::responses::{embedded, Bounds, EmbeddedResponses, ResponseStore};
 use super::shared::{Retries, StateFaults};
 use super::tenants::{TenantLimiter, TenantLimits};
 use crate::config::{Config, StateBackend};
@@ -18,6 +19,8 @@ pub struct Stores {
     pub idempotency: Arc<Idempotency>,
     pub cost: Arc<CostLedger>,
     pub tenants: TenantLimits,
+    /// Stored Responses API responses.
+    pub responses: Arc<ResponseStore>,
     /// The Redis client, when the fleet backend is on.
     pub redis: Option<Redis>,
 }
@@ -39,6 +42,7 @@ pub fn build(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, String> 
             ))),
             cost: Arc::new(CostLedger::Embedded(CostGuard::new(config.cost.clone()))),
             tenants: TenantLimits::Embedded(TenantLimiter::new(&config.limits)),
+            responses: Arc::new(embedded_responses(config)?),
             redis: None,
         });
     }
@@ -69,9 +73,31 @@ pub fn build(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, String> 
             st.lease,
         )),
         cost,
+        responses: Arc::new(ResponseStore::redis(
+            redis.clone(),
+            faults.clone(),
+            &config.responses,
+        )),
         tenants: TenantLimits::redis(redis.clone(), faults, retries, &config.limits, st.lease),
         redis: Some(redis),
     })
+}
+
+/// The embedded response store: a file beside the queue's (a background
+/// response lives as long as its job), else in memory.
+fn embedded_responses(config: &Config) -> Result<ResponseStore, String> {
+    let path = config
+        .queue
+        .as_ref()
+        .map(|q| embedded::path_beside(&q.path));
+    let store =
+        EmbeddedResponses::open(path.as_deref(), Bounds::of(&config.responses)).map_err(|e| {
+            match &path {
+                Some(p) => format!("responses store {}: {e}", p.display()),
+                None => format!("responses store: {e}"),
+            }
+        })?;
+    Ok(ResponseStore::Embedded(Arc::new(store)))
 }
 
 /// The job store on Redis.

@@ -1,5 +1,5 @@
 //! Shared state behind the request path, one folder per store (`cost`,
-//! `idempotency`, `tenants`: the face with its outage policy, the embedded
+//! `idempotency`, `responses`, `tenants`: the face with its outage policy, the embedded
 //! and the Redis implementation), the Redis client (`redis`), what the stores
 //! share (`shared`) and their assembly from `[state]`. The types here are the
 //! vocabulary every backend speaks. Nothing above this layer knows which
@@ -11,6 +11,7 @@ pub mod assemble;
 pub mod cost;
 pub mod idempotency;
 pub mod redis;
+pub mod responses;
 pub mod shared;
 pub mod tenants;
 

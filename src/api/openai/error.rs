@@ -6,17 +6,17 @@ use super::*;
 
 /// An error in OpenAI's shape, with its HTTP status.
 #[derive(Debug, Clone)]
-pub(super) struct HttpError {
-    pub(super) status: StatusCode,
-    pub(super) message: String,
-    pub(super) kind: &'static str,
-    pub(super) param: Option<String>,
-    pub(super) code: &'static str,
-    pub(super) retry_after: Option<Duration>,
+pub(crate) struct HttpError {
+    pub(crate) status: StatusCode,
+    pub(crate) message: String,
+    pub(crate) kind: &'static str,
+    pub(crate) param: Option<String>,
+    pub(crate) code: &'static str,
+    pub(crate) retry_after: Option<Duration>,
 }
 
 impl HttpError {
-    pub(super) fn invalid(mut message: String, param: Option<String>) -> Self {
+    pub(crate) fn invalid(mut message: String, param: Option<String>) -> Self {
         // Values from the body are echoed here: cut like every other refusal.
         crate::api::status::truncate(&mut message, crate::api::status::MAX_MESSAGE);
         HttpError {
@@ -30,10 +30,11 @@ impl HttpError {
     }
 
     /// The one mapping from a request error to an HTTP status and error type.
-    pub(super) fn from_request(err: &RequestError) -> Self {
+    pub(crate) fn from_request(err: &RequestError) -> Self {
         let (status, kind) = http_status(err);
         let param = match err {
             RequestError::UnknownRoute(_) => Some("model".to_string()),
+            RequestError::PreviousResponseNotFound(_) => Some("previous_response_id".to_string()),
             RequestError::InvalidRequest(m) => m
                 .split_once(": ")
                 .map(|(field, _)| field)
@@ -50,12 +51,12 @@ impl HttpError {
             message,
             kind,
             param,
-            code: reason(err),
+            code: crate::api::status::openai_code(err).unwrap_or_else(|| reason(err)),
             retry_after: err.retry_after(),
         }
     }
 
-    pub(super) fn internal(message: &str) -> Self {
+    pub(crate) fn internal(message: &str) -> Self {
         HttpError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: message.into(),
@@ -66,7 +67,7 @@ impl HttpError {
         }
     }
 
-    pub(super) fn body(&self) -> Value {
+    pub(crate) fn body(&self) -> Value {
         json!({"error": {
             "message": self.message,
             "type": self.kind,
@@ -75,7 +76,7 @@ impl HttpError {
         }})
     }
 
-    pub(super) fn response(&self, request_id: &str) -> Response {
+    pub(crate) fn response(&self, request_id: &str) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
         let h = r.headers_mut();
         crate::api::door::retry_after(h, self.retry_after);
@@ -88,7 +89,7 @@ pub(crate) async fn not_found(request: Request) -> Response {
     HttpError {
         status: StatusCode::NOT_FOUND,
         message: format!(
-            "no endpoint {} {} (the HTTP doors serve POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models, GET /v1/models/{{id}}, POST /v1/messages and POST /v1/messages/count_tokens)",
+            "no endpoint {} {} (the HTTP doors serve POST /v1/chat/completions, POST /v1/responses, POST /v1/embeddings, GET /v1/models, GET /v1/models/{{id}}, POST /v1/messages and POST /v1/messages/count_tokens)",
             request.method(),
             request.uri().path()
         ),
@@ -101,7 +102,7 @@ pub(crate) async fn not_found(request: Request) -> Response {
 }
 
 impl HttpError {
-    pub(super) fn into_response_plain(self) -> Response {
+    pub(crate) fn into_response_plain(self) -> Response {
         (self.status, axum::Json(self.body())).into_response()
     }
 }

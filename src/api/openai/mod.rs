@@ -7,7 +7,7 @@
 //! route. Errors use OpenAI's error JSON with the `ErrorInfo` reason as `code`.
 
 mod embeddings;
-mod error;
+pub(crate) mod error;
 #[cfg(test)]
 mod fuzz;
 mod models;
