@@ -30,11 +30,19 @@ class Mock:
     def fault(self, spec):
         self._call("PUT", "/_mock/faults", spec)
 
+    def tools(self, script):
+        """How tool calls are answered: `{"name", "arguments", "text_after_result"}`."""
+        self._call("PUT", "/_mock/tools", script)
+
+    def config(self, patch):
+        self._call("PUT", "/_mock/config", patch)
+
     def requests(self):
         return self._call("GET", "/_mock/requests")
 
     def clear(self):
         self.fault({})
+        self.tools({})
         self._call("DELETE", "/_mock/requests")
 
 

@@ -339,11 +339,19 @@ pub fn json_schema(s: Option<proto::JsonSchema>) -> Result<Option<JsonSchema>, R
 /// Headers a passthrough may carry (anything else is the door's business).
 const PASSED_HEADERS: [&str; 2] = ["anthropic-beta", "openai-beta"];
 
-/// What a door did not model, if anything.
+/// What a door did not model, if anything. One that only names its dialect
+/// is kept: it binds the tools' `extra` fields to that dialect.
 pub fn passthrough(
     p: Option<proto::Passthrough>,
 ) -> Result<Option<Arc<Passthrough>>, RequestError> {
     let Some(p) = p else { return Ok(None) };
+    if p.dialect.is_empty()
+        && p.fields_json.trim().is_empty()
+        && p.headers.is_empty()
+        && p.dropped.is_empty()
+    {
+        return Ok(None);
+    }
     let dialect = Dialect::parse(&p.dialect).ok_or_else(|| {
         invalid(format!(
             "passthrough.dialect: `{}` is not one of openai, anthropic, gemini",
@@ -376,9 +384,6 @@ pub fn passthrough(
         headers.push((lower, value));
     }
     headers.sort();
-    if fields.is_empty() && headers.is_empty() && p.dropped.is_empty() {
-        return Ok(None);
-    }
     if p.dropped.len() > 64 || p.dropped.iter().any(|d| d.len() > 128) {
         return Err(invalid(
             "passthrough.dropped: at most 64 names of 128 bytes",

@@ -17,6 +17,9 @@
 //! - `GET /_mock/stats` → `{"in_flight":n,"max_in_flight":n,"requests":n}` ([`Stats`]).
 //! - `GET|PUT /_mock/config` → `{"tokens":16,"token_delay_ms":0,"max_concurrency":0}`
 //!   (PUT takes any subset of the fields).
+//! - `PUT /_mock/tools` → `{"name":"f","arguments":"{\"city\":\"Paris\"}","text_after_result":true}`:
+//!   tool calls name that offered tool with those whole arguments, and a request
+//!   whose last message is a tool result gets text (an agent's loop ends); `{}` resets.
 //!
 //! # FaultSpec JSON
 //! `{"type": T, ...params, "times": N?, "fraction": F?, "seed": S?}`. `times`: the

@@ -85,6 +85,42 @@ pub(crate) struct Shared {
     keys: Mutex<KeyRules>,
     /// Gemini: prompt prefixes seen, for implicit cache reads.
     implicit_cache: Mutex<super::gemini::ImplicitCache>,
+    /// How tool calls are answered (`PUT /_mock/tools`).
+    tools: Mutex<ToolScript>,
+}
+
+/// A scripted tool call (`PUT /_mock/tools`), so an agent's tool loop can run
+/// against the mock: which offered tool is called with which arguments, and
+/// whether a request whose last message is a tool result is answered with
+/// text (the loop ends) instead of another call.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct ToolScript {
+    /// Call this tool (when the request offers it) instead of the first.
+    pub name: Option<String>,
+    /// The call's whole arguments (JSON text), instead of `{"query":"tok0 ..."}`.
+    pub arguments: Option<String>,
+    /// After a tool result, answer with text.
+    pub text_after_result: bool,
+}
+
+impl ToolScript {
+    /// Applies the script to a parsed request.
+    fn apply(&self, dialect: MockKind, body: &serde_json::Value, parsed: &mut Parsed) {
+        if parsed.tool.is_none() {
+            return;
+        }
+        if self.text_after_result && wire::ends_with_tool_result(dialect, body) {
+            parsed.tool = None;
+            return;
+        }
+        if let Some(name) = &self.name {
+            if wire::offers_tool(dialect, body, name) {
+                parsed.tool = Some(name.clone());
+            }
+        }
+        parsed.args = self.arguments.clone();
+    }
 }
 
 /// Keys (test values, never logged) that get a 429 or a 401 whatever the fault.
@@ -115,6 +151,7 @@ impl Shared {
             refuse_tx,
             keys: Mutex::new(KeyRules::default()),
             implicit_cache: Mutex::default(),
+            tools: Mutex::new(ToolScript::default()),
         };
         (Arc::new(shared), refuse_rx)
     }
@@ -363,6 +400,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/_mock/stats", get(get_stats))
         .route("/_mock/config", get(get_config).put(put_config))
         .route("/_mock/keys", axum::routing::put(put_keys))
+        .route("/_mock/tools", axum::routing::put(put_tools))
         .route("/_mock/health", get(|| async { "ok" }))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -456,6 +494,20 @@ async fn put_keys(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
     match serde_json::from_slice::<KeyRules>(&body) {
         Ok(rules) => {
             *lock(&s.keys) = rules;
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+async fn put_tools(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    match serde_json::from_slice::<ToolScript>(&body) {
+        Ok(script) => {
+            *lock(&s.tools) = script;
             StatusCode::NO_CONTENT.into_response()
         }
         Err(e) => (
@@ -577,7 +629,7 @@ pub(super) async fn completion_as(
         .unwrap_or_default();
     let json: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
     let body_json = json.clone().unwrap_or(serde_json::Value::Null);
-    let parsed = match &streamed_model {
+    let mut parsed = match &streamed_model {
         None => Parsed::from_body(dialect, &body_json),
         Some(model) => {
             let mut as_read = body_json.clone();
@@ -595,6 +647,7 @@ pub(super) async fn completion_as(
     if dialect == MockKind::Gemini {
         parsed.cached_tokens = lock(&s.implicit_cache).read(&body_json);
     }
+    lock(&s.tools).apply(dialect, &body_json, &mut parsed);
     let cfg = s.config();
     let record = new_record(
         dialect,

@@ -686,3 +686,59 @@ async fn json_mode_answers_a_json_object_and_off_schema_changes_its_key() {
         .unwrap();
     assert_eq!(plain["choices"][0]["message"]["content"], text_of(3));
 }
+
+#[tokio::test]
+async fn a_scripted_tool_call_names_its_tool_and_ends_after_the_result() {
+    let h = mock(3).await;
+    let r = client()
+        .put(format!("http://{}/_mock/tools", h.addr()))
+        .json(
+            &json!({"name": "get_weather", "arguments": "{\"city\":\"Paris\"}",
+                      "text_after_result": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let tool =
+        |name: &str| json!({"type": "function", "function": {"name": name, "parameters": {}}});
+    let mut body = json!({"model": "gpt-test", "stream": false,
+        "messages": [{"role": "user", "content": "weather?"}],
+        "tools": [tool("other"), tool("get_weather")]});
+    let first: Value = post(&h, "/chat/completions", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let call = &first["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert_eq!(call["function"]["arguments"], "{\"city\":\"Paris\"}");
+    body["stream"] = json!(true);
+    let streamed = post(&h, "/chat/completions", &body)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let args: String = data_lines(&streamed)
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| {
+            v.pointer("/choices/0/delta/tool_calls/0/function/arguments")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(args, "{\"city\":\"Paris\"}");
+    // The result comes back: the loop ends with text.
+    body["stream"] = json!(false);
+    body["messages"] = json!([{"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]);
+    let last: Value = post(&h, "/chat/completions", &body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(last["choices"][0]["message"]["content"], text_of(3));
+    assert_eq!(last["choices"][0]["finish_reason"], "stop");
+}

@@ -32,6 +32,8 @@ pub(crate) struct Parsed {
     pub thoughts: bool,
     /// Gemini: prompt tokens read from its implicit cache.
     pub cached_tokens: u32,
+    /// Scripted tool-call arguments (`PUT /_mock/tools`): sent whole, no tokens.
+    pub args: Option<String>,
 }
 
 impl Parsed {
@@ -89,6 +91,52 @@ impl Parsed {
     }
 }
 
+/// The request's last message is a tool result (OpenAI role `tool`,
+/// Anthropic a user turn of `tool_result` blocks).
+pub(crate) fn ends_with_tool_result(dialect: MockKind, body: &Value) -> bool {
+    let turns = if dialect == MockKind::Gemini {
+        "contents"
+    } else {
+        "messages"
+    };
+    let Some(last) = body
+        .get(turns)
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+    else {
+        return false;
+    };
+    let has_block = |list: &str, is: &dyn Fn(&Value) -> bool| {
+        last.get(list)
+            .and_then(Value::as_array)
+            .is_some_and(|blocks| blocks.iter().any(is))
+    };
+    match dialect {
+        MockKind::Openai => last.get("role").and_then(Value::as_str) == Some("tool"),
+        MockKind::Anthropic => has_block("content", &|b| {
+            b.get("type").and_then(Value::as_str) == Some("tool_result")
+        }),
+        MockKind::Gemini => has_block("parts", &|p| p.get("functionResponse").is_some()),
+    }
+}
+
+/// The request offers a tool of this name.
+pub(crate) fn offers_tool(dialect: MockKind, body: &Value, name: &str) -> bool {
+    let named = |t: &Value, pointer: &str| t.pointer(pointer).and_then(Value::as_str) == Some(name);
+    body.get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|tools| {
+            tools.iter().any(|t| match dialect {
+                MockKind::Openai => named(t, "/function/name"),
+                MockKind::Anthropic => named(t, "/name"),
+                MockKind::Gemini => t
+                    .get("functionDeclarations")
+                    .and_then(Value::as_array)
+                    .is_some_and(|d| d.iter().any(|d| named(d, "/name"))),
+            })
+        })
+}
+
 fn clamp_u32(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
@@ -124,6 +172,8 @@ pub(crate) struct Gen {
 impl Gen {
     pub(crate) fn new(dialect: MockKind, req: Parsed, seq: u64, tokens: u32, created: u64) -> Gen {
         let (n, capped) = match req.max_tokens {
+            // Scripted arguments go out whole, with no tokens.
+            _ if req.args.is_some() && req.tool.is_some() => (0, false),
             Some(m) if m < tokens => (m, true),
             _ => (tokens, false),
         };
@@ -337,7 +387,7 @@ pub(crate) fn prelude(g: &Gen) -> Vec<Bytes> {
                                        "function": {"name": name, "arguments": ""}}]}),
                 None,
             ),
-            oa_args(g, ARGS_OPEN),
+            oa_args(g, g.req.args.as_deref().unwrap_or(ARGS_OPEN)),
         ],
         (MockKind::Anthropic, tool) => {
             let start = sse_event(
@@ -363,7 +413,7 @@ pub(crate) fn prelude(g: &Gen) -> Vec<Bytes> {
                 Bytes::from_static(b"event: ping\ndata: {\"type\": \"ping\"}\n\n"),
             ];
             if tool.is_some() {
-                out.push(an_args(ARGS_OPEN));
+                out.push(an_args(g.req.args.as_deref().unwrap_or(ARGS_OPEN)));
             }
             out
         }
@@ -399,7 +449,7 @@ pub(crate) fn epilogue(g: &Gen, finish: Finish, k: u32, terminator: bool) -> Vec
     let reason = g.finish_str(finish);
     match g.dialect {
         MockKind::Openai => {
-            if finish == Finish::Tool {
+            if finish == Finish::Tool && g.req.args.is_none() {
                 out.push(oa_args(g, ARGS_CLOSE));
             }
             if g.json() && finish != Finish::Refusal {
@@ -422,7 +472,7 @@ pub(crate) fn epilogue(g: &Gen, finish: Finish, k: u32, terminator: bool) -> Vec
             }
         }
         MockKind::Anthropic => {
-            if finish == Finish::Tool {
+            if finish == Finish::Tool && g.req.args.is_none() {
                 out.push(an_args(ARGS_CLOSE));
             }
             out.push(sse_event(
@@ -516,7 +566,9 @@ pub(crate) fn full_body(g: &Gen, finish: Finish, k: u32) -> Bytes {
     } else {
         text_of(k)
     };
-    let args = if finish == Finish::Tool {
+    let args = if let Some(scripted) = &g.req.args {
+        scripted.clone()
+    } else if finish == Finish::Tool {
         format!("{ARGS_OPEN}{text}{ARGS_CLOSE}")
     } else {
         format!("{ARGS_OPEN}{text}")

@@ -361,7 +361,8 @@ async fn unary(
     output.finish(!matches!(status, Status::Completed), &mut frames);
     let mut response = object(&meta, &status, output.items_json(), usage);
     if let Some(keep) = keep {
-        if !keep.save(&meta, &response, &output).await {
+        let record = keep.record(&meta, &response, &output);
+        if !keep.put(&meta.id, record).await {
             if let Some(o) = response.as_object_mut() {
                 o.insert("store".into(), json!(false));
             }

@@ -290,13 +290,13 @@ pub(super) fn parse(bytes: &[u8]) -> Result<Ask, HttpError> {
         ));
     }
     let stream = opt_bool(&body, "stream")?.unwrap_or(false);
-    let passthrough =
-        (!passthrough.is_empty() || !dropped.0.is_empty()).then(|| proto::Passthrough {
-            dialect: "openai".into(),
-            fields_json: Value::Object(passthrough).to_string(),
-            headers: Default::default(),
-            dropped: dropped.0,
-        });
+    // Always named: it also binds the tools' `strict` to OpenAI's wire.
+    let passthrough = Some(proto::Passthrough {
+        dialect: "openai".into(),
+        fields_json: Value::Object(passthrough).to_string(),
+        headers: Default::default(),
+        dropped: dropped.0,
+    });
     let request = proto::CompletionRequest {
         route: model.clone(),
         max_tokens: max_output_tokens.map_or(0, |n| n.min(u64::from(u32::MAX)) as u32),
@@ -944,13 +944,15 @@ fn assistant_content(
                 let text = match kind {
                     "output_text" | "input_text" | "text" => p.get("text"),
                     "refusal" => p.get("refusal"),
-                    other => return Err(bad(
-                        &format!("{here}.type"),
-                        format_args!(
+                    other => {
+                        return Err(bad(
+                            &format!("{here}.type"),
+                            format_args!(
                             "`{}` is not supported in an assistant message (output_text, refusal)",
                             shown(other)
                         ),
-                    )),
+                        ))
+                    }
                 };
                 match text.and_then(Value::as_str) {
                     Some("") => {}

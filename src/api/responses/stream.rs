@@ -91,6 +91,8 @@ pub(super) struct Live {
     output: Output,
     meta: Meta,
     keep: Option<Keep>,
+    /// The end, once the last event arrived (kept across a cancelled poll).
+    closing: Option<Closing>,
     opened: bool,
     done: bool,
 }
@@ -116,6 +118,7 @@ pub(super) async fn live(
         output: Output::new(&meta.id, names),
         meta,
         keep,
+        closing: None,
         opened: false,
         done: false,
     };
@@ -131,6 +134,9 @@ impl SseFrames for Live {
 }
 
 impl Live {
+    /// The next frames. Cancel-safe (the body polls it once more to batch
+    /// frames): an event is turned into frames, or into the closing,
+    /// before anything is awaited, and the closing's store is idempotent.
     async fn next(&mut self) -> Option<String> {
         if self.done {
             return None;
@@ -150,14 +156,17 @@ impl Live {
             return Some(self.seq.frames(frames));
         }
         loop {
+            if self.closing.is_some() {
+                return Some(self.close().await);
+            }
             let item = match self.pending.take() {
                 Some(e) => Some(Ok(e)),
                 None => self.rx.recv().await,
             };
-            let mut frames = Vec::new();
-            match item {
+            let (status, usage) = match item {
                 Some(Ok(Event::Started(_))) => continue,
                 Some(Ok(Event::Chunk(chunk))) => {
+                    let mut frames = Vec::new();
                     self.output.push(chunk, &mut frames);
                     if frames.is_empty() {
                         continue;
@@ -165,75 +174,115 @@ impl Live {
                     return Some(self.seq.frames(frames));
                 }
                 Some(Ok(Event::Finished(f))) => {
-                    let status = Status::of_finish(f.finish_reason);
-                    let usage = usage_json(&crate::api::content::usage_proto(
-                        &f.usage,
-                        f.usage_estimated,
-                    ));
-                    return Some(self.end(status, usage).await);
+                    let usage = crate::api::content::usage_proto(&f.usage, f.usage_estimated);
+                    (Status::of_finish(f.finish_reason), usage_json(&usage))
                 }
                 // A Responses client cannot discard output it already has:
                 // the route's `mid_stream = "reset"` ends this stream as failed.
                 Some(Ok(Event::Reset {
                     reason,
                     failed_attempt,
-                })) => {
-                    let status = Status::Failed(
+                })) => (
+                    Status::Failed(
                         "server_error".into(),
                         format!("the stream failed after output was sent (attempt {failed_attempt}: {reason}); the partial output is incomplete and must be discarded"),
-                    );
-                    return Some(self.end(status, Value::Null).await);
-                }
-                Some(Err(e)) => return Some(self.end(Status::of_error(&e), Value::Null).await),
-                Some(Ok(Event::Queued(_))) | None => {
-                    let status = Status::Failed(
+                    ),
+                    Value::Null,
+                ),
+                Some(Err(e)) => (Status::of_error(&e), Value::Null),
+                Some(Ok(Event::Queued(_))) | None => (
+                    Status::Failed(
                         "server_error".into(),
                         "the stream ended without a finish".into(),
-                    );
-                    return Some(self.end(status, Value::Null).await);
-                }
-            }
+                    ),
+                    Value::Null,
+                ),
+            };
+            self.closing = Some(self.closing(status, usage));
         }
     }
 
-    /// The last frames: open items closed, the response kept (when asked),
-    /// then its terminal event.
-    async fn end(&mut self, status: Status, usage: Value) -> String {
-        self.done = true;
+    /// How the stream ends: the open items closed, the final response and
+    /// (when it is kept) its record.
+    fn closing(&mut self, status: Status, usage: Value) -> Closing {
         let mut frames = Vec::new();
         self.output
             .finish(!matches!(status, Status::Completed), &mut frames);
-        let mut response = object(&self.meta, &status, self.output.items_json(), usage);
-        if let Some(keep) = self.keep.take() {
-            if !keep.save(&self.meta, &response, &self.output).await {
-                if let Some(o) = response.as_object_mut() {
-                    o.insert("store".into(), json!(false));
-                }
+        let response = object(&self.meta, &status, self.output.items_json(), usage);
+        let record = self
+            .keep
+            .as_ref()
+            .map(|k| k.record(&self.meta, &response, &self.output));
+        Closing {
+            frames,
+            response,
+            terminal: status.terminal_event(),
+            record,
+        }
+    }
+
+    /// Keeps the response (when asked), then its last frames.
+    async fn close(&mut self) -> String {
+        let stored = match (
+            &self.keep,
+            self.closing.as_ref().and_then(|c| c.record.clone()),
+        ) {
+            (Some(keep), Some(record)) => keep.put(&self.meta.id, record).await,
+            _ => true,
+        };
+        self.done = true;
+        let Some(Closing {
+            mut frames,
+            mut response,
+            terminal,
+            ..
+        }) = self.closing.take()
+        else {
+            return String::new();
+        };
+        if !stored {
+            if let Some(o) = response.as_object_mut() {
+                o.insert("store".into(), json!(false));
             }
         }
-        frames.push(lifecycle(status.terminal_event(), response));
+        frames.push(lifecycle(terminal, response));
         self.seq.frames(frames)
     }
 }
 
+/// A live stream's end, computed when its last event arrives.
+struct Closing {
+    frames: Vec<Frame>,
+    response: Value,
+    terminal: &'static str,
+    /// The record to keep, encoded.
+    record: Option<Vec<u8>>,
+}
+
 impl Keep {
-    /// Stores a finished response; false (with a WARN) when it could not be.
-    pub(super) async fn save(self, meta: &Meta, response: &Value, output: &Output) -> bool {
-        let record = Record::answered(
+    /// The record of a finished response.
+    pub(super) fn record(&self, meta: &Meta, response: &Value, output: &Output) -> Vec<u8> {
+        Record::answered(
             meta.clone(),
             response.clone(),
-            self.conversation,
+            self.conversation.clone(),
             output,
-            self.names,
-        );
+            self.names.clone(),
+        )
+        .encode()
+    }
+
+    /// Stores a finished response's record (again, if a first try was cut
+    /// short: the same id is replaced); false (with a WARN) when it could not be.
+    pub(super) async fn put(&self, id: &str, record: Vec<u8>) -> bool {
         let stored = match self.api.store() {
-            Ok(s) => s.put(&self.tenant, &meta.id, record.encode(), true).await,
+            Ok(s) => s.put(&self.tenant, id, record, true).await,
             Err(e) => Err(e),
         };
         match stored {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(response = %meta.id, error = %e, "the response was served but not stored (it says `store: false`)");
+                tracing::warn!(response = %id, error = %e, "the response was served but not stored (it says `store: false`)");
                 false
             }
         }
