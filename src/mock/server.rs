@@ -643,7 +643,6 @@ pub(super) async fn completion_as(
             Parsed::from_body(dialect, &as_read)
         }
     };
-    let mut parsed = parsed;
     if dialect == MockKind::Gemini {
         parsed.cached_tokens = lock(&s.implicit_cache).read(&body_json);
     }
