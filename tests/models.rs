@@ -40,7 +40,13 @@ async fn the_list_in_openais_shape_or_anthropics() {
     .await;
     let url = rig.http_url();
     let bearer = format!("Bearer {TOKEN}");
-    let all = ["chat", "primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"];
+    let all = [
+        "chat",
+        "primary/gpt-4o-mini",
+        "secondary/claude-sonnet-4-5",
+        "chat@primary/gpt-4o-mini",
+        "chat@secondary/claude-sonnet-4-5",
+    ];
 
     // OpenAI's shape.
     let (status, v) = get(&format!("{url}/v1/models"), &[("authorization", &bearer)]).await;
@@ -89,7 +95,7 @@ async fn the_list_in_openais_shape_or_anthropics() {
     .await;
     assert_eq!(
         (ids(&v), v["has_more"].as_bool()),
-        (vec![all[2]], Some(false))
+        (all[2..4].to_vec(), Some(true))
     );
     let (status, m) = get(&format!("{url}/v1/models/chat"), &anthropic).await;
     assert_eq!(
@@ -130,4 +136,46 @@ async fn the_list_in_openais_shape_or_anthropics() {
     )
     .await;
     assert_eq!((status, e["type"].as_str()), (401, Some("error")));
+}
+
+/// Every listed name is a `model` the doors serve: `route@provider/model`
+/// runs on that route pinned to that target; a target the route does not
+/// list is an unknown model.
+#[tokio::test]
+async fn a_listed_route_at_target_name_is_served_by_that_target() {
+    let rig = Rig::start("", "", &[]).await;
+    let url = rig.http_url();
+    let (_, v) = get(&format!("{url}/v1/models"), &[]).await;
+    let http = reqwest::Client::new();
+    for id in ids(&v) {
+        let r = http
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&serde_json::json!({
+                "model": id,
+                "messages": [{"role": "user", "content": "hi"}],
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{id}");
+        let served = r.headers()["x-switchyard-served-by"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        if let Some((_, target)) = id.split_once('@') {
+            assert_eq!(served, target, "{id}");
+        }
+    }
+    for unknown in ["chat@nope/gpt-4o-mini", "nope@primary/gpt-4o-mini"] {
+        let r = http
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&serde_json::json!({
+                "model": unknown,
+                "messages": [{"role": "user", "content": "hi"}],
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{unknown}");
+    }
 }

@@ -63,29 +63,39 @@ impl HttpState {
         self.auth.authenticate(value)
     }
 
-    /// `model` names a route, or one target as `provider/model`: then the
-    /// request runs on the first route that lists it, pinned to that target
-    /// (the route's policies, budget and ladder still apply).
+    /// `model` names a route; a route and one of its targets as
+    /// `route@provider/model` (pinned to that target under that route's
+    /// policies); or one target as `provider/model`: then the request runs
+    /// on the first route that lists it, pinned to that target (the route's
+    /// policies, budget and ladder still apply).
     pub fn route_and_pin(&self, model: &str) -> Result<(String, Option<String>), RequestError> {
+        let config = self.reloader.config();
+        let routes = || config.iter().flat_map(|c| c.routes.iter());
+        let unknown = || RequestError::UnknownRoute(model.to_string());
+        if let Some((route, target)) = split_route_pin(model) {
+            let route = routes()
+                .find(|r| r.name == route && r.targets.iter().any(|t| t.target == target))
+                .ok_or_else(unknown)?;
+            return Ok((route.name.clone(), Some(target.to_string())));
+        }
         if !model.contains('/') {
             return Ok((model.to_string(), None));
         }
-        let config = self.reloader.config();
-        let route = config
-            .iter()
-            .flat_map(|c| c.routes.iter())
+        let route = routes()
             .find(|r| r.targets.iter().any(|t| t.target == model))
-            .ok_or_else(|| RequestError::UnknownRoute(model.to_string()))?;
+            .ok_or_else(unknown)?;
         Ok((route.name.clone(), Some(model.to_string())))
     }
 
     /// Every name the doors take as `model` now, in config order: the
-    /// routes, then each route's targets as `provider/model` (a pin). Every
+    /// routes, then each route's targets as `provider/model` (a pin on the
+    /// first route that lists it), then every `route@provider/model`. Every
     /// authenticated tenant may call every route.
     pub fn models(&self) -> Vec<ListedModel> {
         let Some(config) = self.reloader.config() else {
             return Vec::new();
         };
+        let owner = |target: &str| target.split('/').next().unwrap_or_default().to_string();
         let routes = config.routes.iter().map(|r| ListedModel {
             id: r.name.clone(),
             owned_by: "switchyard".to_string(),
@@ -95,11 +105,17 @@ impl HttpState {
             if !pins.iter().any(|p| p.id == t.target) {
                 pins.push(ListedModel {
                     id: t.target.clone(),
-                    owned_by: t.target.split('/').next().unwrap_or_default().to_string(),
+                    owned_by: owner(&t.target),
                 });
             }
         }
-        routes.chain(pins).collect()
+        let route_pins = config.routes.iter().flat_map(|r| {
+            r.targets.iter().map(move |t| ListedModel {
+                id: format!("{}@{}", r.name, t.target),
+                owned_by: owner(&t.target),
+            })
+        });
+        routes.chain(pins).chain(route_pins).collect()
     }
 
     /// A route of that name is configured now.
@@ -198,6 +214,14 @@ pub fn check_declared_length(headers: &HeaderMap, limit: usize) -> Result<(), Re
         return Err(RequestError::RequestTooLarge { limit });
     }
     Ok(())
+}
+
+/// `route@provider/model` as its route and target. A route name has no
+/// `/`, so the `@` of a model version (`vertex/claude-sonnet-4-5@20250929`)
+/// is never read as one.
+fn split_route_pin(model: &str) -> Option<(&str, &str)> {
+    let (route, target) = model.split_once('@')?;
+    (!route.is_empty() && !route.contains('/') && target.contains('/')).then_some((route, target))
 }
 
 /// A name `GET /v1/models` lists.
@@ -454,6 +478,22 @@ pub fn sse_body(frames: impl SseFrames) -> Body {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_route_pin_is_split_at_an_at_sign_before_any_slash() {
+        assert_eq!(
+            split_route_pin("chat@primary/gpt-4o"),
+            Some(("chat", "primary/gpt-4o"))
+        );
+        assert_eq!(
+            split_route_pin("claude@vertex/claude-sonnet-4-5@20250929"),
+            Some(("claude", "vertex/claude-sonnet-4-5@20250929"))
+        );
+        assert_eq!(split_route_pin("vertex/claude-sonnet-4-5@20250929"), None);
+        assert_eq!(split_route_pin("chat@gpt-4o"), None);
+        assert_eq!(split_route_pin("@primary/gpt-4o"), None);
+        assert_eq!(split_route_pin("chat"), None);
+    }
 
     #[test]
     fn only_sane_request_ids_are_kept() {
