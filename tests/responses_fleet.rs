@@ -106,3 +106,101 @@ async fn a_background_stream_left_on_one_replica_resumes_on_another() {
     phase(&a, "bg-start", A, &["--out", ids]).await;
     phase(&b, "bg-resume", A, &["--ids", ids]).await;
 }
+
+/// `POST /v1/responses` with `background: true` as tenant A: the response id.
+async fn background(sy: &Switchyard) -> String {
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/responses", sy.http_url()))
+        .bearer_auth(A)
+        .json(&serde_json::json!({"model": "chat", "input": "Say hello.", "background": true}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "queued", "{body}");
+    body["id"].as_str().unwrap().to_string()
+}
+
+/// `GET /v1/responses/{id}` as `key`: status and body.
+async fn retrieve(sy: &Switchyard, id: &str, key: &str) -> (u16, serde_json::Value) {
+    let r = reqwest::Client::new()
+        .get(format!("{}/v1/responses/{id}", sy.http_url()))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_background_response_whose_replica_is_killed_completes_on_another() {
+    let Some(redis) = RedisServer::start("responses_fleet_kill").await else {
+        return;
+    };
+    let (mock_a, mock_b) = (
+        Mock::start("openai", &[]).await,
+        Mock::start("openai", &[]).await,
+    );
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let slow = serde_json::json!({"type": "slow_first_token", "delay_ms": 30000, "times": 1});
+    mock_a.set_fault(slow.clone()).await;
+    mock_b.set_fault(slow).await;
+    let a = replica(&mock_a, &redis, dir_a.path()).await;
+    let b = replica(&mock_b, &redis, dir_b.path()).await;
+    let id = background(&a).await;
+
+    // Whichever replica claimed the job is waiting on its upstream now: kill it.
+    let a_runs = loop {
+        if !mock_a.requests().await.is_empty() {
+            break true;
+        }
+        if !mock_b.requests().await.is_empty() {
+            break false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let (mut dead, survivor, survivor_mock) = if a_runs {
+        (a, b, &mock_b)
+    } else {
+        (b, a, &mock_a)
+    };
+    dead.child.start_kill().unwrap();
+    let _ = dead.child.wait().await;
+    survivor_mock.clear().await;
+    survivor_mock
+        .set_fault(serde_json::json!({"type": "none"}))
+        .await;
+
+    // The job's lease (10 s) lapses; the survivor runs it and the response
+    // completes, read through the survivor.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let done = loop {
+        let (status, body) = retrieve(&survivor, &id, A).await;
+        assert_eq!(status, 200, "{body}");
+        match body["status"].as_str() {
+            Some("queued" | "in_progress") => {}
+            _ => break body,
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {body} after 60 s\n{}",
+            survivor.logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(done["status"], "completed", "{done}");
+    let text = done["output"][0]["content"][0]["text"].as_str().unwrap();
+    assert_eq!(
+        text,
+        (0..16).map(|i| format!("tok{i} ")).collect::<String>()
+    );
+    assert_eq!(
+        attempts(&survivor_mock.requests().await),
+        1,
+        "the survivor generated it once"
+    );
+    // Another tenant cannot read it on any replica.
+    assert_eq!(retrieve(&survivor, &id, B).await.0, 404);
+}
