@@ -4,7 +4,9 @@
 //! phases). A response stored through replica A is continued with
 //! `previous_response_id` and read through replica B; the other tenant gets
 //! `previous_response_not_found` and 404s; a background response whose
-//! stream was left on A is streamed from the next event on B. Needs
+//! stream was left on A is streamed from the next event on B; a background
+//! response whose replica is SIGKILLed mid-generation completes on the
+//! other, generated there once (the job's lease lapses). Needs
 //! redis-server and the SDK; skipped loudly without them, except under CI.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
