@@ -365,6 +365,7 @@ impl Core {
             config.server.default_deadline,
         );
         dispatcher.jobs = jobs.clone();
+        dispatcher.affinity = stores.affinity.clone();
         let dispatcher = Arc::new(dispatcher);
         let intake = Intake::new(
             dispatcher.clone(),

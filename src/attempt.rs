@@ -70,6 +70,8 @@ pub struct AttemptResult {
     pub ttft: Option<Duration>,
     pub elapsed: Duration,
     pub upstream_request_id: Option<String>,
+    /// The key (of a provider with several) the upstream answered with.
+    pub key: Option<String>,
 }
 
 /// Everything one attempt needs.
@@ -81,6 +83,9 @@ pub struct AttemptInput<'a> {
     pub deadline: Instant,
     /// 1-based attempt number, sent upstream as `x-switchyard-attempt`.
     pub attempt: u32,
+    /// Send with this key of a provider with several while it is usable
+    /// (prompt-cache affinity).
+    pub key: Option<&'a str>,
 }
 
 /// Which timer fired.
@@ -106,6 +111,7 @@ pub async fn run(input: AttemptInput<'_>, sink: &mut EventSink) -> AttemptResult
         started,
         ttft: None,
         upstream_request_id: None,
+        key: None,
         output: Output {
             chunks: 0,
             bytes: 0,
@@ -122,11 +128,14 @@ pub async fn run(input: AttemptInput<'_>, sink: &mut EventSink) -> AttemptResult
         ttft: meta.ttft,
         elapsed: started.elapsed(),
         upstream_request_id: meta.upstream_request_id,
+        key: meta.key,
     }
 }
 
 struct Meta {
     key_events: Vec<(String, &'static str)>,
+    /// The key the upstream accepted the call with.
+    key: Option<String>,
     started: Instant,
     ttft: Option<Duration>,
     upstream_request_id: Option<String>,
@@ -237,7 +246,7 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
     let (response, _lease) = loop {
         let lease = match &rt.keys {
             None => None,
-            Some(pool) => match pool.pick(Instant::now(), &tried) {
+            Some(pool) => match pool.pick_preferring(Instant::now(), &tried, input.key) {
                 Ok(lease) => Some(lease),
                 Err(f) => return AttemptEnd::Failed(passed_on(f, rt, meta)),
             },
@@ -272,6 +281,9 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
         meta.upstream_request_id = request_id(response.headers()).map(|id| rt.upstream_id(&id));
         let status = response.status();
         if status.is_success() {
+            if let (Some(l), Some(pool)) = (&lease, &rt.keys) {
+                meta.key = Some(pool.keys[l.index].name.clone());
+            }
             break (response, lease);
         }
         let failure = match failed_response(rt, response, sink, first_limit).await {
@@ -733,6 +745,7 @@ targets = ["p/m"]
                 chat: &chat,
                 deadline: Instant::now() + within,
                 attempt: 1,
+                key: None,
             },
             &mut sink,
         )

@@ -316,6 +316,33 @@ impl ChatRequest {
             .filter(|p| p.dialect == Some(dialect))
     }
 
+    /// The longest TTL of any cache breakpoint in the request, including
+    /// an Anthropic top-level `cache_control` passed through (automatic
+    /// caching); `None` when nothing is marked.
+    pub fn longest_cache_ttl(&self) -> Option<CacheTtl> {
+        let marked = self
+            .tools
+            .iter()
+            .map(|t| t.cache)
+            .chain(
+                self.messages
+                    .iter()
+                    .flat_map(|m| std::iter::once(m.cache).chain(m.parts.iter().map(|p| p.cache))),
+            )
+            .flatten();
+        let automatic = self
+            .passthrough_for(Dialect::Anthropic)
+            .and_then(|p| p.fields.get("cache_control"))
+            .map(|c| match c.get("ttl").and_then(Value::as_str) {
+                Some("1h") => CacheTtl::OneHour,
+                _ => CacheTtl::FiveMinutes,
+            });
+        marked.chain(automatic).max_by_key(|t| match t {
+            CacheTtl::FiveMinutes => 0,
+            CacheTtl::OneHour => 1,
+        })
+    }
+
     /// Any cache breakpoint anywhere in the request.
     pub fn has_cache_markers(&self) -> bool {
         self.tools.iter().any(|t| t.cache.is_some())

@@ -676,6 +676,58 @@ impl Price {
         }
     }
 
+    /// The dearest rate per million a prompt token may be billed at on
+    /// `dialect`'s wire (reservations): an upstream that caches on its own
+    /// (OpenAI, Gemini) may read or write any prompt; an Anthropic one only
+    /// what a marker covers, at the write price of the longest `marked` TTL.
+    pub fn dearest_input_rate(
+        &self,
+        dialect: crate::chat::Dialect,
+        marked: Option<crate::chat::CacheTtl>,
+    ) -> f64 {
+        use crate::chat::{CacheTtl, Dialect};
+        let c = self.cache_prices(dialect);
+        let ttl = match dialect {
+            Dialect::Anthropic => marked,
+            Dialect::Openai | Dialect::Gemini => Some(CacheTtl::FiveMinutes),
+        };
+        match ttl {
+            None => self.input_per_mtok,
+            Some(CacheTtl::FiveMinutes) => self.input_per_mtok.max(c.read).max(c.write_5m),
+            Some(CacheTtl::OneHour) => self
+                .input_per_mtok
+                .max(c.read)
+                .max(c.write_5m)
+                .max(c.write_1h),
+        }
+    }
+
+    /// The most a request may cost on `dialect`'s wire: every prompt token at
+    /// the dearest rate it may be billed at, and `output_tokens` (reasoning
+    /// included) at the output price.
+    pub fn max_cost(
+        &self,
+        dialect: crate::chat::Dialect,
+        marked: Option<crate::chat::CacheTtl>,
+        prompt_tokens: u32,
+        output_tokens: u32,
+    ) -> f64 {
+        (f64::from(prompt_tokens) * self.dearest_input_rate(dialect, marked)
+            + f64::from(output_tokens) * self.output_per_mtok)
+            / 1e6
+    }
+
+    /// Each price with its field name (validation).
+    fn fields(&self) -> [(&'static str, Option<f64>); 5] {
+        [
+            ("input_per_mtok", Some(self.input_per_mtok)),
+            ("output_per_mtok", Some(self.output_per_mtok)),
+            ("cache_read_per_mtok", self.cache_read_per_mtok),
+            ("cache_write_5m_per_mtok", self.cache_write_5m_per_mtok),
+            ("cache_write_1h_per_mtok", self.cache_write_1h_per_mtok),
+        ]
+    }
+
     /// What `usage` cost on `dialect`'s wire: uncached input, cache reads,
     /// cache writes by TTL, and output (reasoning included) each at its price.
     pub fn usage_cost(&self, u: &crate::chat::Usage, dialect: crate::chat::Dialect) -> f64 {
@@ -864,6 +916,25 @@ pub struct RouteConfig {
     /// of its `embeddings` targets (`any`).
     #[serde(default)]
     pub embedding_family_failover: FamilyFailover,
+    /// Prompt-cache affinity (opt in): requests whose cacheable prefix
+    /// hashes the same go to the target and key where it is warm.
+    #[serde(default)]
+    pub cache_affinity: Option<CacheAffinityConfig>,
+}
+
+/// A route's `cache_affinity = { ttl = "5m" }`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CacheAffinityConfig {
+    /// How long a prefix counts as warm at the target that last served it
+    /// (refreshed by every answer that reuses it): the upstream's cache
+    /// lifetime, 1s..=24h.
+    #[serde(default = "default_affinity_ttl", with = "crate::config::duration")]
+    pub ttl: Duration,
+}
+
+fn default_affinity_ttl() -> Duration {
+    Duration::from_secs(300)
 }
 
 /// A route's `semantic_cache = { embedder = "provider/model", threshold = 0.92, ... }`.
@@ -1288,6 +1359,14 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if let Some(a) = &r.cache_affinity {
+            if a.ttl < Duration::from_secs(1) || a.ttl > Duration::from_secs(24 * 3600) {
+                return Err(ConfigError::new(
+                    format!("routes[{i}].cache_affinity.ttl"),
+                    format!("{:?} is outside 1s..=24h", a.ttl),
+                ));
+            }
+        }
         if r.deadline.is_some_and(|d| d.is_zero()) {
             return Err(ConfigError::new(
                 format!("routes[{i}].deadline"),
@@ -1569,6 +1648,7 @@ impl Config {
                     shared_across_tenants: false,
                     fail_closed: false,
                     embedding_family_failover: FamilyFailover::Same,
+                    cache_affinity: None,
                 },
                 RouteConfig {
                     name: "embed".into(),
@@ -1589,6 +1669,7 @@ impl Config {
                     shared_across_tenants: false,
                     fail_closed: false,
                     embedding_family_failover: FamilyFailover::Same,
+                    cache_affinity: None,
                 },
             ],
         }
@@ -1890,6 +1971,14 @@ fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
                 format!("duplicate model `{}`", m.name),
             ));
         }
+        for (field, usd) in m.price.fields() {
+            if let Some(usd) = usd.filter(|u| !(u.is_finite() && *u >= 0.0)) {
+                return Err(ConfigError::new(
+                    format!("providers[{i}].models[{j}].price.{field}"),
+                    format!("{usd} must be a finite, non-negative USD per million tokens"),
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -1985,6 +2074,63 @@ targets = ["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
         ));
         assert_eq!(e.path, "providers[1].models[0].capabilities");
         assert!(e.message.contains("`anthropic`"), "{e}");
+    }
+
+    #[test]
+    fn prices_are_finite_and_non_negative_and_errors_name_the_field() {
+        let priced = |price: &str| {
+            GOOD.replace(
+                "  name = \"claude-sonnet-4-5\"\n",
+                &format!("  name = \"claude-sonnet-4-5\"\n  price = {{ {price} }}\n"),
+            )
+        };
+        let c = Config::from_toml_str(&priced(
+            "input_per_mtok = 3.0, output_per_mtok = 15.0, cache_read = 0.3, cache_write_1h = 6.0",
+        ))
+        .unwrap();
+        let p = c.providers[1].models[0].price;
+        assert_eq!(
+            (p.cache_read_per_mtok, p.cache_write_1h_per_mtok),
+            (Some(0.3), Some(6.0))
+        );
+        for (price, field) in [
+            ("input_per_mtok = -1.0", "input_per_mtok"),
+            ("output_per_mtok = inf", "output_per_mtok"),
+            ("cache_read_per_mtok = nan", "cache_read_per_mtok"),
+            ("cache_write_5m = -0.5", "cache_write_5m_per_mtok"),
+            ("cache_write_1h_per_mtok = -inf", "cache_write_1h_per_mtok"),
+        ] {
+            let e = err(&priced(price));
+            assert_eq!(
+                e.path,
+                format!("providers[1].models[0].price.{field}"),
+                "{e}"
+            );
+            assert!(e.message.contains("finite, non-negative"), "{e}");
+        }
+    }
+
+    #[test]
+    fn cache_affinity_takes_a_ttl_within_a_day() {
+        let route = "targets = [\"primary/gpt-4o-mini\", \"secondary/claude-sonnet-4-5\"]";
+        let with = |extra: &str| GOOD.replace(route, &format!("{route}\n{extra}"));
+        let c = Config::from_toml_str(&with("cache_affinity = { ttl = \"5m\" }")).unwrap();
+        assert_eq!(
+            c.routes[0].cache_affinity,
+            Some(CacheAffinityConfig {
+                ttl: Duration::from_secs(300)
+            })
+        );
+        assert_eq!(
+            Config::from_toml_str(GOOD).unwrap().routes[0].cache_affinity,
+            None
+        );
+        for bad in ["\"0s\"", "\"25h\""] {
+            let e = err(&with(&format!("cache_affinity = {{ ttl = {bad} }}")));
+            assert_eq!(e.path, "routes[0].cache_affinity.ttl", "{e}");
+        }
+        let e = err(&with("cache_affinity = { ttl = \"5m\", sticky = true }"));
+        assert!(e.path.starts_with("routes[0].cache_affinity"), "{e}");
     }
 
     #[test]

@@ -24,12 +24,14 @@ use crate::cache::ResponseCache;
 use crate::chat::{ChatRequest, Usage};
 use crate::config::Rung;
 use crate::error::RequestError;
+use crate::policy::affinity::{self, PrefixHash, Warm};
 use crate::policy::backoff::Backoff;
 use crate::policy::next::{next, Next, Outcome, Tried, View};
 use crate::queue::jobs::{Jobs, OwnedJob};
 use crate::request::RequestSpec;
 use crate::semantic::SemanticCache;
 use crate::sink::{Event, EventSink, Finished, QueuedJob, Started, Tier};
+use crate::state::affinity::AffinityMemory;
 use crate::state::cost::{CostLedger, OnOutage, Reservation};
 use crate::state::idempotency::{Idempotency, KeyClaim};
 use crate::telemetry::metrics::{Metrics, ServedLabels, ShedLabels, TargetSeries};
@@ -43,6 +45,8 @@ pub struct Dispatcher {
     /// Near-repeat answers of the routes with a `semantic_cache`.
     pub semantic: Arc<SemanticCache>,
     pub cost: Arc<CostLedger>,
+    /// Where prompt-cache affinity remembers warm prefixes.
+    pub affinity: Arc<AffinityMemory>,
     pub backoff: Backoff,
     pub default_deadline: Duration,
     /// The durable job queue, when configured.
@@ -63,6 +67,16 @@ struct Call<'a> {
     plan: &'a Plan,
     candidate: &'a Candidate,
     deadline: Instant,
+    affinity: Option<&'a Affinity>,
+}
+
+/// A request's prompt-cache affinity, on a route with `cache_affinity`.
+struct Affinity {
+    /// Its cacheable prefixes, longest first.
+    prefixes: Vec<PrefixHash>,
+    /// Where the longest warm one was answered, if any is.
+    warm: Option<Warm>,
+    ttl: Duration,
 }
 
 /// What one request holds against its tenant's cap and has spent so far.
@@ -134,6 +148,7 @@ impl Dispatcher {
             cache,
             semantic: SemanticCache::new(),
             cost,
+            affinity: Arc::default(),
             jobs: None,
             backoff,
             default_deadline,
@@ -199,7 +214,7 @@ impl Dispatcher {
                 KeyClaim::Mismatch => return Err(RequestError::IdempotencyKeyReused),
             },
         };
-        let plan = self.plan(spec).await?;
+        let mut plan = self.plan(spec).await?;
         progress.planned.store(true, Ordering::Relaxed);
         if let (Some(limit), Some(asked)) = (plan.max_tokens_limit, spec.chat.max_tokens) {
             if asked > limit {
@@ -263,7 +278,10 @@ impl Dispatcher {
         sink.set_deadline(deadline);
         progress.deadline.send_replace(Some(deadline));
         let mut bill = self.reserve(spec, &plan, deadline).await?;
-        let live = self.drive(spec, &plan, sink, &mut bill).await;
+        let affinity = self.affinity_place(spec, &mut plan).await;
+        let live = self
+            .drive(spec, &plan, affinity.as_ref(), sink, &mut bill)
+            .await;
         self.settle(bill).await;
         match live {
             Ok(()) => Ok(()),
@@ -359,9 +377,13 @@ impl Dispatcher {
         })
     }
 
-    /// Holds the request's maximum cost against the tenant's cap: the
-    /// prompt estimate at the dearest candidate's input price plus
-    /// `max_tokens` (else the model's context) at its output price.
+    /// Holds the request's maximum cost against the tenant's cap, at the
+    /// dearest candidate: the prompt estimate at the dearest input rate it
+    /// may be billed at there (a cache write of the whole prompt, at the
+    /// longest marked TTL's price on an Anthropic target; on an upstream
+    /// that caches on its own, whichever of input, read and write is
+    /// dearest) plus `max_tokens` (else the model's context) at its output
+    /// price. It settles to the real, cache-aware cost.
     async fn reserve<'a>(
         &self,
         spec: &'a RequestSpec,
@@ -382,7 +404,8 @@ impl Dispatcher {
         if !self.cost.has_cap(&spec.tenant) {
             return Ok(bill);
         }
-        let prompt = estimate_usage(&spec.chat, 0).input_tokens;
+        let prompt = prompt_tokens(&spec.chat);
+        let marked = spec.chat.longest_cache_ttl();
         let asked = spec.chat.max_tokens.or(plan.default_max_tokens);
         let max_usd = plan
             .candidates
@@ -391,7 +414,8 @@ impl Dispatcher {
                 let entry = self.registry.provider(&c.provider)?;
                 let model = entry.runtime.model(&c.model)?;
                 let output = asked.unwrap_or(model.context_tokens.saturating_sub(prompt));
-                Some(model.price.cost(prompt, output))
+                let dialect = entry.runtime.kind.dialect();
+                Some(model.price.max_cost(dialect, marked, prompt, output))
             })
             .fold(0.0, f64::max);
         self.hold(&mut bill, max_usd).await?;
@@ -428,6 +452,53 @@ impl Dispatcher {
         for rest in held {
             self.cost.settle(rest, 0.0).await;
         }
+    }
+
+    /// On a `cache_affinity` route, the request's cacheable prefixes and
+    /// where the longest warm one was answered; that target goes first in
+    /// the plan (the policy in `policy::affinity`).
+    async fn affinity_place(&self, spec: &RequestSpec, plan: &mut Plan) -> Option<Affinity> {
+        let ttl = plan.cache_affinity?;
+        let prefixes = affinity::prefixes(&spec.chat, &spec.tenant, &plan.route);
+        if prefixes.is_empty() {
+            return None;
+        }
+        let warm = self.affinity.recall(&spec.tenant, &prefixes).await;
+        if let Some(w) = &warm {
+            affinity::place(&mut plan.candidates, |c| {
+                !c.downshift && w.is(&c.provider, &c.model)
+            });
+        }
+        Some(Affinity {
+            prefixes,
+            warm,
+            ttl,
+        })
+    }
+
+    /// An answer on a `cache_affinity` route: counts whether it came from
+    /// where its prefix was warm, and remembers it there (with `key`) for
+    /// the route's ttl. Done before `Finished` goes out, so the caller's
+    /// next turn finds it.
+    async fn affinity_remember(&self, call: &Call<'_>, key: Option<String>) {
+        let Some(a) = call.affinity else { return };
+        let c = call.candidate;
+        let verdict = affinity::verdict(a.warm.as_ref(), &c.provider, &c.model);
+        self.metrics
+            .cache_affinity
+            .get_or_create(&crate::telemetry::metrics::AffinityLabels {
+                route: call.plan.route.clone(),
+                result: verdict.as_str(),
+            })
+            .inc();
+        let warm = Warm {
+            provider: c.provider.clone(),
+            model: c.model.clone(),
+            key,
+        };
+        self.affinity
+            .remember(&call.spec.tenant, &a.prefixes, &warm, a.ttl)
+            .await;
     }
 
     /// Counts an answered request by route, tier and who answered.
@@ -497,6 +568,7 @@ impl Dispatcher {
         &self,
         spec: &RequestSpec,
         plan: &Plan,
+        affinity: Option<&Affinity>,
         sink: &mut EventSink,
         bill: &mut Bill<'_>,
     ) -> Result<(), RequestError> {
@@ -552,6 +624,7 @@ impl Dispatcher {
                 plan,
                 candidate: &plan.candidates[to],
                 deadline,
+                affinity,
             };
             outcome = self
                 .attempt(&call, &mut chat, &mut tried, sink, bill)
@@ -624,6 +697,7 @@ impl Dispatcher {
         self.record_attempt(candidate, &entry, &result);
         Ok(match result.end {
             AttemptEnd::Completed(completion) => {
+                self.affinity_remember(call, result.key).await;
                 let served = Served {
                     attempts: tried.attempts(),
                     upstream_request_id: result.upstream_request_id,
@@ -673,7 +747,9 @@ impl Dispatcher {
                 .inc();
         }
         permit.report(provider::Outcome::of(result, failed_output_tokens));
-        price(entry, model).cost(0, failed_output_tokens)
+        let billed = price(entry, model).cost(0, failed_output_tokens);
+        self.count_cost(&call.plan.route, call.candidate, billed);
+        billed
     }
 
     /// Sends one attempt inside its span and logs how it ended.
@@ -714,6 +790,9 @@ impl Dispatcher {
                 chat,
                 deadline: call.deadline,
                 attempt,
+                key: call.affinity.and_then(|a| {
+                    affinity::key_for(a.warm.as_ref(), &candidate.provider, &candidate.model)
+                }),
             },
             sink,
         )
@@ -767,9 +846,10 @@ impl Dispatcher {
             Some(u) => (u, false),
             None => (estimate_usage(chat, sink.attempt_chars()), true),
         };
-        self.record_usage(candidate, entry, usage);
+        self.record_usage(&call.plan.route, candidate, entry, usage);
         let cost_usd =
             price(entry, &candidate.model).usage_cost(&usage, entry.runtime.kind.dialect());
+        self.count_cost(&call.plan.route, candidate, cost_usd);
         self.served(&call.plan.route, candidate, candidate.tier());
         let _ = sink
             .finish(Finished {
@@ -820,10 +900,43 @@ impl Dispatcher {
         }
     }
 
-    fn record_usage(&self, c: &Candidate, entry: &ProviderEntry, usage: Usage) {
+    /// The GenAI token histogram (input counts every prompt token, cached
+    /// or not, as the convention asks; output includes reasoning) and the
+    /// route's prompt-cache reads and writes.
+    fn record_usage(&self, route: &str, c: &Candidate, entry: &ProviderEntry, usage: Usage) {
         let series = self.series(c, entry);
-        series.input_tokens.observe(f64::from(usage.input_tokens));
+        series.input_tokens.observe(f64::from(usage.total_input()));
         series.output_tokens.observe(f64::from(usage.output_tokens));
+        for (kind, n) in [
+            ("read", usage.cache_read_input_tokens),
+            ("write", usage.cache_write_input_tokens),
+        ] {
+            if n > 0 {
+                self.metrics
+                    .prompt_cache_tokens
+                    .get_or_create(&crate::telemetry::metrics::PromptCacheLabels {
+                        route: route.to_string(),
+                        provider: c.provider.clone(),
+                        model: c.model.clone(),
+                        kind,
+                    })
+                    .inc_by(u64::from(n));
+            }
+        }
+    }
+
+    /// Adds what an attempt cost to `switchyard_cost_usd_total`.
+    fn count_cost(&self, route: &str, c: &Candidate, usd: f64) {
+        if usd > 0.0 && usd.is_finite() {
+            self.metrics
+                .cost_usd
+                .get_or_create(&crate::telemetry::metrics::RouteTargetLabels {
+                    route: route.to_string(),
+                    provider: c.provider.clone(),
+                    model: c.model.clone(),
+                })
+                .inc_by(usd);
+        }
     }
 
     fn series(&self, c: &Candidate, entry: &ProviderEntry) -> Arc<TargetSeries> {
@@ -948,7 +1061,7 @@ impl Dispatcher {
         };
         let m = &self.metrics.semantic;
         for (kind, n) in [
-            ("input", f.usage.input_tokens),
+            ("input", f.usage.total_input()),
             ("output", f.usage.output_tokens),
         ] {
             m.deflected_tokens
@@ -1060,17 +1173,34 @@ fn takes_tier(kind: crate::upstream::ProviderKind, tier: &str) -> bool {
     }
 }
 
-/// Rough usage when the upstream sent none: about four characters a token.
-fn estimate_usage(chat: &ChatRequest, output_chars: usize) -> Usage {
-    let prompt_chars: usize = chat
+/// Rough prompt size, about four characters a token: the messages (with
+/// their tool calls) and the tool definitions.
+fn prompt_tokens(chat: &ChatRequest) -> u32 {
+    let messages: usize = chat
         .messages
         .iter()
-        .map(|m| m.content_bytes() + m.role.len())
+        .map(|m| {
+            m.content_bytes()
+                + m.role.len()
+                + m.tool_calls
+                    .iter()
+                    .map(|c| c.name.len() + c.arguments.len())
+                    .sum::<usize>()
+        })
         .sum();
-    Usage::plain(
-        (prompt_chars / 4).max(1) as u32,
-        output_chars.div_ceil(4) as u32,
-    )
+    let tools: usize = chat
+        .tools
+        .iter()
+        .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+        .sum();
+    u32::try_from((messages + tools) / 4)
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
+/// Rough usage when the upstream sent none: about four characters a token.
+fn estimate_usage(chat: &ChatRequest, output_chars: usize) -> Usage {
+    Usage::plain(prompt_tokens(chat), output_chars.div_ceil(4) as u32)
 }
 
 #[cfg(test)]

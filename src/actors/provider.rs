@@ -828,6 +828,7 @@ async fn synthetic_probe(
             chat: &chat,
             deadline,
             attempt: 0,
+            key: None,
         },
         &mut sink,
     )

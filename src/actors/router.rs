@@ -67,6 +67,8 @@ pub struct Plan {
     pub unavailable_for: Option<Duration>,
     /// Cost reservations are refused while the fleet ledger is away.
     pub fail_closed: bool,
+    /// The route's prompt-cache affinity: how long a prefix stays warm.
+    pub cache_affinity: Option<Duration>,
 }
 
 impl Plan {
@@ -179,6 +181,7 @@ struct RouteEntry {
     side_effects: bool,
     fail_closed: bool,
     family_failover: FamilyFailover,
+    cache_affinity: Option<Duration>,
     budget: RetryBudget,
     /// Requests answered in the last minute, and how many by a non-primary target.
     served: ShareWindow,
@@ -322,6 +325,7 @@ fn build_routes(
                 side_effects: r.side_effects,
                 fail_closed: r.fail_closed,
                 family_failover: r.embedding_family_failover,
+                cache_affinity: r.cache_affinity.map(|a| a.ttl),
                 budget: RetryBudget::new(budget, now),
                 served: ShareWindow::new(Duration::from_secs(60), now),
             };
@@ -559,6 +563,7 @@ impl RouterState {
             shared_across_tenants: entry.shared_across_tenants,
             unavailable_for: if ranked_empty { soonest } else { None },
             fail_closed: entry.fail_closed,
+            cache_affinity: entry.cache_affinity,
         })
     }
 }

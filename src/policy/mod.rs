@@ -1,6 +1,7 @@
 //! Pure policy: outcome classes, breakers, health windows, budgets, backoff.
 //! Plain structs with time passed in; no I/O, no actors, no gRPC.
 
+pub mod affinity;
 pub mod backoff;
 pub mod breaker;
 pub mod budget;

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::affinity::AffinityMemory;
 use super::cost::{CostGuard, CostLedger};
 use super::idempotency::{Idempotency, IdempotencyStore};
 use super::redis::{Redis, RedisJobs};
@@ -23,6 +24,8 @@ pub struct Stores {
     pub responses: Arc<ResponseStore>,
     /// The Redis client, when the fleet backend is on.
     pub redis: Option<Redis>,
+    /// Prompt-cache affinity's memory.
+    pub affinity: Arc<AffinityMemory>,
 }
 
 /// Lease of a job run in Redis: renewed while the run lives, so a replica
@@ -44,6 +47,7 @@ pub fn build(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, String> 
             tenants: TenantLimits::Embedded(TenantLimiter::new(&config.limits)),
             responses: Arc::new(embedded_responses(config)?),
             redis: None,
+            affinity: Arc::default(),
         });
     }
     let url = std::env::var(&st.redis_url_env).map_err(|_| {
@@ -78,7 +82,14 @@ pub fn build(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, String> 
             faults.clone(),
             &config.responses,
         )),
-        tenants: TenantLimits::redis(redis.clone(), faults, retries, &config.limits, st.lease),
+        tenants: TenantLimits::redis(
+            redis.clone(),
+            faults.clone(),
+            retries,
+            &config.limits,
+            st.lease,
+        ),
+        affinity: Arc::new(AffinityMemory::redis(redis.clone(), faults)),
         redis: Some(redis),
     })
 }

@@ -1,5 +1,5 @@
-//! Shared state behind the request path, one folder per store (`cost`,
-//! `idempotency`, `responses`, `tenants`: the face with its outage policy, the embedded
+//! Shared state behind the request path, one folder per store (`affinity`,
+//! `cost`, `idempotency`, `responses`, `tenants`: the face with its outage policy, the embedded
 //! and the Redis implementation), the Redis client (`redis`), what the stores
 //! share (`shared`) and their assembly from `[state]`. The types here are the
 //! vocabulary every backend speaks. Nothing above this layer knows which
@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+pub mod affinity;
 pub mod assemble;
 pub mod cost;
 pub mod idempotency;

@@ -101,6 +101,24 @@ pub struct RouteTargetLabels {
     pub model: String,
 }
 
+/// Prompt-cache tokens of served answers, per route and target.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PromptCacheLabels {
+    pub route: String,
+    pub provider: String,
+    pub model: String,
+    /// `read` or `write`.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AffinityLabels {
+    pub route: String,
+    /// `hit` (served where its prefix was warm), `miss` (no prefix
+    /// remembered) or `move` (served elsewhere; the memory moved).
+    pub result: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabels {
     /// `grpc`, `http` or `admin`.
@@ -109,7 +127,7 @@ pub struct ListenerLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
-    /// The state function that failed: `jobs`, `idempotency`, `cost`, `tenant_limits`, `drain`.
+    /// The state function that failed: `jobs`, `idempotency`, `cost`, `tenant_limits`, `drain`, `affinity`.
     pub function: &'static str,
 }
 
@@ -302,6 +320,10 @@ pub struct Metrics {
     pub concurrency_limit: Family<TrafficLabels, Gauge>,
     pub ready: Gauge,
     pub semantic: SemanticMetrics,
+    /// What answers cost (served, and output billed on failed streams).
+    pub cost_usd: Family<RouteTargetLabels, Counter<f64, AtomicU64>>,
+    pub prompt_cache_tokens: Family<PromptCacheLabels, Counter>,
+    pub cache_affinity: Family<AffinityLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -457,12 +479,33 @@ impl Metrics {
             ready.clone(),
         );
         let semantic = SemanticMetrics::register(&mut registry);
+        let cost_usd = Family::<RouteTargetLabels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "switchyard_cost_usd",
+            "What upstream answers cost at the models' prices (cache reads and writes at theirs, reasoning as output), failed streams' output included",
+            cost_usd.clone(),
+        );
+        let prompt_cache_tokens = Family::<PromptCacheLabels, Counter>::default();
+        registry.register(
+            "switchyard_prompt_cache_tokens",
+            "Prompt tokens of served answers read from (kind=read) or written to (kind=write) the upstream's prompt cache",
+            prompt_cache_tokens.clone(),
+        );
+        let cache_affinity = Family::<AffinityLabels, Counter>::default();
+        registry.register(
+            "switchyard_cache_affinity",
+            "Answers of cache_affinity routes: served where their prefix was warm (hit), with no prefix remembered (miss), or elsewhere, the memory moved (move)",
+            cache_affinity.clone(),
+        );
         if super::alloc::enabled() {
             registry.register_collector(Box::new(super::alloc::AllocCollector));
         }
         Metrics {
             registry,
             semantic,
+            cost_usd,
+            prompt_cache_tokens,
+            cache_affinity,
             targets: std::sync::RwLock::default(),
             connections,
             connections_refused,

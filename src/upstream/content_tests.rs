@@ -1,7 +1,8 @@
 //! The content model on each wire: what the OpenAI and Anthropic encoders put
 //! in the body for images, documents, cache markers, signed reasoning,
 //! reasoning asks, structured output and passthrough, and what each reports
-//! as dropped; usage normalisation and cost on both wires.
+//! as dropped; usage normalisation, cost and reservations on every wire
+//! (the README's worked examples).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -451,4 +452,113 @@ fn cost_prices_cache_reads_writes_and_reasoning_by_their_own_rates() {
     // 86 x 2.5 + 1,920 x 0.25 + 300 x 10 = 3,695 micro-USD.
     let got = configured.usage_cost(&openai_turn, Dialect::Openai);
     assert!((got - 0.003_695).abs() < 1e-9, "{got}");
+
+    // Gemini ($1.25 in, $10 out): promptTokenCount 10,000 of which
+    // cachedContentTokenCount 8,000; 500 candidates and 1,200 thoughts.
+    let gemini = Price {
+        input_per_mtok: 1.25,
+        output_per_mtok: 10.0,
+        ..Price::default()
+    };
+    let gemini_turn = Usage {
+        input_tokens: 2_000,
+        output_tokens: 1_700,
+        cache_read_input_tokens: 8_000,
+        reasoning_tokens: 1_200,
+        ..Usage::default()
+    };
+    // 2,000 x 1.25 + 8,000 x 0.3125 + 1,700 x 10 = 22,000 micro-USD.
+    let got = gemini.usage_cost(&gemini_turn, Dialect::Gemini);
+    assert!((got - 0.022).abs() < 1e-9, "{got}");
+}
+
+/// A reservation holds the most a request may cost: every prompt token at
+/// the dearest rate it may be billed at on that wire, plus `max_tokens` of
+/// output. Sonnet-class prices on Anthropic ($3 in, $15 out: writes $3.75 /
+/// $6), a gpt-4o-class one on OpenAI ($2.50 in, $10 out).
+#[test]
+fn a_reservation_prices_the_prompt_at_its_dearest_possible_rate() {
+    let sonnet = Price {
+        input_per_mtok: 3.0,
+        output_per_mtok: 15.0,
+        ..Price::default()
+    };
+    let a = Dialect::Anthropic;
+    // 10,000 prompt tokens, 1,000 out: unmarked, all at the input price...
+    assert!((sonnet.max_cost(a, None, 10_000, 1_000) - 0.045).abs() < 1e-12);
+    // ...marked 5m: all may be a 5-minute write; marked 1h: a 1-hour write.
+    let five = sonnet.max_cost(a, Some(CacheTtl::FiveMinutes), 10_000, 1_000);
+    assert!((five - 0.0525).abs() < 1e-12, "{five}");
+    let hour = sonnet.max_cost(a, Some(CacheTtl::OneHour), 10_000, 1_000);
+    assert!((hour - 0.075).abs() < 1e-12, "{hour}");
+    // A configured read price dearer than input (odd, but configured) counts.
+    let odd = Price {
+        cache_read_per_mtok: Some(9.0),
+        ..sonnet
+    };
+    assert_eq!(odd.dearest_input_rate(a, Some(CacheTtl::FiveMinutes)), 9.0);
+    assert_eq!(odd.dearest_input_rate(a, None), 3.0);
+    // OpenAI caches on its own, markers or not: its dearest of input, read and write.
+    let gpt = Price {
+        input_per_mtok: 2.5,
+        output_per_mtok: 10.0,
+        cache_write_5m_per_mtok: Some(3.125),
+        ..Price::default()
+    };
+    assert_eq!(gpt.dearest_input_rate(Dialect::Openai, None), 3.125);
+    assert_eq!(
+        Price {
+            cache_write_5m_per_mtok: None,
+            ..gpt
+        }
+        .dearest_input_rate(Dialect::Openai, Some(CacheTtl::OneHour)),
+        2.5
+    );
+}
+
+/// What counts as marked: a breakpoint on a tool, a part or a tool result,
+/// or Anthropic's top-level automatic `cache_control` passed through.
+#[test]
+fn the_longest_marked_ttl_is_found_wherever_it_is() {
+    let mut chat = ChatRequest {
+        messages: vec![ChatMessage::text("user", "hi")],
+        ..ChatRequest::default()
+    };
+    assert_eq!(chat.longest_cache_ttl(), None);
+    chat.messages[0].parts = vec![part(
+        PartKind::Text("hi".into()),
+        Some(CacheTtl::FiveMinutes),
+    )];
+    assert_eq!(chat.longest_cache_ttl(), Some(CacheTtl::FiveMinutes));
+    chat.messages.push(ChatMessage {
+        cache: Some(CacheTtl::OneHour),
+        tool_call_id: Some("c".into()),
+        ..ChatMessage::text("tool", "result")
+    });
+    assert_eq!(chat.longest_cache_ttl(), Some(CacheTtl::OneHour));
+    let automatic = |ttl: Value, dialect| ChatRequest {
+        messages: vec![ChatMessage::text("user", "hi")],
+        passthrough: Some(Arc::new(Passthrough {
+            dialect: Some(dialect),
+            fields: Map::from_iter([("cache_control".to_string(), ttl)]),
+            ..Passthrough::default()
+        })),
+        ..ChatRequest::default()
+    };
+    assert_eq!(
+        automatic(json!({"type": "ephemeral"}), Dialect::Anthropic).longest_cache_ttl(),
+        Some(CacheTtl::FiveMinutes)
+    );
+    assert_eq!(
+        automatic(
+            json!({"type": "ephemeral", "ttl": "1h"}),
+            Dialect::Anthropic
+        )
+        .longest_cache_ttl(),
+        Some(CacheTtl::OneHour)
+    );
+    assert_eq!(
+        automatic(json!({"type": "ephemeral"}), Dialect::Openai).longest_cache_ttl(),
+        None
+    );
 }

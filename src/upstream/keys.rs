@@ -1,5 +1,6 @@
 //! Several API keys (or accounts) for one provider. A request uses one key,
-//! picked by weight among the keys not cooling down, not disabled and under
+//! picked by weight (or the one its prompt-cache prefix is warm on) among
+//! the keys not cooling down, not disabled and under
 //! their own concurrency ceiling. A key-local answer changes that key only:
 //! a 429 or an exhausted quota cools it down (the provider's cooldown
 //! lengths, the upstream's `Retry-After` first), a 401/403 disables it until
@@ -120,6 +121,17 @@ impl KeyPool {
 
     /// A key by weight among those usable now and not in `tried`; else why none.
     pub fn pick(&self, now: Instant, tried: &[usize]) -> Result<Lease, Failure> {
+        self.pick_preferring(now, tried, None)
+    }
+
+    /// [`KeyPool::pick`], but the `prefer`red key when it is usable
+    /// (prompt-cache affinity).
+    pub fn pick_preferring(
+        &self,
+        now: Instant,
+        tried: &[usize],
+        prefer: Option<&str>,
+    ) -> Result<Lease, Failure> {
         let mut usable = Vec::new();
         let mut soonest: Option<Duration> = None;
         let mut saturated = false;
@@ -144,6 +156,16 @@ impl KeyPool {
                     Err(_) => saturated = true,
                 },
             }
+        }
+        if let Some(at) = usable
+            .iter()
+            .position(|(i, _)| prefer == Some(self.keys[*i].name.as_str()))
+        {
+            let (index, permit) = usable.swap_remove(at);
+            return Ok(Lease {
+                index,
+                _permit: permit,
+            });
         }
         let total: u32 = usable.iter().map(|(i, _)| self.keys[*i].weight).sum();
         if total > 0 {
@@ -233,6 +255,28 @@ mod tests {
             }
         }
         assert!((2800..3200).contains(&a), "{a} of 4000 to the weight-3 key");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_preferred_key_serves_while_usable_and_then_the_weights_do() {
+        let p = pool(&[("a", 100, None), ("b", 1, Some(1))]);
+        let now = Instant::now();
+        for _ in 0..50 {
+            assert_eq!(p.pick_preferring(now, &[], Some("b")).unwrap().index, 1);
+        }
+        // At its ceiling, cooling or already tried: another key serves.
+        let held = p.pick_preferring(now, &[], Some("b")).unwrap();
+        assert_eq!(p.pick_preferring(now, &[], Some("b")).unwrap().index, 0);
+        drop(held);
+        assert_eq!(p.pick_preferring(now, &[1], Some("b")).unwrap().index, 0);
+        p.note(
+            1,
+            OutcomeClass::RateLimited,
+            Some(Duration::from_secs(5)),
+            now,
+        );
+        assert_eq!(p.pick_preferring(now, &[], Some("b")).unwrap().index, 0);
+        assert_eq!(p.pick_preferring(now, &[], Some("gone")).unwrap().index, 0);
     }
 
     #[tokio::test(start_paused = true)]

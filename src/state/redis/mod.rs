@@ -2,13 +2,13 @@
 //! connection (made lazily, remade after errors, so service resumes when Redis
 //! comes back), the per-call timeout, the breaker and the key layout. Each
 //! function's scripts (Lua clocked by `TIME`) live with its store:
-//! `state/cost/redis.rs`, `state/tenants/redis.rs`,
+//! `state/cost/redis.rs`, `state/tenants/redis.rs`, `state/affinity/redis.rs`,
 //! `state/idempotency/redis.rs`, and the job queue in `jobs.rs`. This file
 //! must not log URLs (they may carry a password).
 //!
 //! Key layout (the prefix defaults to `switchyard:`; every key carries a hash
 //! tag so Redis Cluster keeps each script's keys in one slot):
-//! - `{prefix}{t:<tenant>}:spend`, `:cost:res`, `:slots`, `:rate`: per tenant;
+//! - `{prefix}{t:<tenant>}:spend`, `:cost:res`, `:slots`, `:rate`, `:affinity`: per tenant;
 //! - `{prefix}{i:<scoped key>}`: one idempotency record;
 //! - `{prefix}{fleet}:replicas`: the replicas' heartbeats;
 //! - `{prefix}{jobs}:...`: the whole job queue, its blobs (Batch API files),
