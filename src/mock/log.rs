@@ -51,6 +51,10 @@ pub struct RequestRecord {
     pub client_hung_up: bool,
     /// Rejected because `max_concurrency` requests were already in flight.
     pub over_capacity: bool,
+    /// The label `PUT /_mock/keys` gave the key this request came with
+    /// (`labels`), so tests see which key was used (never the key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_label: Option<String>,
 }
 
 /// Concurrency counters, as served by `GET /_mock/stats`.
@@ -204,6 +208,10 @@ impl Attempt {
     pub(crate) fn set_fault(&self, name: Option<&str>) {
         let name = name.map(str::to_owned);
         self.log.update(self.seq, |r| r.fault = name);
+    }
+
+    pub(crate) fn set_key_label(&self, label: String) {
+        self.log.update(self.seq, |r| r.key_label = Some(label));
     }
 
     pub(crate) fn set_status(&self, status: u16) {

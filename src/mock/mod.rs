@@ -15,6 +15,9 @@
 //!   `GET /_mock/faults` (current spec; `times` shows what is left).
 //! - `GET /_mock/requests` (JSON array of [`RequestRecord`]), `DELETE /_mock/requests`.
 //! - `GET /_mock/stats` → `{"in_flight":n,"max_in_flight":n,"requests":n}` ([`Stats`]).
+//! - `PUT /_mock/keys` → `{"rate_limited":[key],"refused":[key],"labels":{key:label}}`:
+//!   keys answered 429 or 401 whatever the fault, and labels their requests
+//!   are logged with (`key_label`).
 //! - `GET|PUT /_mock/config` → `{"tokens":16,"token_delay_ms":0,"max_concurrency":0}`
 //!   (PUT takes any subset of the fields).
 //! - `PUT /_mock/tools` → `{"name":"f","arguments":"{\"city\":\"Paris\"}","text_after_result":true}`:

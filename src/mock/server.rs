@@ -129,6 +129,8 @@ impl ToolScript {
 pub(crate) struct KeyRules {
     pub rate_limited: Vec<String>,
     pub refused: Vec<String>,
+    /// Key -> the label its requests are logged with (`key_label`).
+    pub labels: BTreeMap<String, String>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -576,6 +578,7 @@ pub(super) fn new_record(
         completed: false,
         client_hung_up: false,
         over_capacity: false,
+        key_label: None,
     }
 }
 
@@ -673,6 +676,9 @@ pub(super) async fn completion_as(
     let rule = {
         let rules = lock(&s.keys);
         let has = |list: &[String]| key.as_ref().is_some_and(|k| list.contains(k));
+        if let Some(label) = key.as_ref().and_then(|k| rules.labels.get(k)) {
+            attempt.set_key_label(label.clone());
+        }
         if has(&rules.refused) {
             Some(Preset::Auth)
         } else if has(&rules.rate_limited) {

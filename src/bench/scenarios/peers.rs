@@ -1054,6 +1054,7 @@ mod tests {
             completed: true,
             client_hung_up: false,
             over_capacity: false,
+            key_label: None,
         };
         // 10 rps, 1 s phases: r5 is phase 0, r12 phase 1, r25 and r99 phase 2.
         let logs = vec![vec![
