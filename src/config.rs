@@ -2076,6 +2076,49 @@ targets = ["primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
         assert!(e.message.contains("`anthropic`"), "{e}");
     }
 
+    /// README's worked examples ("Prices and prompt caching"), to the cent.
+    #[test]
+    fn readme_worked_prices() {
+        use crate::chat::{Dialect, Usage};
+        let price = |input, output, read| Price {
+            input_per_mtok: input,
+            output_per_mtok: output,
+            cache_read_per_mtok: read,
+            ..Price::default()
+        };
+        let usage = |input, read, write, write_1h, output, reasoning| Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cache_read_input_tokens: read,
+            cache_write_input_tokens: write,
+            cache_write_1h_input_tokens: write_1h,
+            reasoning_tokens: reasoning,
+        };
+        let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-12, "{a} != {b}");
+        // OpenAI: prompt 10,000 with 8,192 cached, 500 out.
+        let openai = usage(1808, 8192, 0, 0, 500, 0);
+        close(
+            price(2.5, 10.0, None).usage_cost(&openai, Dialect::Openai),
+            0.01976,
+        );
+        close(
+            price(2.0, 8.0, Some(0.5)).usage_cost(&openai, Dialect::Openai),
+            0.011712,
+        );
+        // Anthropic: a 6,000-token marked prefix written (5m, 1h), then read.
+        let sonnet = price(3.0, 15.0, None);
+        let cost = |u: &Usage| sonnet.usage_cost(u, Dialect::Anthropic);
+        close(cost(&usage(50, 0, 6000, 0, 400, 0)), 0.02865);
+        close(cost(&usage(50, 0, 6000, 6000, 400, 0)), 0.04215);
+        close(cost(&usage(80, 6000, 0, 0, 400, 0)), 0.00804);
+        close(cost(&usage(6080, 0, 0, 0, 400, 0)), 0.02424);
+        // Gemini: prompt 10,000 with 8,000 cached, 300 out and 700 thoughts.
+        close(
+            price(0.3, 2.5, None).usage_cost(&usage(2000, 8000, 0, 0, 1000, 700), Dialect::Gemini),
+            0.0037,
+        );
+    }
+
     #[test]
     fn prices_are_finite_and_non_negative_and_errors_name_the_field() {
         let priced = |price: &str| {
