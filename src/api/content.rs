@@ -384,6 +384,7 @@ pub fn passthrough(
         headers.push((lower, value));
     }
     headers.sort();
+    // Kept even when empty: it still binds the tools' `extra_json` to its dialect.
     if p.dropped.len() > 64 || p.dropped.iter().any(|d| d.len() > 128) {
         return Err(invalid(
             "passthrough.dropped: at most 64 names of 128 bytes",

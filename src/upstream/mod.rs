@@ -117,6 +117,12 @@ impl ProviderKind {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Dropped(Vec<String>);
 
+/// Passthrough fields that only say how a door's caller spelled something
+/// the request models (OpenAI's `max_completion_tokens` for `max_tokens`):
+/// their own wire writes the modelled value under that name, another wire
+/// carries it in its own shape, so they are never reported as dropped.
+pub const SPELLINGS: [&str; 1] = ["max_completion_tokens"];
+
 impl Dropped {
     /// Notes one thing left out (once).
     pub fn note(&mut self, what: impl Into<String>) {
@@ -145,10 +151,13 @@ impl Dropped {
         }
     }
 
-    /// Every field and header of a passthrough meant for another dialect.
+    /// Every field and header of a passthrough meant for another dialect
+    /// (not a [`SPELLINGS`] field: what it spells was carried).
     pub fn passthrough(&mut self, p: &crate::chat::Passthrough) {
         for field in p.fields.keys() {
-            self.note(format!("passthrough.{field}"));
+            if !SPELLINGS.contains(&field.as_str()) {
+                self.note(format!("passthrough.{field}"));
+            }
         }
         for (name, _) in &p.headers {
             self.note(format!("header.{name}"));

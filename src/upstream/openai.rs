@@ -37,9 +37,13 @@ pub fn build_body(req: &ChatRequest, dropped: &mut Dropped) -> Value {
         .map(|m| message_json(m, dropped))
         .collect();
     body.insert("messages".into(), Value::Array(messages));
+    let passthrough = req.passthrough_for(Dialect::Openai);
     if let Some(n) = req.max_tokens {
-        // Reasoning models take only `max_completion_tokens`.
-        let key = if req.reasoning.is_some() {
+        // Reasoning models take only `max_completion_tokens`; a caller of
+        // this dialect who wrote it gets it (compatible servers that predate
+        // it keep `max_tokens`).
+        let spelled = passthrough.is_some_and(|p| p.fields.contains_key("max_completion_tokens"));
+        let key = if req.reasoning.is_some() || spelled {
             "max_completion_tokens"
         } else {
             "max_tokens"
@@ -55,7 +59,6 @@ pub fn build_body(req: &ChatRequest, dropped: &mut Dropped) -> Value {
     if !req.stop.is_empty() {
         body.insert("stop".into(), json!(req.stop));
     }
-    let passthrough = req.passthrough_for(Dialect::Openai);
     if !req.tools.is_empty() {
         let tools = req.tools.iter().map(|t| {
             let mut function = Map::new();
@@ -302,6 +305,9 @@ pub struct OpenAiDecoder {
     usage: Option<Usage>,
     /// The `service_tier` the chunks reported.
     service_tier: Option<String>,
+    /// Compatible servers' reasoning text so far (`reasoning_content`):
+    /// the answer's one unsigned reasoning block.
+    reasoning: String,
     /// The failure that ended the stream; repeated by later calls.
     failed: Option<Failure>,
     /// Tests: every frame through the general `Value` path.
@@ -452,6 +458,7 @@ impl OpenAiDecoder {
         let reasoning =
             non_empty_str(delta, "reasoning_content").or_else(|| non_empty_str(delta, "reasoning"));
         if let Some(text) = reasoning {
+            self.reasoning.push_str(text);
             out.push(Chunk::Reasoning {
                 text: text.to_owned(),
                 signature: None,
@@ -557,9 +564,23 @@ impl StreamDecoder for OpenAiDecoder {
             finish_reason,
             usage: self.usage,
             service_tier: self.service_tier.clone(),
-            reasoning: Vec::new(),
+            reasoning: reasoning_blocks(std::mem::take(&mut self.reasoning)),
         })
     }
+}
+
+/// Compatible servers' reasoning text as the answer's one reasoning block:
+/// unsigned (nothing to send back; the OpenAI wire takes none).
+fn reasoning_blocks(text: String) -> Vec<crate::chat::ReasoningBlock> {
+    if text.is_empty() {
+        return Vec::new();
+    }
+    vec![crate::chat::ReasoningBlock {
+        text,
+        signature: None,
+        redacted: None,
+        dialect: Some(Dialect::Openai),
+    }]
 }
 
 /// A `service_tier` string field, bounded (it is passed on).
@@ -750,13 +771,20 @@ pub fn decode_non_streaming(body: &[u8]) -> Result<(Vec<Chunk>, Completion), Fai
         }
     };
     let finish_reason = settle(reason, refusal, args.iter().map(String::as_str))?;
+    let reasoning = chunks
+        .iter()
+        .filter_map(|c| match c {
+            Chunk::Reasoning { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<String>();
     Ok((
         chunks,
         Completion {
             finish_reason,
             usage: parse_usage(v.get("usage")),
             service_tier: tier_field(&v),
-            reasoning: Vec::new(),
+            reasoning: reasoning_blocks(reasoning),
         },
     ))
 }
@@ -822,6 +850,84 @@ mod tests {
 
     fn class_of(text: &str) -> OutcomeClass {
         decode(text).1.unwrap_err().class
+    }
+
+    #[test]
+    fn a_callers_spelling_and_unmodelled_fields_reach_its_own_wire_and_only_fields_are_dropped_elsewhere(
+    ) {
+        let mut fields = serde_json::Map::new();
+        fields.insert("max_completion_tokens".into(), json!(4000));
+        fields.insert("seed".into(), json!(7));
+        fields.insert("prompt_cache_key".into(), json!("session-1"));
+        let req = ChatRequest {
+            model: "gpt-5".into(),
+            messages: vec![ChatMessage::text("user", "hi")],
+            // The route's limit already cut the caller's 4000.
+            max_tokens: Some(512),
+            passthrough: Some(std::sync::Arc::new(crate::chat::Passthrough {
+                dialect: Some(Dialect::Openai),
+                fields,
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let mut d = Dropped::default();
+        let body = build_body(&req, &mut d);
+        assert_eq!(
+            body["max_completion_tokens"], 512,
+            "the modelled value, the caller's name"
+        );
+        assert!(body.get("max_tokens").is_none(), "{body}");
+        assert_eq!(body["seed"], 7);
+        assert_eq!(body["prompt_cache_key"], "session-1");
+        assert!(d.is_empty(), "{d:?}");
+        let mut d = Dropped::default();
+        let a = crate::upstream::anthropic::build_body(
+            &req,
+            crate::upstream::anthropic::Host::FirstParty,
+            &mut d,
+        );
+        assert_eq!(a["max_tokens"], 512);
+        assert!(a.get("seed").is_none() && a.get("max_completion_tokens").is_none());
+        assert_eq!(
+            d.names(),
+            ["passthrough.prompt_cache_key", "passthrough.seed"]
+        );
+        let plain = ChatRequest {
+            passthrough: None,
+            ..req
+        };
+        let body = build_body(&plain, &mut Dropped::default());
+        assert_eq!(
+            body["max_tokens"], 512,
+            "compatible servers keep max_tokens"
+        );
+    }
+
+    #[test]
+    fn compat_reasoning_text_is_the_answers_unsigned_reasoning_block() {
+        let text = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"Let me \"},\"finish_reason\":null}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"think.\"},\"finish_reason\":null}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"42\"},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: [DONE]\n\n"
+        );
+        let (chunks, done) = decode(text);
+        assert_eq!(chunks.len(), 3);
+        let want = vec![crate::chat::ReasoningBlock {
+            text: "Let me think.".into(),
+            signature: None,
+            redacted: None,
+            dialect: Some(Dialect::Openai),
+        }];
+        assert_eq!(done.unwrap().reasoning, want);
+        let body = br#"{"choices":[{"index":0,"message":{"content":"42","reasoning_content":"Let me think."},"finish_reason":"stop"}]}"#;
+        assert_eq!(decode_non_streaming(body).unwrap().1.reasoning, want);
+        let (_, plain) = decode_non_streaming(
+            br#"{"choices":[{"index":0,"message":{"content":"42"},"finish_reason":"stop"}]}"#,
+        )
+        .unwrap();
+        assert!(plain.reasoning.is_empty());
     }
 
     #[test]

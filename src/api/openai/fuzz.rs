@@ -31,6 +31,19 @@ const KEYS: &[&str] = &[
     "description",
     "parameters",
     "include_usage",
+    "image_url",
+    "url",
+    "detail",
+    "file",
+    "file_data",
+    "file_id",
+    "filename",
+    "cache_control",
+    "ttl",
+    "json_schema",
+    "schema",
+    "strict",
+    "reasoning_effort",
 ];
 
 /// Mostly short text, sometimes far longer than any error should echo.
@@ -55,12 +68,49 @@ fn role() -> impl Strategy<Value = Value> {
 fn content() -> impl Strategy<Value = Value> {
     let part = (
         field(
-            prop_oneof![Just(json!("text")), Just(json!("image_url")), name()],
+            prop_oneof![
+                Just(json!("text")),
+                Just(json!("image_url")),
+                Just(json!("file")),
+                Just(json!("input_audio")),
+                Just(json!("refusal")),
+                name()
+            ],
             KEYS,
         ),
         field(text().prop_map(Value::from), KEYS),
+        prop_oneof![
+            3 => Just(None),
+            1 => field(
+                prop_oneof![
+                    Just(json!({"url": "data:image/png;base64,iVBORw0KGgo="})),
+                    Just(json!({"url": "https://example.com/a.png", "detail": "low"})),
+                    Just(json!("https://example.com/a.png")),
+                    json_value(KEYS)
+                ],
+                KEYS
+            ),
+        ],
+        prop_oneof![
+            3 => Just(None),
+            1 => field(
+                prop_oneof![
+                    Just(json!({"file_data": "data:application/pdf;base64,JVBERi0xLjQ=", "filename": "a.pdf"})),
+                    Just(json!({"file_id": "file-1"})),
+                    json_value(KEYS)
+                ],
+                KEYS
+            ),
+        ],
     )
-        .prop_map(|(kind, text)| object(vec![("type", kind), ("text", text)]));
+        .prop_map(|(kind, text, image_url, file)| {
+            object(vec![
+                ("type", kind),
+                ("text", text),
+                ("image_url", image_url),
+                ("file", file),
+            ])
+        });
     prop_oneof![
         3 => text().prop_map(Value::from),
         1 => vec(part, 0..3).prop_map(Value::Array),
@@ -182,6 +232,11 @@ fn body() -> impl Strategy<Value = Value> {
                 Just(json!({"type": "text"})),
                 Just(json!({"type": "json_object"})),
                 Just(json!({"type": "json_schema"})),
+                Just(
+                    json!({"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object"}, "strict": true}})
+                ),
+                json_value(KEYS)
+                    .prop_map(|s| json!({"type": "json_schema", "json_schema": {"schema": s}})),
                 name().prop_map(|k| json!({ "type": k }))
             ],
             KEYS,

@@ -153,7 +153,11 @@ mod tests {
         let r = &p.request;
         assert_eq!(r.route, "chat");
         assert_eq!(r.messages[0].role, "system");
-        assert_eq!(r.messages[1].content, "ab");
+        assert_eq!(
+            r.messages[1].parts.len(),
+            2,
+            "two text parts stay two parts"
+        );
         assert_eq!(r.messages[2].tool_calls[0].name, "f");
         assert_eq!(r.messages[3].tool_call_id, "c1");
         assert_eq!(r.max_tokens, 7);
@@ -161,6 +165,200 @@ mod tests {
         assert_eq!(r.tools[0].parameters_json, r#"{"type":"object"}"#);
         assert_eq!(r.response_format, proto::ResponseFormat::JsonObject as i32);
         assert!(p.stream && p.include_usage);
+        let pass = r.passthrough.as_ref().unwrap();
+        assert_eq!(pass.dialect, "openai");
+        let fields: Value = serde_json::from_str(&pass.fields_json).unwrap();
+        assert_eq!(
+            fields,
+            json!({"user": "ignored", "seed": 1, "max_completion_tokens": 7}),
+            "unmodelled fields, and the caller's spelling of max_tokens"
+        );
+    }
+
+    fn part(p: &proto::ContentPart) -> &proto::content_part::Part {
+        p.part.as_ref().unwrap()
+    }
+
+    #[test]
+    fn images_files_schemas_effort_and_unknown_fields_are_carried() {
+        use proto::content_part::Part as P;
+        let p = body(json!({
+            "model": "chat",
+            "messages": [{"role": "user", "name": "ann", "content": [
+                {"type": "text", "text": "what?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}},
+                {"type": "image_url", "image_url": {"url": "https://example.com/cat.jpg"}},
+                {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0xLjQ=", "filename": "a.pdf"}},
+                {"type": "file", "file": {"file_data": "JVBERi0xLjQ="}},
+                {"type": "text", "text": "cached", "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+            ]}],
+            "tools": [{"type": "function", "function": {"name": "f", "strict": true,
+                "parameters": {"type": "object"}}}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "Person", "strict": true,
+                "description": "a person", "schema": {"type": "object", "required": ["name"]}}},
+            "reasoning_effort": "high",
+            "prompt_cache_key": "session-1", "parallel_tool_calls": false, "logprobs": null
+        }))
+        .unwrap();
+        let r = &p.request;
+        let parts = &r.messages[0].parts;
+        assert!(matches!(part(&parts[0]), P::Text(t) if t == "what?"));
+        match part(&parts[1]) {
+            P::Image(i) => {
+                assert_eq!(
+                    (&i.data[..], i.media_type.as_str(), i.detail.as_str()),
+                    (&b"\x89PNG\r\n\x1a\n"[..], "image/png", "low")
+                );
+                assert!(i.url.is_empty());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            matches!(part(&parts[2]), P::Image(i) if i.url == "https://example.com/cat.jpg" && i.data.is_empty())
+        );
+        for k in [3, 4] {
+            match part(&parts[k]) {
+                P::Document(d) => {
+                    assert_eq!(&d.data[..], b"%PDF-1.4");
+                    assert_eq!(d.media_type, "application/pdf");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(matches!(part(&parts[3]), P::Document(d) if d.filename == "a.pdf"));
+        assert_eq!(parts[5].cache_control.as_ref().unwrap().ttl, "1h");
+        assert_eq!(r.tools[0].extra_json, r#"{"strict":true}"#);
+        assert_eq!(r.response_format, proto::ResponseFormat::JsonSchema as i32);
+        let js = r.json_schema.as_ref().unwrap();
+        assert_eq!(
+            (js.name.as_str(), js.strict, js.description.as_str()),
+            ("Person", true, "a person")
+        );
+        assert_eq!(js.schema_json, r#"{"required":["name"],"type":"object"}"#);
+        assert_eq!(r.reasoning.as_ref().unwrap().effort, "high");
+        let pass = r.passthrough.as_ref().unwrap();
+        let fields: Value = serde_json::from_str(&pass.fields_json).unwrap();
+        assert_eq!(
+            fields,
+            json!({"prompt_cache_key": "session-1", "parallel_tool_calls": false}),
+            "null fields ask for the default and are left out"
+        );
+        assert_eq!(pass.dropped, vec!["messages[].name".to_string()]);
+    }
+
+    #[test]
+    fn what_the_contract_cannot_carry_is_refused_by_name() {
+        let with = |extra: Value| {
+            let mut b = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            body(b)
+                .err()
+                .map(|e| (e.param.unwrap_or_default(), e.message))
+        };
+        let part = |p: Value| with(json!({"messages": [{"role": "user", "content": [p]}]}));
+        let cases = [
+            (
+                part(json!({"type": "file", "file": {"file_id": "file-abc"}})),
+                "messages[0].content[0].file.file_id",
+                "Files store",
+            ),
+            (
+                part(
+                    json!({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}),
+                ),
+                "messages[0].content[0].type",
+                "input_audio",
+            ),
+            (
+                part(
+                    json!({"type": "image_url", "image_url": {"url": "data:image/tiff;base64,AAAA"}}),
+                ),
+                "messages[0].content[0].image_url.url",
+                "image/tiff",
+            ),
+            (
+                part(json!({"type": "image_url", "image_url": {"url": "ftp://x/y.png"}})),
+                "messages[0].content[0].image_url.url",
+                "http(s)",
+            ),
+            (
+                part(
+                    json!({"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "max"}}),
+                ),
+                "messages[0].content[0].image_url.detail",
+                "auto, low, high",
+            ),
+            (
+                part(json!({"type": "file", "file": {"file_data": "data:image/png;base64,AAAA"}})),
+                "messages[0].content[0].file.file_data",
+                "image/png",
+            ),
+            (
+                part(json!({"type": "file", "file": {"file_data": "@@@"}})),
+                "messages[0].content[0].file.file_data",
+                "base64",
+            ),
+            (
+                part(json!({"type": "text", "text": "x", "cache_control": {"type": "persistent"}})),
+                "messages[0].content[0].cache_control.type",
+                "ephemeral",
+            ),
+            (
+                with(json!({"response_format": {"type": "json_schema"}})),
+                "response_format.json_schema",
+                "required",
+            ),
+            (
+                with(
+                    json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}}),
+                ),
+                "response_format.json_schema.name",
+                "letters",
+            ),
+            (
+                with(
+                    json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}}),
+                ),
+                "response_format.json_schema.schema",
+                "JSON object",
+            ),
+            (
+                with(json!({"reasoning_effort": "extreme"})),
+                "reasoning_effort",
+                "one of",
+            ),
+            (
+                with(json!({"reasoning_effort": 3})),
+                "reasoning_effort",
+                "invalid type",
+            ),
+            (
+                with(json!({"functions": [{"name": "f"}]})),
+                "functions",
+                "tools",
+            ),
+            (with(json!({"audio": {"voice": "alloy"}})), "audio", "audio"),
+            (
+                with(json!({"modalities": ["text", "audio"]})),
+                "modalities",
+                "text",
+            ),
+            (
+                with(
+                    json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}),
+                ),
+                "tools[0].function.parameters",
+                "JSON object",
+            ),
+        ];
+        for (got, param, says) in cases {
+            let (p, msg) = got.expect(param);
+            assert_eq!(p, param, "{msg}");
+            assert!(msg.contains(says), "{param}: {msg}");
+        }
+        assert!(with(json!({"modalities": ["text"]})).is_none());
     }
 
     #[test]
@@ -195,10 +393,15 @@ mod tests {
         let e = body(json!({"model": "m", "messages": "hi"})).err().unwrap();
         assert_eq!(e.param.as_deref(), Some("messages"));
         let e = body(json!({"model": "m", "messages": [{"role": "user",
-            "content": [{"type": "image_url"}]}]}))
+            "content": [{"type": "video_url"}]}]}))
         .err()
         .unwrap();
         assert_eq!(e.param.as_deref(), Some("messages[0].content[0].type"));
+        let e = body(json!({"model": "m", "messages": [{"role": "user",
+            "content": [{"type": "image_url"}]}]}))
+        .err()
+        .unwrap();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[0].image_url"));
         let e = body(json!({"model": "m", "messages": [], "n": 2}))
             .err()
             .unwrap();

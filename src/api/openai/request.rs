@@ -1,26 +1,41 @@
 //! The OpenAI Chat Completions request body and its mapping onto the gRPC
-//! `CompletionRequest`; what the gRPC contract cannot say (`n`, non-text
-//! parts, tool types) is refused here with the parameter named.
+//! `CompletionRequest`: text, image (URL or data URL) and file (PDF) parts,
+//! function tools (their unmodelled fields kept for OpenAI-dialect
+//! upstreams), `response_format` (json_object, json_schema),
+//! `reasoning_effort`, and every other top-level field as an OpenAI-dialect
+//! passthrough (verbatim to OpenAI-dialect upstreams, reported as dropped by
+//! the others). What the contract cannot say (`n` > 1, audio, `file_id`,
+//! legacy `functions`) is refused with the parameter named; a field on one
+//! message or part that nothing carries is reported in `x-switchyard-dropped`.
+
+use base64::Engine;
+use serde::de::DeserializeOwned;
+use serde_json::Map;
 
 use super::*;
+use crate::api::content::{data_url, DOCUMENT_TYPES, EFFORTS, IMAGE_TYPES};
 
 // ---- request body ---------------------------------------------------------
 
-#[derive(Deserialize, Default)]
+/// The body: the fields the door models, and the rest verbatim.
+#[derive(Default)]
 pub(super) struct ChatBody {
     pub(super) model: Option<String>,
-    pub(super) messages: Option<Vec<InMessage>>,
+    pub(super) messages: Option<Vec<Value>>,
     pub(super) max_tokens: Option<u32>,
     pub(super) max_completion_tokens: Option<u32>,
     pub(super) temperature: Option<f32>,
     pub(super) top_p: Option<f32>,
     pub(super) stop: Option<Stop>,
-    pub(super) tools: Option<Vec<InTool>>,
+    pub(super) tools: Option<Vec<Value>>,
     pub(super) tool_choice: Option<Value>,
     pub(super) response_format: Option<InResponseFormat>,
+    pub(super) reasoning_effort: Option<String>,
     pub(super) stream: Option<bool>,
     pub(super) stream_options: Option<StreamOptions>,
     pub(super) n: Option<u32>,
+    /// Every other top-level field, as sent.
+    pub(super) rest: Map<String, Value>,
 }
 
 #[derive(Deserialize)]
@@ -35,14 +50,7 @@ pub(super) struct InMessage {
 #[serde(untagged)]
 pub(super) enum Content {
     Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Deserialize)]
-pub(super) struct Part {
-    #[serde(rename = "type")]
-    pub(super) kind: String,
-    pub(super) text: Option<String>,
+    Parts(Vec<Value>),
 }
 
 #[derive(Deserialize)]
@@ -65,29 +73,40 @@ pub(super) enum Stop {
     Many(Vec<String>),
 }
 
-#[derive(Deserialize)]
-pub(super) struct InTool {
-    #[serde(rename = "type")]
-    pub(super) kind: String,
-    pub(super) function: InFunction,
-}
-
-#[derive(Deserialize)]
-pub(super) struct InFunction {
-    pub(super) name: String,
-    pub(super) description: Option<String>,
-    pub(super) parameters: Option<Value>,
-}
-
+/// `response_format`: `text`, `json_object`, or `json_schema` with its schema.
 #[derive(Deserialize)]
 pub(super) struct InResponseFormat {
     #[serde(rename = "type")]
     pub(super) kind: String,
+    pub(super) json_schema: Option<InJsonSchema>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct InJsonSchema {
+    pub(super) name: Option<String>,
+    pub(super) schema: Option<Value>,
+    pub(super) strict: Option<bool>,
+    pub(super) description: Option<String>,
 }
 
 #[derive(Deserialize)]
 pub(super) struct StreamOptions {
     pub(super) include_usage: Option<bool>,
+}
+
+/// `image_url` as an object (`url`, `detail`) or a bare URL string.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum InImageUrl {
+    Url(String),
+    Object { url: String, detail: Option<String> },
+}
+
+#[derive(Deserialize)]
+struct InFile {
+    file_data: Option<String>,
+    file_id: Option<String>,
+    filename: Option<String>,
 }
 
 /// What the handler needs beyond the gRPC request.
@@ -97,12 +116,76 @@ pub(super) struct Parsed {
     pub(super) include_usage: bool,
 }
 
+/// Top-level fields refused by name: the answer could not honour them.
+const REFUSED: [(&str, &str); 3] = [
+    (
+        "functions",
+        "legacy `functions` are not supported; send them as `tools`",
+    ),
+    (
+        "function_call",
+        "legacy `function_call` is not supported; use `tool_choice`",
+    ),
+    (
+        "audio",
+        "audio output is not supported (Switchyard streams text and tool calls)",
+    ),
+];
+
+/// At most this many distinct dropped names from one body's messages, parts
+/// and tools (the passthrough's bound is 64); the rest become one `...`.
+const MAX_DROPPED: usize = 48;
+
 pub(super) fn parse(body: &[u8]) -> Result<ChatBody, HttpError> {
     let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let mut map: Map<String, Value> = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let param = (path != ".").then_some(path);
         HttpError::invalid(format!("invalid JSON body: {}", e.inner()), param)
+    })?;
+    Ok(ChatBody {
+        model: take(&mut map, "model")?,
+        messages: take(&mut map, "messages")?,
+        max_tokens: take(&mut map, "max_tokens")?,
+        max_completion_tokens: take(&mut map, "max_completion_tokens")?,
+        temperature: take(&mut map, "temperature")?,
+        top_p: take(&mut map, "top_p")?,
+        stop: take(&mut map, "stop")?,
+        tools: take(&mut map, "tools")?,
+        tool_choice: take(&mut map, "tool_choice")?,
+        response_format: take(&mut map, "response_format")?,
+        reasoning_effort: take(&mut map, "reasoning_effort")?,
+        stream: take(&mut map, "stream")?,
+        stream_options: take(&mut map, "stream_options")?,
+        n: take(&mut map, "n")?,
+        rest: map,
+    })
+}
+
+/// Removes `key` and reads it as `T` (`null` is absent); a type error names
+/// the path below `key`.
+fn take<T: DeserializeOwned>(
+    map: &mut Map<String, Value>,
+    key: &str,
+) -> Result<Option<T>, HttpError> {
+    match map.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => read(v, key).map(Some),
+    }
+}
+
+/// Reads `v` as `T`; a refusal names `at` and the path below it.
+fn read<T: DeserializeOwned>(v: Value, at: &str) -> Result<T, HttpError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let below = e.path().to_string();
+        let path = match below.as_str() {
+            "." => at.to_string(),
+            b if b.starts_with('[') => format!("{at}{b}"),
+            b => format!("{at}.{b}"),
+        };
+        let mut inner = e.into_inner().to_string();
+        crate::api::status::truncate(&mut inner, 256);
+        HttpError::invalid(format!("{path}: {inner}"), Some(path))
     })
 }
 
@@ -118,25 +201,35 @@ pub(super) fn to_proto(b: ChatBody) -> Result<Parsed, HttpError> {
             return Err(bad("n", format!("n: {n} is not supported (only 1)")));
         }
     }
-    let messages = messages(b.messages.unwrap_or_default())?;
-    let tools = tools(b.tools.unwrap_or_default())?;
+    let mut dropped = Vec::new();
+    let messages = messages(b.messages.unwrap_or_default(), &mut dropped)?;
+    let tools = tools(b.tools.unwrap_or_default(), &mut dropped)?;
     let tool_choice = openai_tool_choice(b.tool_choice)?;
-    let response_format = match b.response_format.map(|f| f.kind) {
-        None => proto::ResponseFormat::Unspecified,
-        Some(k) if k == "text" => proto::ResponseFormat::Text,
-        Some(k) if k == "json_object" => proto::ResponseFormat::JsonObject,
-        Some(k) => {
-            return Err(bad(
-                "response_format.type",
-                format!("response_format.type: `{k}` is not supported (text or json_object)"),
-            ))
-        }
-    };
+    let (response_format, json_schema) = response_format(b.response_format)?;
+    let reasoning = reasoning(b.reasoning_effort)?;
     let stop = match b.stop {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) => v,
     };
+    let mut fields = passthrough_fields(b.rest)?;
+    if let Some(n) = b.max_completion_tokens.filter(|n| *n > 0) {
+        // The caller's spelling: an OpenAI-dialect upstream gets the limit
+        // under this name (reasoning models refuse `max_tokens`).
+        fields.insert("max_completion_tokens".into(), json!(n));
+    }
+    let has_extra = tools.iter().any(|t| !t.extra_json.is_empty());
+    let passthrough =
+        (!fields.is_empty() || !dropped.is_empty() || has_extra).then(|| proto::Passthrough {
+            dialect: "openai".into(),
+            fields_json: if fields.is_empty() {
+                String::new()
+            } else {
+                Value::Object(fields).to_string()
+            },
+            headers: Default::default(),
+            dropped,
+        });
     let stream = b.stream.unwrap_or(false);
     Ok(Parsed {
         request: proto::CompletionRequest {
@@ -144,15 +237,14 @@ pub(super) fn to_proto(b: ChatBody) -> Result<Parsed, HttpError> {
             messages,
             max_tokens: b.max_completion_tokens.or(b.max_tokens).unwrap_or(0),
             temperature: b.temperature,
-            idempotency_key: String::new(),
-            tenant: String::new(),
-            requirements: None,
             tools,
             top_p: b.top_p,
             stop,
             response_format: response_format as i32,
             tool_choice,
-            target: String::new(),
+            reasoning,
+            json_schema,
+            passthrough,
             ..Default::default()
         },
         stream,
@@ -161,6 +253,116 @@ pub(super) fn to_proto(b: ChatBody) -> Result<Parsed, HttpError> {
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
     })
+}
+
+/// `text`, `json_object` or `json_schema` (the schema, its name, `strict`
+/// and description, for every wire's structured output).
+fn response_format(
+    f: Option<InResponseFormat>,
+) -> Result<(proto::ResponseFormat, Option<proto::JsonSchema>), HttpError> {
+    let Some(f) = f else {
+        return Ok((proto::ResponseFormat::Unspecified, None));
+    };
+    match f.kind.as_str() {
+        "text" => Ok((proto::ResponseFormat::Text, None)),
+        "json_object" => Ok((proto::ResponseFormat::JsonObject, None)),
+        "json_schema" => {
+            let Some(js) = f.json_schema else {
+                return Err(bad(
+                    "response_format.json_schema",
+                    "response_format.json_schema: required with type json_schema".into(),
+                ));
+            };
+            let schema =
+                match js.schema {
+                    Some(s) if s.is_object() => s,
+                    Some(_) => return Err(bad(
+                        "response_format.json_schema.schema",
+                        "response_format.json_schema.schema: must be a JSON object (a JSON Schema)"
+                            .into(),
+                    )),
+                    // OpenAI allows it absent (any JSON object).
+                    None => json!({"type": "object"}),
+                };
+            let name = js.name.unwrap_or_else(|| "response".into());
+            if name.is_empty()
+                || name.len() > 64
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                let mut shown = name;
+                crate::api::status::truncate(&mut shown, 64);
+                return Err(bad(
+                    "response_format.json_schema.name",
+                    format!("response_format.json_schema.name: `{shown}` must be 1-64 letters, digits, `_` or `-`"),
+                ));
+            }
+            Ok((
+                proto::ResponseFormat::JsonSchema,
+                Some(proto::JsonSchema {
+                    name,
+                    schema_json: schema.to_string(),
+                    strict: js.strict.unwrap_or(false),
+                    description: js.description.unwrap_or_default(),
+                }),
+            ))
+        }
+        k => {
+            let mut shown = k.to_string();
+            crate::api::status::truncate(&mut shown, 64);
+            Err(bad(
+                "response_format.type",
+                format!("response_format.type: `{shown}` is not supported (text, json_object or json_schema)"),
+            ))
+        }
+    }
+}
+
+/// `reasoning_effort` as the contract's reasoning ask.
+fn reasoning(effort: Option<String>) -> Result<Option<proto::Reasoning>, HttpError> {
+    let Some(effort) = effort else {
+        return Ok(None);
+    };
+    if !EFFORTS.contains(&effort.as_str()) {
+        let mut shown = effort;
+        crate::api::status::truncate(&mut shown, 64);
+        return Err(bad(
+            "reasoning_effort",
+            format!(
+                "reasoning_effort: `{shown}` is not one of {}",
+                EFFORTS.join(", ")
+            ),
+        ));
+    }
+    Ok(Some(proto::Reasoning {
+        effort,
+        ..Default::default()
+    }))
+}
+
+/// The top-level fields the door does not model, for OpenAI-dialect
+/// upstreams: `null`s are left out (they ask for the default), a few are
+/// refused by name.
+fn passthrough_fields(rest: Map<String, Value>) -> Result<Map<String, Value>, HttpError> {
+    let mut fields = Map::new();
+    for (k, v) in rest {
+        if v.is_null() {
+            continue;
+        }
+        if let Some((_, why)) = REFUSED.iter().find(|(name, _)| *name == k) {
+            return Err(bad(&k, format!("{k}: {why}")));
+        }
+        if k == "modalities" && v.as_array().is_some_and(|m| m.iter().any(|x| x != "text")) {
+            return Err(bad(
+                "modalities",
+                "modalities: only [\"text\"] is supported (Switchyard streams text and tool calls)"
+                    .into(),
+            ));
+        }
+        fields.insert(k, v);
+    }
+    Ok(fields)
 }
 
 /// `auto`, `none`, `required` or `{"type": "function", "function": {"name"}}`.
@@ -204,32 +406,65 @@ fn bad(param: &str, msg: String) -> HttpError {
     HttpError::invalid(msg, Some(param.to_string()))
 }
 
-/// The conversation: `developer` is `system`, content parts must be text.
-fn messages(input: Vec<InMessage>) -> Result<Vec<proto::Message>, HttpError> {
-    let mut messages = Vec::new();
-    for (i, m) in input.into_iter().enumerate() {
+/// Notes `<at>.<key>` for each field of `o` outside `known` that carries a
+/// value (not null, `[]`, `{}` or ""), once per name, bounded.
+fn note_unknown(o: &Map<String, Value>, known: &[&str], at: &str, dropped: &mut Vec<String>) {
+    for (k, v) in o {
+        let empty = match v {
+            Value::Null => true,
+            Value::String(s) => s.is_empty(),
+            Value::Array(a) => a.is_empty(),
+            Value::Object(m) => m.is_empty(),
+            _ => false,
+        };
+        if known.contains(&k.as_str()) || empty {
+            continue;
+        }
+        let mut key = k.clone();
+        crate::api::status::truncate(&mut key, 64);
+        let name = format!("{at}.{key}");
+        if dropped.contains(&name) {
+            continue;
+        }
+        if dropped.len() >= MAX_DROPPED {
+            if !dropped.iter().any(|d| d == "...") {
+                dropped.push("...".into());
+            }
+            return;
+        }
+        dropped.push(name);
+    }
+}
+
+/// The JSON object at `at`, or a 400 naming it.
+fn object_at(v: Value, at: &str, what: &str) -> Result<Map<String, Value>, HttpError> {
+    match v {
+        Value::Object(o) => Ok(o),
+        _ => Err(bad(at, format!("{at}: must be {what}"))),
+    }
+}
+
+/// The conversation: `developer` is `system`; content is text or parts.
+fn messages(
+    input: Vec<Value>,
+    dropped: &mut Vec<String>,
+) -> Result<Vec<proto::Message>, HttpError> {
+    const KNOWN: [&str; 4] = ["role", "content", "tool_calls", "tool_call_id"];
+    let mut messages = Vec::with_capacity(input.len());
+    for (i, v) in input.into_iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let o = object_at(v, &at, "a message object")?;
+        note_unknown(&o, &KNOWN, "messages[]", dropped);
+        let m: InMessage = read(Value::Object(o), &at)?;
         let role = match m.role.as_str() {
             "developer" => "system".to_string(),
             _ => m.role,
         };
-        let content = match m.content {
-            None => String::new(),
-            Some(Content::Text(t)) => t,
+        let (content, parts) = match m.content {
+            None => (String::new(), Vec::new()),
+            Some(Content::Text(t)) => (t, Vec::new()),
             Some(Content::Parts(parts)) => {
-                let mut text = String::new();
-                for (j, p) in parts.into_iter().enumerate() {
-                    if p.kind != "text" {
-                        return Err(bad(
-                            &format!("messages[{i}].content[{j}].type"),
-                            format!(
-                                "messages[{i}].content[{j}].type: `{}` is not supported (only `text`)",
-                                p.kind
-                            ),
-                        ));
-                    }
-                    text.push_str(&p.text.unwrap_or_default());
-                }
-                text
+                (String::new(), content_parts(parts, i, &role, dropped)?)
             }
         };
         let tool_calls = m
@@ -245,6 +480,7 @@ fn messages(input: Vec<InMessage>) -> Result<Vec<proto::Message>, HttpError> {
         messages.push(proto::Message {
             role,
             content,
+            parts,
             tool_call_id: m.tool_call_id.unwrap_or_default(),
             tool_calls,
             ..Default::default()
@@ -253,36 +489,263 @@ fn messages(input: Vec<InMessage>) -> Result<Vec<proto::Message>, HttpError> {
     Ok(messages)
 }
 
-/// The function tools, each with a JSON Schema object.
-fn tools(input: Vec<InTool>) -> Result<Vec<proto::Tool>, HttpError> {
-    let mut tools = Vec::new();
-    for (i, t) in input.into_iter().enumerate() {
-        if t.kind != "function" {
+/// A message's content parts: text (and an assistant's `refusal`),
+/// `image_url`, `file`; `input_audio` and anything else refused by name. A
+/// LiteLLM-style `cache_control` on a part is kept as its cache marker.
+fn content_parts(
+    input: Vec<Value>,
+    i: usize,
+    role: &str,
+    dropped: &mut Vec<String>,
+) -> Result<Vec<proto::ContentPart>, HttpError> {
+    use proto::content_part::Part as P;
+    let mut parts = Vec::with_capacity(input.len());
+    for (j, v) in input.into_iter().enumerate() {
+        let at = format!("messages[{i}].content[{j}]");
+        let mut o = object_at(v, &at, "a content part object")?;
+        let kind: String = match o.remove("type") {
+            Some(t) => read(t, &format!("{at}.type"))?,
+            None => return Err(bad(&format!("{at}.type"), format!("{at}.type: required"))),
+        };
+        let cache_control = cache_control(o.remove("cache_control"), &at)?;
+        let (part, known): (P, &[&str]) = match kind.as_str() {
+            "text" => (P::Text(text_field(&mut o, "text", &at)?), &["text"]),
+            "refusal" if role == "assistant" => {
+                (P::Text(text_field(&mut o, "refusal", &at)?), &["refusal"])
+            }
+            "image_url" if role != "assistant" => {
+                let v = o.remove("image_url").unwrap_or(Value::Null);
+                (P::Image(image(v, &format!("{at}.image_url"))?), &[])
+            }
+            "file" if role != "assistant" => {
+                let v = o.remove("file").unwrap_or(Value::Null);
+                (P::Document(file(v, &format!("{at}.file"))?), &[])
+            }
+            other => {
+                let mut shown = other.to_string();
+                crate::api::status::truncate(&mut shown, 64);
+                let why = if role == "assistant" {
+                    "an assistant turn carries `text` and `refusal` parts"
+                } else {
+                    "Switchyard carries `text`, `image_url` and `file` (PDF) parts"
+                };
+                return Err(bad(
+                    &format!("{at}.type"),
+                    format!("{at}.type: `{shown}` is not supported ({why})"),
+                ));
+            }
+        };
+        note_unknown(&o, known, "messages[].content[]", dropped);
+        parts.push(proto::ContentPart {
+            part: Some(part),
+            cache_control,
+        });
+    }
+    Ok(parts)
+}
+
+/// A required string field of a part.
+fn text_field(o: &mut Map<String, Value>, key: &str, at: &str) -> Result<String, HttpError> {
+    match o.remove(key) {
+        Some(Value::String(s)) => Ok(s),
+        _ => Err(bad(
+            &format!("{at}.{key}"),
+            format!("{at}.{key}: required (a string)"),
+        )),
+    }
+}
+
+/// `{"type": "ephemeral", "ttl"?: "5m" | "1h"}` (LiteLLM's convention for
+/// Anthropic prompt caching through OpenAI-shaped clients).
+fn cache_control(v: Option<Value>, at: &str) -> Result<Option<proto::CacheControl>, HttpError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let at = format!("{at}.cache_control");
+    let o = object_at(v, &at, "an object like {\"type\": \"ephemeral\"}")?;
+    if o.get("type").and_then(Value::as_str) != Some("ephemeral") {
+        return Err(bad(
+            &format!("{at}.type"),
+            format!("{at}.type: must be \"ephemeral\""),
+        ));
+    }
+    let ttl = match o.get("ttl") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(t)) if t == "5m" || t == "1h" => t.clone(),
+        Some(_) => {
             return Err(bad(
-                &format!("tools[{i}].type"),
-                format!(
-                    "tools[{i}].type: `{}` is not supported (only `function`)",
-                    t.kind
-                ),
+                &format!("{at}.ttl"),
+                format!("{at}.ttl: must be \"5m\" or \"1h\""),
+            ))
+        }
+    };
+    Ok(Some(proto::CacheControl { ttl }))
+}
+
+/// An image: an http(s) URL (passed on as a URL) or a base64 data URL of
+/// one of the four image types (inline bytes), with OpenAI's `detail`.
+fn image(v: Value, at: &str) -> Result<proto::ImagePart, HttpError> {
+    let (url, detail) = match read::<InImageUrl>(v, at)? {
+        InImageUrl::Url(url) => (url, None),
+        InImageUrl::Object { url, detail } => (url, detail),
+    };
+    if let Some(d) = &detail {
+        if !matches!(d.as_str(), "auto" | "low" | "high") {
+            let mut shown = d.clone();
+            crate::api::status::truncate(&mut shown, 64);
+            return Err(bad(
+                &format!("{at}.detail"),
+                format!("{at}.detail: `{shown}` is not one of auto, low, high"),
             ));
         }
-        let parameters_json = match t.function.parameters {
-            None => String::new(),
-            Some(p) if p.is_object() => p.to_string(),
-            Some(_) => {
+    }
+    let url_at = format!("{at}.url");
+    let mut part = proto::ImagePart {
+        detail: detail.unwrap_or_default(),
+        ..Default::default()
+    };
+    match data_url(&url) {
+        Some(Ok((media_type, data))) => {
+            if !IMAGE_TYPES.contains(&media_type.as_str()) {
+                let mut shown = media_type;
+                crate::api::status::truncate(&mut shown, 64);
                 return Err(bad(
-                    &format!("tools[{i}].function.parameters"),
+                    &url_at,
                     format!(
-                        "tools[{i}].function.parameters: must be a JSON object (a JSON Schema)"
+                        "{url_at}: `{shown}` is not one of {}",
+                        IMAGE_TYPES.join(", ")
                     ),
+                ));
+            }
+            part.data = data;
+            part.media_type = media_type;
+        }
+        Some(Err(why)) => return Err(bad(&url_at, format!("{url_at}: {why}"))),
+        None if url.starts_with("https://") || url.starts_with("http://") => part.url = url,
+        None => {
+            return Err(bad(
+                &url_at,
+                format!("{url_at}: must be an http(s) URL or a base64 data URL"),
+            ))
+        }
+    }
+    Ok(part)
+}
+
+/// A file part: `file_data` (a base64 data URL or bare base64, PDF unless
+/// the data URL says `text/plain`) with its `filename`. `file_id` is
+/// refused: Switchyard keeps no OpenAI Files store for chat.
+fn file(v: Value, at: &str) -> Result<proto::DocumentPart, HttpError> {
+    let f: InFile = read(v, at)?;
+    if f.file_id.is_some() {
+        return Err(bad(
+            &format!("{at}.file_id"),
+            format!("{at}.file_id: not supported (Switchyard has no OpenAI Files store for chat); send the file inline as `file_data`"),
+        ));
+    }
+    let data_at = format!("{at}.file_data");
+    let Some(raw) = f.file_data.filter(|d| !d.is_empty()) else {
+        return Err(bad(&data_at, format!("{data_at}: required")));
+    };
+    let (media_type, data) = match data_url(&raw) {
+        Some(Ok(decoded)) => decoded,
+        Some(Err(why)) => return Err(bad(&data_at, format!("{data_at}: {why}"))),
+        None => match base64::engine::general_purpose::STANDARD.decode(raw.trim()) {
+            Ok(b) => ("application/pdf".to_string(), bytes::Bytes::from(b)),
+            Err(e) => {
+                return Err(bad(
+                    &data_at,
+                    format!("{data_at}: neither a data URL nor base64 ({e})"),
+                ))
+            }
+        },
+    };
+    if !DOCUMENT_TYPES.contains(&media_type.as_str()) {
+        let mut shown = media_type;
+        crate::api::status::truncate(&mut shown, 64);
+        return Err(bad(
+            &data_at,
+            format!(
+                "{data_at}: `{shown}` is not one of {}",
+                DOCUMENT_TYPES.join(", ")
+            ),
+        ));
+    }
+    Ok(proto::DocumentPart {
+        data,
+        media_type,
+        filename: f.filename.unwrap_or_default(),
+        ..Default::default()
+    })
+}
+
+/// The function tools, each with a JSON Schema object; the function's other
+/// fields (e.g. `strict`) go along for OpenAI-dialect upstreams.
+fn tools(input: Vec<Value>, dropped: &mut Vec<String>) -> Result<Vec<proto::Tool>, HttpError> {
+    const FUNCTION: [&str; 3] = ["name", "description", "parameters"];
+    let mut tools = Vec::with_capacity(input.len());
+    for (i, v) in input.into_iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let mut o = object_at(v, &at, "a tool object")?;
+        let kind = o.remove("type").unwrap_or(Value::Null);
+        if kind != "function" {
+            let mut shown = kind
+                .as_str()
+                .map_or_else(|| kind.to_string(), str::to_string);
+            crate::api::status::truncate(&mut shown, 64);
+            return Err(bad(
+                &format!("{at}.type"),
+                format!("{at}.type: `{shown}` is not supported (only `function`)"),
+            ));
+        }
+        let cache_control = cache_control(o.remove("cache_control"), &at)?;
+        let f_at = format!("{at}.function");
+        let mut f = object_at(
+            o.remove("function").unwrap_or(Value::Null),
+            &f_at,
+            "an object",
+        )?;
+        note_unknown(&o, &[], "tools[]", dropped);
+        let name = match f.remove("name") {
+            Some(Value::String(s)) => s,
+            _ => {
+                return Err(bad(
+                    &format!("{f_at}.name"),
+                    format!("{f_at}.name: required (a string)"),
                 ))
             }
         };
+        let description = match f.remove("description") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s,
+            Some(_) => {
+                return Err(bad(
+                    &format!("{f_at}.description"),
+                    format!("{f_at}.description: must be a string"),
+                ))
+            }
+        };
+        let parameters_json = match f.remove("parameters") {
+            None | Some(Value::Null) => String::new(),
+            Some(p) if p.is_object() => p.to_string(),
+            Some(_) => {
+                return Err(bad(
+                    &format!("{f_at}.parameters"),
+                    format!("{f_at}.parameters: must be a JSON object (a JSON Schema)"),
+                ))
+            }
+        };
+        f.retain(|k, v| !v.is_null() && !FUNCTION.contains(&k.as_str()));
         tools.push(proto::Tool {
-            name: t.function.name,
-            description: t.function.description.unwrap_or_default(),
+            name,
+            description,
             parameters_json,
-            ..Default::default()
+            cache_control,
+            extra_json: if f.is_empty() {
+                String::new()
+            } else {
+                Value::Object(f).to_string()
+            },
         });
     }
     Ok(tools)

@@ -38,7 +38,8 @@ pub(super) fn proto_finish_reason(f: i32) -> &'static str {
     }
 }
 
-/// A unary answer as a `chat.completion` object.
+/// A unary answer as a `chat.completion` object; reasoning text (from any
+/// upstream) is the compatible servers' `message.reasoning_content`.
 pub(super) fn completion(ids: &Ids, r: proto::CompletionResponse) -> Value {
     let tool_calls: Vec<Value> = r
         .tool_calls
@@ -53,9 +54,13 @@ pub(super) fn completion(ids: &Ids, r: proto::CompletionResponse) -> Value {
         "content": if r.text.is_empty() && !tool_calls.is_empty() { Value::Null } else { Value::String(r.text) },
         "refusal": null,
     });
-    if !tool_calls.is_empty() {
-        if let Some(m) = message.as_object_mut() {
+    if let Some(m) = message.as_object_mut() {
+        if !tool_calls.is_empty() {
             m.insert("tool_calls".into(), Value::Array(tool_calls));
+        }
+        let reasoning: String = r.reasoning.iter().map(|b| b.text.as_str()).collect();
+        if !reasoning.is_empty() {
+            m.insert("reasoning_content".into(), Value::String(reasoning));
         }
     }
     let usage = r.usage.unwrap_or_default();
@@ -72,14 +77,27 @@ pub(super) fn completion(ids: &Ids, r: proto::CompletionResponse) -> Value {
             "logprobs": null,
             "finish_reason": proto_finish_reason(r.finish_reason),
         }],
-        "usage": usage_json(usage.input_tokens, usage.output_tokens),
+        "usage": usage_json(&usage),
     })
 }
 
-pub(super) fn usage_json(input: u32, output: u32) -> Value {
+/// Usage in OpenAI's convention: `prompt_tokens` counts every input token
+/// (uncached, cache reads and cache writes), `cached_tokens` the reads
+/// within it, `completion_tokens` includes `reasoning_tokens`; a cache
+/// write (Anthropic) is `prompt_tokens_details.cache_write_tokens`.
+pub(super) fn usage_json(u: &proto::Usage) -> Value {
+    let prompt = u64::from(u.input_tokens)
+        + u64::from(u.cache_read_input_tokens)
+        + u64::from(u.cache_write_input_tokens);
+    let mut prompt_details = json!({ "cached_tokens": u.cache_read_input_tokens });
+    if u.cache_write_input_tokens > 0 {
+        prompt_details["cache_write_tokens"] = json!(u.cache_write_input_tokens);
+    }
     json!({
-        "prompt_tokens": input,
-        "completion_tokens": output,
-        "total_tokens": u64::from(input) + u64::from(output),
+        "prompt_tokens": prompt,
+        "completion_tokens": u.output_tokens,
+        "total_tokens": prompt + u64::from(u.output_tokens),
+        "prompt_tokens_details": prompt_details,
+        "completion_tokens_details": { "reasoning_tokens": u.reasoning_tokens },
     })
 }

@@ -135,7 +135,7 @@ impl Sse {
                 "model": self.ids.model,
                 "system_fingerprint": null,
                 "choices": [],
-                "usage": usage_json(f.usage.input_tokens, f.usage.output_tokens),
+                "usage": usage_json(&crate::api::content::usage_proto(&f.usage, f.usage_estimated)),
             })));
         }
         out.push_str("data: [DONE]\n\n");
