@@ -64,6 +64,8 @@ pub mod embeddings;
 mod faults;
 mod gemini;
 mod log;
+mod openai_cache;
+mod schema;
 mod script;
 mod server;
 mod vertex;

@@ -87,6 +87,8 @@ pub(crate) struct Shared {
     implicit_cache: Mutex<super::gemini::ImplicitCache>,
     /// How tool calls are answered (`PUT /_mock/tools`).
     tools: Mutex<ToolScript>,
+    /// OpenAI's automatic prompt cache (warm prefixes).
+    openai_cache: Mutex<super::openai_cache::AutoCache>,
 }
 
 /// A scripted tool call (`PUT /_mock/tools`), so an agent's tool loop can run
@@ -117,6 +119,7 @@ impl ToolScript {
         if let Some(name) = &self.name {
             if wire::offers_tool(dialect, body, name) {
                 parsed.tool = Some(name.clone());
+                parsed.tool_schema = wire::tool_schema(dialect, body, name);
             }
         }
         parsed.args = self.arguments.clone();
@@ -154,6 +157,7 @@ impl Shared {
             keys: Mutex::new(KeyRules::default()),
             implicit_cache: Mutex::default(),
             tools: Mutex::new(ToolScript::default()),
+            openai_cache: Mutex::default(),
         };
         (Arc::new(shared), refuse_rx)
     }
@@ -660,7 +664,7 @@ pub(super) async fn completion_as(
     );
     let attempt = s.log.begin(record, cfg.max_concurrency);
     let fault = lock(&s.faults).pick().unwrap_or(Fault::None);
-    let gen = match fault {
+    let mut gen = match fault {
         Fault::Flood {
             tokens,
             token_bytes,
@@ -719,6 +723,9 @@ pub(super) async fn completion_as(
     if fault != Fault::None {
         attempt.set_fault(Some(fault.name()));
     }
+    if dialect == MockKind::Openai && answers(&fault, gen.req.stream) {
+        gen.req.cached_tokens = openai_cached_tokens(&s, &body_json, &gen.req);
+    }
     let delay = Duration::from_millis(cfg.token_delay_ms);
     match &fault {
         Fault::Hang => {
@@ -757,6 +764,35 @@ pub(super) async fn completion_as(
             respond(&gen, attempt, 200, steps, conn, false)
         }
     }
+}
+
+/// Whether the request gets an answer (and so counts for prompt caching).
+fn answers(fault: &Fault, stream: bool) -> bool {
+    match fault {
+        Fault::Hang | Fault::Refuse { .. } | Fault::Status { .. } => false,
+        Fault::ErrorEvent { .. } => stream,
+        _ => true,
+    }
+}
+
+/// The cached prompt tokens of an answered OpenAI request: its messages
+/// (the text the mock counts tokens on) under its model and tools.
+fn openai_cached_tokens(s: &Shared, body: &serde_json::Value, req: &Parsed) -> u32 {
+    let namespace = format!(
+        "{}\n{}",
+        req.model.as_deref().unwrap_or_default(),
+        body.get("tools").map(|t| t.to_string()).unwrap_or_default()
+    );
+    let prompt = body
+        .get("messages")
+        .map(|m| m.to_string())
+        .unwrap_or_default();
+    lock(&s.openai_cache).serve(
+        &namespace,
+        prompt.as_bytes(),
+        req.input_tokens,
+        Instant::now(),
+    )
 }
 
 fn unreachable_response() -> Response {

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::faults::Preset;
+use super::schema::{self, Shape};
 use super::MockKind;
 
 /// Marker placed in 401 bodies so tests can prove they are never forwarded.
@@ -30,7 +31,18 @@ pub(crate) struct Parsed {
     pub json_object: bool,
     /// Gemini `includeThoughts`: the answer opens with a thought.
     pub thoughts: bool,
-    /// Gemini: prompt tokens read from its implicit cache.
+    /// OpenAI `response_format: {"type": "json_schema"}`: the answer is JSON
+    /// valid against this schema.
+    pub schema: Option<Value>,
+    /// The called tool's parameter schema (the forced tool's, else the
+    /// first's): arguments valid against it when it names properties.
+    pub tool_schema: Option<Value>,
+    /// OpenAI `reasoning_effort`: the answer reasons first (a compatible
+    /// server's `reasoning_content`, and `reasoning_tokens` in usage).
+    pub reasoning_effort: Option<String>,
+    /// Prompt tokens read from the provider's cache: OpenAI's automatic
+    /// cache (filled in by the server once it knows the request is
+    /// answered) or Gemini's implicit one.
     pub cached_tokens: u32,
     /// Scripted tool-call arguments (`PUT /_mock/tools`): sent whole, no tokens.
     pub args: Option<String>,
@@ -52,18 +64,35 @@ impl Parsed {
             };
         }
         let max = |k: &str| body.get(k).and_then(Value::as_u64).map(clamp_u32);
-        let tool = body
-            .get("tools")
-            .and_then(Value::as_array)
-            .and_then(|t| t.first())
-            .map(|t| {
-                let name = match dialect {
-                    MockKind::Openai => t.pointer("/function/name"),
-                    MockKind::Anthropic => t.get("name"),
-                    MockKind::Gemini => t.pointer("/functionDeclarations/0/name"),
-                };
-                name.and_then(Value::as_str).unwrap_or("tool").to_owned()
-            });
+        let (name_at, forced_at) = match dialect {
+            MockKind::Openai => ("/function/name", "/tool_choice/function/name"),
+            // (Gemini's body was read above.)
+            MockKind::Anthropic | MockKind::Gemini => ("/name", "/tool_choice/name"),
+        };
+        let tools = body.get("tools").and_then(Value::as_array);
+        let forced = body.pointer(forced_at).and_then(Value::as_str);
+        let called = tools.and_then(|t| {
+            t.iter()
+                .find(|t| forced.is_some() && t.pointer(name_at).and_then(Value::as_str) == forced)
+                .or_else(|| t.first())
+        });
+        let tool = called.map(|t| {
+            t.pointer(name_at)
+                .and_then(Value::as_str)
+                .unwrap_or("tool")
+                .to_owned()
+        });
+        let tool_schema = tool
+            .as_deref()
+            .and_then(|name| tool_schema(dialect, body, name));
+        let format = body
+            .pointer("/response_format/type")
+            .and_then(Value::as_str);
+        let schema = (dialect == MockKind::Openai && format == Some("json_schema")).then(|| {
+            body.pointer("/response_format/json_schema/schema")
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object"}))
+        });
         let prompt = body
             .get("messages")
             .map(Value::to_string)
@@ -82,10 +111,13 @@ impl Parsed {
                 .get("service_tier")
                 .and_then(Value::as_str)
                 .map(str::to_owned),
-            json_object: body
-                .pointer("/response_format/type")
-                .and_then(Value::as_str)
-                == Some("json_object"),
+            json_object: format == Some("json_object"),
+            schema,
+            tool_schema,
+            reasoning_effort: (dialect == MockKind::Openai)
+                .then(|| body.get("reasoning_effort").and_then(Value::as_str))
+                .flatten()
+                .map(str::to_owned),
             ..Parsed::default()
         }
     }
@@ -118,6 +150,23 @@ pub(crate) fn ends_with_tool_result(dialect: MockKind, body: &Value) -> bool {
         }),
         MockKind::Gemini => has_block("parts", &|p| p.get("functionResponse").is_some()),
     }
+}
+
+/// The parameter schema of the offered tool `name` (OpenAI and Anthropic),
+/// when it names properties: the mock shapes that tool's arguments by it.
+pub(crate) fn tool_schema(dialect: MockKind, body: &Value, name: &str) -> Option<Value> {
+    let (name_at, schema_at) = match dialect {
+        MockKind::Openai => ("/function/name", "/function/parameters"),
+        MockKind::Anthropic => ("/name", "/input_schema"),
+        MockKind::Gemini => return None,
+    };
+    body.get("tools")?
+        .as_array()?
+        .iter()
+        .find(|t| t.pointer(name_at).and_then(Value::as_str) == Some(name))?
+        .pointer(schema_at)
+        .filter(|s| schema::has_properties(s))
+        .cloned()
 }
 
 /// The request offers a tool of this name.
@@ -164,9 +213,14 @@ pub(crate) struct Gen {
     pub capped: bool,
     /// Streamed tokens are padded to this many bytes.
     pub pad: usize,
-    /// A JSON-mode answer is `{"<key>":"<the tokens>"}`: `answer`, or
-    /// `reply` under the `off_schema` fault.
-    pub json_key: &'static str,
+    /// A JSON-mode answer: `{"answer":"<the tokens>"}` (`reply` under the
+    /// `off_schema` fault), or an instance of the request's schema.
+    pub json: Shape,
+    /// Tool arguments: `{"query":"<the tokens>"}`, or an instance of the
+    /// tool's schema.
+    pub args: Shape,
+    /// Reasoning tokens before the answer (OpenAI `reasoning_effort`).
+    pub reasoning: u32,
 }
 
 impl Gen {
@@ -177,6 +231,31 @@ impl Gen {
             Some(m) if m < tokens => (m, true),
             _ => (tokens, false),
         };
+        Gen::build(dialect, req, seq, (n, capped), created)
+    }
+
+    fn build(
+        dialect: MockKind,
+        req: Parsed,
+        seq: u64,
+        (n, capped): (u32, bool),
+        created: u64,
+    ) -> Gen {
+        let json = req
+            .schema
+            .as_ref()
+            .map_or_else(|| Shape::keyed(JSON_KEY), schema::shape);
+        let args = match (&req.args, &req.tool_schema) {
+            // Scripted arguments go out whole, with no slot for tokens.
+            (Some(scripted), _) => Shape {
+                open: scripted.clone(),
+                close: String::new(),
+                slot: false,
+            },
+            (None, Some(s)) => schema::shape(s),
+            (None, None) => Shape::keyed(ARGS_KEY),
+        };
+        let reasoning = req.reasoning_effort.as_deref().map_or(0, reasoning_tokens);
         Gen {
             dialect,
             req,
@@ -185,7 +264,9 @@ impl Gen {
             n,
             capped,
             pad: 0,
-            json_key: JSON_KEY,
+            json,
+            args,
+            reasoning,
         }
     }
 
@@ -197,31 +278,31 @@ impl Gen {
         tokens: u32,
         created: u64,
     ) -> Gen {
-        Gen {
-            dialect,
-            req,
-            seq,
-            created,
-            n: tokens,
-            capped: false,
-            pad: 0,
-            json_key: JSON_KEY,
-        }
+        Gen::build(dialect, req, seq, (tokens, false), created)
     }
 
-    /// A JSON-mode answer under another key than a golden set expects.
+    /// A JSON-mode answer under another key than a golden set or the
+    /// caller's schema expects.
     pub(crate) fn off_schema(mut self) -> Gen {
-        self.json_key = "reply";
+        self.json = Shape::keyed("reply");
         self
     }
 
-    /// The answer is a JSON object (OpenAI or Gemini JSON mode, no tool call).
+    /// The answer is a JSON object (OpenAI or Gemini JSON mode, an OpenAI
+    /// schema; no tool call).
     fn json(&self) -> bool {
-        self.req.json_object && self.req.tool.is_none() && self.dialect != MockKind::Anthropic
+        (self.req.json_object || self.req.schema.is_some())
+            && self.req.tool.is_none()
+            && self.dialect != MockKind::Anthropic
     }
 
-    fn json_open(&self) -> String {
-        format!("{{\"{}\":\"", self.json_key)
+    /// Whether the tokens go into the answer: not when its JSON has no slot.
+    fn slot(&self) -> bool {
+        match (&self.req.tool, self.json()) {
+            (Some(_), _) => self.args.slot,
+            (None, true) => self.json.slot,
+            (None, false) => true,
+        }
     }
 
     /// Each token padded to `bytes` bytes.
@@ -287,15 +368,28 @@ pub fn token_text(i: u32) -> String {
 
 /// The key of a JSON-mode answer.
 const JSON_KEY: &str = "answer";
-/// Closes a JSON-mode answer.
-const JSON_CLOSE: &str = "\"}";
-
-/// Tool arguments open with this fragment and close with [`ARGS_CLOSE`].
-const ARGS_OPEN: &str = "{\"query\":\"";
-const ARGS_CLOSE: &str = "\"}";
+/// The key of tool arguments without a schema of named fields.
+const ARGS_KEY: &str = "query";
 
 fn text_of(k: u32) -> String {
     (0..k).map(token_text).collect()
+}
+
+/// Reasoning tokens for an effort (the mock's own scale).
+fn reasoning_tokens(effort: &str) -> u32 {
+    match effort {
+        "none" => 0,
+        "minimal" => 2,
+        "low" => 4,
+        "high" => 16,
+        "xhigh" | "max" => 32,
+        _ => 8,
+    }
+}
+
+/// Reasoning token `i`.
+fn thought_text(i: u32) -> String {
+    format!("think{i} ")
 }
 
 fn sse_data(v: &Value) -> Bytes {
@@ -373,22 +467,34 @@ pub(crate) fn orphan_delta() -> Bytes {
 
 /// Frames before the first token.
 pub(crate) fn prelude(g: &Gen) -> Vec<Bytes> {
+    let thoughts =
+        (0..g.reasoning).map(|i| oa_chunk(g, json!({"reasoning_content": thought_text(i)}), None));
     match (g.dialect, &g.req.tool) {
-        (MockKind::Openai, None) => vec![oa_chunk(
-            g,
-            json!({"role": "assistant", "content": ""}),
-            None,
-        )],
-        (MockKind::Openai, Some(name)) => vec![
-            oa_chunk(g, json!({"role": "assistant", "content": null}), None),
-            oa_chunk(
+        (MockKind::Openai, None) => {
+            let mut out = vec![oa_chunk(
+                g,
+                json!({"role": "assistant", "content": ""}),
+                None,
+            )];
+            out.extend(thoughts);
+            out
+        }
+        (MockKind::Openai, Some(name)) => {
+            let mut out = vec![oa_chunk(
+                g,
+                json!({"role": "assistant", "content": null}),
+                None,
+            )];
+            out.extend(thoughts);
+            out.push(oa_chunk(
                 g,
                 json!({"tool_calls": [{"index": 0, "id": g.call_id(), "type": "function",
                                        "function": {"name": name, "arguments": ""}}]}),
                 None,
-            ),
-            oa_args(g, g.req.args.as_deref().unwrap_or(ARGS_OPEN)),
-        ],
+            ));
+            out.push(oa_args(g, &g.args.open));
+            out
+        }
         (MockKind::Anthropic, tool) => {
             let start = sse_event(
                 "message_start",
@@ -413,7 +519,7 @@ pub(crate) fn prelude(g: &Gen) -> Vec<Bytes> {
                 Bytes::from_static(b"event: ping\ndata: {\"type\": \"ping\"}\n\n"),
             ];
             if tool.is_some() {
-                out.push(an_args(g.req.args.as_deref().unwrap_or(ARGS_OPEN)));
+                out.push(an_args(&g.args.open));
             }
             out
         }
@@ -423,9 +529,13 @@ pub(crate) fn prelude(g: &Gen) -> Vec<Bytes> {
 
 /// The frame carrying token `i`.
 pub(crate) fn token(g: &Gen, i: u32) -> Bytes {
-    let mut t = token_text(i);
+    let mut t = if g.slot() {
+        token_text(i)
+    } else {
+        String::new()
+    };
     if i == 0 && g.json() {
-        t.insert_str(0, &g.json_open());
+        t.insert_str(0, &g.json.open);
     }
     if t.len() < g.pad {
         t.extend(std::iter::repeat_n('x', g.pad - t.len()));
@@ -449,16 +559,18 @@ pub(crate) fn epilogue(g: &Gen, finish: Finish, k: u32, terminator: bool) -> Vec
     let reason = g.finish_str(finish);
     match g.dialect {
         MockKind::Openai => {
-            if finish == Finish::Tool && g.req.args.is_none() {
-                out.push(oa_args(g, ARGS_CLOSE));
+            if finish == Finish::Tool && !g.args.close.is_empty() {
+                out.push(oa_args(g, &g.args.close));
             }
             if g.json() && finish != Finish::Refusal {
                 let close = if k == 0 {
-                    format!("{}{JSON_CLOSE}", g.json_open())
+                    format!("{}{}", g.json.open, g.json.close)
                 } else {
-                    JSON_CLOSE.to_string()
+                    g.json.close.clone()
                 };
-                out.push(oa_chunk(g, json!({"content": close}), None));
+                if !close.is_empty() {
+                    out.push(oa_chunk(g, json!({"content": close}), None));
+                }
             }
             out.push(oa_chunk(g, json!({}), Some(reason)));
             if g.req.include_usage {
@@ -472,8 +584,8 @@ pub(crate) fn epilogue(g: &Gen, finish: Finish, k: u32, terminator: bool) -> Vec
             }
         }
         MockKind::Anthropic => {
-            if finish == Finish::Tool && g.req.args.is_none() {
-                out.push(an_args(ARGS_CLOSE));
+            if finish == Finish::Tool && !g.args.close.is_empty() {
+                out.push(an_args(&g.args.close));
             }
             out.push(sse_event(
                 "content_block_stop",
@@ -495,12 +607,12 @@ pub(crate) fn epilogue(g: &Gen, finish: Finish, k: u32, terminator: bool) -> Vec
         }
         MockKind::Gemini => {
             // Calls come whole; a stream's only terminator is its finish reason.
-            let args = format!("{ARGS_OPEN}{}{ARGS_CLOSE}", text_of(k));
+            let args = format!("{}{}{}", g.args.open, text_of(k), g.args.close);
             let close = (g.json() && finish != Finish::Refusal).then(|| {
                 if k == 0 {
-                    format!("{}{JSON_CLOSE}", g.json_open())
+                    format!("{}{}", g.json.open, g.json.close)
                 } else {
-                    JSON_CLOSE.to_string()
+                    g.json.close.clone()
                 }
             });
             out.extend(super::gemini::epilogue(
@@ -554,33 +666,44 @@ pub(crate) fn legacy_error(code: u16, message: Option<&str>) -> Bytes {
 
 // ---- Non-streaming ----------------------------------------------------------
 
+/// OpenAI's usage: cached tokens inside `prompt_tokens`, reasoning inside
+/// `completion_tokens`, each also in its details object.
 fn oa_usage(g: &Gen, k: u32) -> Value {
-    json!({"prompt_tokens": g.req.input_tokens, "completion_tokens": k,
-           "total_tokens": g.req.input_tokens + k})
+    let output = k + g.reasoning;
+    json!({"prompt_tokens": g.req.input_tokens, "completion_tokens": output,
+           "total_tokens": g.req.input_tokens + output,
+           "prompt_tokens_details": {"cached_tokens": g.req.cached_tokens.min(g.req.input_tokens), "audio_tokens": 0},
+           "completion_tokens_details": {"reasoning_tokens": g.reasoning, "audio_tokens": 0,
+               "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}})
 }
 
 /// A whole non-streaming answer with `k` tokens.
 pub(crate) fn full_body(g: &Gen, finish: Finish, k: u32) -> Bytes {
+    let tokens = if g.slot() { text_of(k) } else { String::new() };
     let text = if g.json() && finish != Finish::Refusal {
-        format!("{}{}{JSON_CLOSE}", g.json_open(), text_of(k))
+        format!("{}{tokens}{}", g.json.open, g.json.close)
     } else {
-        text_of(k)
+        tokens.clone()
     };
-    let args = if let Some(scripted) = &g.req.args {
-        scripted.clone()
-    } else if finish == Finish::Tool {
-        format!("{ARGS_OPEN}{text}{ARGS_CLOSE}")
+    let args = if finish == Finish::Tool {
+        format!("{}{tokens}{}", g.args.open, g.args.close)
     } else {
-        format!("{ARGS_OPEN}{text}")
+        format!("{}{tokens}", g.args.open)
     };
     let v = match g.dialect {
         MockKind::Openai => {
-            let message = match &g.req.tool {
+            let mut message = match &g.req.tool {
                 None => json!({"role": "assistant", "content": text, "refusal": null}),
                 Some(name) => json!({"role": "assistant", "content": null, "refusal": null,
                     "tool_calls": [{"id": g.call_id(), "type": "function",
                                     "function": {"name": name, "arguments": args}}]}),
             };
+            if g.reasoning > 0 {
+                message["reasoning_content"] = (0..g.reasoning)
+                    .map(thought_text)
+                    .collect::<String>()
+                    .into();
+            }
             json!({"id": g.id(), "object": "chat.completion", "created": g.created,
                    "model": g.model(), "system_fingerprint": null, "service_tier": served_tier(g),
                    "choices": [{"index": 0, "message": message, "logprobs": null,
@@ -601,7 +724,7 @@ pub(crate) fn full_body(g: &Gen, finish: Finish, k: u32) -> Bytes {
                              "service_tier": served_tier(g)}})
         }
         MockKind::Gemini => {
-            let args = format!("{ARGS_OPEN}{}{ARGS_CLOSE}", text_of(k));
+            let args = format!("{}{tokens}{}", g.args.open, g.args.close);
             super::gemini::full_body(g, finish, k, &text, &args)
         }
     };
