@@ -322,6 +322,10 @@ async fn cached_and_reasoning_tokens_are_reported_and_priced_by_hand() {
     assert_eq!(u.reasoning_tokens, 4);
     // $1 an uncached input token, $0.25 a cached one, $2 an output token.
     let expected = (prompt - cached) as f64 + cached as f64 * 0.25 + 20.0 * 2.0;
+    println!(
+        "prompt {prompt}, cached {cached}, output 20 (4 reasoning): ${}",
+        got.cost_usd
+    );
     assert!(
         (got.cost_usd - expected).abs() < 1e-6,
         "cost {} != {expected} (prompt {prompt}, cached {cached})",
