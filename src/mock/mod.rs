@@ -5,9 +5,9 @@
 //! With OpenAI's `response_format: {"type":"json_object"}` the answer is the
 //! JSON object `{"answer":"tok0 tok1 ..."}`; with `json_schema` it is an
 //! instance of the schema, and a tool whose parameters name properties gets
-//! arguments shaped by them (see [`schema`]). OpenAI `reasoning_effort`
+//! arguments shaped by them (`schema.rs`). OpenAI `reasoning_effort`
 //! answers with `reasoning_content` first, and a repeated long prompt reports
-//! `cached_tokens` as OpenAI's automatic prompt cache would ([`openai_cache`]).
+//! `cached_tokens` as OpenAI's automatic prompt cache would (`openai_cache.rs`).
 //! `POST /v1/embeddings` answers with a deterministic bag-of-words vector
 //! (see [`embeddings`]). Gemini's `:streamGenerateContent?alt=sse` and
 //! `:generateContent` (AI Studio's and Vertex's paths) take the same faults,
