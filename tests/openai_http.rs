@@ -417,7 +417,7 @@ async fn bearer_auth_is_the_grpc_auth() {
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "chat");
     assert_eq!(v["data"][0]["object"], "model");
-    // Then each target, pinned by `provider/model`.
+    // Then each target, pinned by `provider/model`, then as `route@target`.
     let ids: Vec<&str> = v["data"]
         .as_array()
         .unwrap()
@@ -426,7 +426,13 @@ async fn bearer_auth_is_the_grpc_auth() {
         .collect();
     assert_eq!(
         ids,
-        ["chat", "primary/gpt-4o-mini", "secondary/claude-sonnet-4-5"]
+        [
+            "chat",
+            "primary/gpt-4o-mini",
+            "secondary/claude-sonnet-4-5",
+            "chat@primary/gpt-4o-mini",
+            "chat@secondary/claude-sonnet-4-5"
+        ]
     );
 }
 
