@@ -231,7 +231,8 @@ pub fn message(i: usize, m: proto::Message) -> Result<ChatMessage, RequestError>
             "{at}.content: set `content` or `parts`, not both"
         )));
     }
-    if m.content.is_empty() && m.parts.is_empty() && m.tool_calls.is_empty() {
+    // A tool may answer nothing (an empty result is still its answer).
+    if m.content.is_empty() && m.parts.is_empty() && m.tool_calls.is_empty() && m.role != "tool" {
         return Err(invalid(format!("{at}.content: must not be empty")));
     }
     if m.role == "tool" && m.tool_call_id.is_empty() {

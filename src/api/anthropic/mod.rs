@@ -6,6 +6,7 @@
 //! `provider/model` target. Errors use Anthropic's error JSON with the
 //! status from the one error table (`status::anthropic_status`).
 
+mod blocks;
 mod error;
 #[cfg(test)]
 mod fuzz;
@@ -63,7 +64,8 @@ async fn serve(
     s.check_metadata(&parts.headers).map_err(refused)?;
     let tenant = authenticate(s, &parts.headers).map_err(refused)?;
     let bytes = s.read_body(body, &parts.headers).await.map_err(refused)?;
-    let parsed = request::to_proto(request::parse(&bytes)?, request::Use::Messages)?;
+    let mut parsed = request::to_proto(request::parse(&bytes)?, request::Use::Messages)?;
+    request::with_betas(&mut parsed.request, &parts.headers);
     let model = parsed.request.route.clone();
     let mut rx = s
         .start(
