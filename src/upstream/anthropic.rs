@@ -40,38 +40,72 @@ pub enum Host {
     Cloud,
 }
 
-/// The JSON request body. System messages, wherever they stand (a
-/// mid-conversation system turn too), become the top-level `system`: one
-/// string when they are plain text, else text blocks with their cache
-/// markers. Images and documents go as base64 or URL sources, signed
-/// reasoning of Anthropic's back in its assistant turn; what Anthropic's
-/// wire cannot carry is noted in `dropped`. `json_mode` without a schema has
-/// no Anthropic equivalent and is not sent (routes needing it should not
-/// list Anthropic targets as JSON-capable).
+/// The JSON request body. The leading system messages become the
+/// top-level `system` (one string when they are plain text, else text
+/// blocks with their cache markers); a later (mid-conversation) system turn
+/// stays where it stands on api.anthropic.com when the caller spoke
+/// Anthropic's wire (its own request, verbatim), and is folded into
+/// `system` otherwise (Bedrock and Vertex, and callers of other dialects).
+/// Images and documents go as base64 or URL sources, signed reasoning of
+/// Anthropic's back in its assistant turn; what Anthropic's wire cannot
+/// carry is noted in `dropped`. `json_mode` without a schema has no
+/// Anthropic equivalent and is not sent (routes needing it should not list
+/// Anthropic targets as JSON-capable).
+///
+/// Thinking follows Anthropic's rules: a budget fits under `max_tokens`
+/// (without a `max_tokens`, the answer gets [`DEFAULT_MAX_TOKENS`] beside
+/// the budget), a forced tool choice leaves budgeted thinking out, and
+/// with thinking on, a temperature other than 1 and a `top_p` under 0.95
+/// are left out (each noted).
 pub fn build_body(req: &ChatRequest, host: Host, dropped: &mut Dropped) -> Value {
     let mut body = Map::new();
     body.insert("model".into(), json!(req.model));
-    if let Some(system) = system_json(&req.messages) {
+    let passthrough = req
+        .passthrough_for(Dialect::Anthropic)
+        .filter(|_| host == Host::FirstParty);
+    let turns_in_place = passthrough.is_some();
+    if let Some(system) = system_json(&req.messages, turns_in_place) {
         body.insert("system".into(), system);
     }
     body.insert(
         "messages".into(),
-        Value::Array(messages_json(&req.messages, dropped)),
+        Value::Array(messages_json(&req.messages, turns_in_place, dropped)),
     );
-    let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    let thinking = req
+        .reasoning
+        .as_ref()
+        .and_then(|r| thinking_json(r, req.max_tokens, &req.tool_choice, dropped));
+    let max_tokens = match (req.max_tokens, &thinking) {
+        (Some(n), _) => n,
+        (None, Some(t)) => t["budget_tokens"]
+            .as_u64()
+            .and_then(|b| u32::try_from(b).ok())
+            .map_or(DEFAULT_MAX_TOKENS, |b| b.saturating_add(DEFAULT_MAX_TOKENS)),
+        (None, None) => DEFAULT_MAX_TOKENS,
+    };
     body.insert("max_tokens".into(), json!(max_tokens));
-    if let Some(t) = req.temperature.and_then(f32_json) {
-        body.insert("temperature".into(), t);
+    let thinking_on = thinking.is_some();
+    match req.temperature {
+        Some(t) if thinking_on && t != 1.0 => dropped.note("temperature"),
+        Some(t) => {
+            if let Some(t) = f32_json(t) {
+                body.insert("temperature".into(), t);
+            }
+        }
+        None => {}
     }
-    if let Some(p) = req.top_p.and_then(f32_json) {
-        body.insert("top_p".into(), p);
+    match req.top_p {
+        Some(p) if thinking_on && p < 0.95 => dropped.note("top_p"),
+        Some(p) => {
+            if let Some(p) = f32_json(p) {
+                body.insert("top_p".into(), p);
+            }
+        }
+        None => {}
     }
     if !req.stop.is_empty() {
         body.insert("stop_sequences".into(), json!(req.stop));
     }
-    let passthrough = req
-        .passthrough_for(Dialect::Anthropic)
-        .filter(|_| host == Host::FirstParty);
     if !req.tools.is_empty() {
         let tools = req.tools.iter().map(|t| {
             let mut tool = Map::new();
@@ -99,13 +133,8 @@ pub fn build_body(req: &ChatRequest, host: Host, dropped: &mut Dropped) -> Value
             }
         }
     }
-    if let Some(r) = &req.reasoning {
-        match thinking_json(r, max_tokens) {
-            Some(thinking) => {
-                body.insert("thinking".into(), thinking);
-            }
-            None => dropped.note("thinking"),
-        }
+    if let Some(thinking) = thinking {
+        body.insert("thinking".into(), thinking);
     }
     let mut output_config = Map::new();
     if let Some(effort) = req.reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
@@ -154,9 +183,16 @@ fn r_effort_ok(effort: &str) -> bool {
 }
 
 /// The `thinking` config for a reasoning ask: adaptive, or a budget (from
-/// the ask, or mapped from an effort) that fits under `max_tokens`; `None`
-/// when no budget fits (Anthropic's minimum is 1,024 tokens).
-fn thinking_json(r: &crate::chat::ReasoningAsk, max_tokens: u32) -> Option<Value> {
+/// the ask, or mapped from an effort) that fits under `max_tokens` when
+/// the caller set one. `None` (noted as dropped `thinking`) when no budget
+/// fits (Anthropic's minimum is 1,024 tokens) or a forced tool choice
+/// rules budgeted thinking out; an effort alone goes as `output_config`.
+fn thinking_json(
+    r: &crate::chat::ReasoningAsk,
+    max_tokens: Option<u32>,
+    choice: &ToolChoice,
+    dropped: &mut Dropped,
+) -> Option<Value> {
     if r.adaptive {
         return Some(json!({"type": "adaptive"}));
     }
@@ -168,8 +204,13 @@ fn thinking_json(r: &crate::chat::ReasoningAsk, max_tokens: u32) -> Option<Value
             _ => 32768,
         })
     })?;
-    let budget = budget.min(max_tokens.saturating_sub(1));
-    (budget >= 1024).then(|| json!({"type": "enabled", "budget_tokens": budget}))
+    let budget = max_tokens.map_or(budget, |m| budget.min(m.saturating_sub(1)));
+    let forced = matches!(choice, ToolChoice::Any | ToolChoice::Tool(_));
+    if budget < 1024 || forced {
+        dropped.note("thinking");
+        return None;
+    }
+    Some(json!({"type": "enabled", "budget_tokens": budget}))
 }
 
 fn cache_control(ttl: CacheTtl) -> Value {
@@ -187,9 +228,21 @@ fn marked(mut block: Value, cache: Option<CacheTtl>) -> Value {
     block
 }
 
-/// The top-level `system`: every system message in order.
-fn system_json(messages: &[ChatMessage]) -> Option<Value> {
-    let system: Vec<&ChatMessage> = messages.iter().filter(|m| m.role == "system").collect();
+/// The system messages that open the conversation (before any other turn).
+fn leading_system(messages: &[ChatMessage]) -> usize {
+    messages.iter().take_while(|m| m.role == "system").count()
+}
+
+/// The top-level `system`: the leading system messages, and every later
+/// one too unless those stay in place (`turns_in_place`), in order.
+fn system_json(messages: &[ChatMessage], turns_in_place: bool) -> Option<Value> {
+    let lead = leading_system(messages);
+    let system: Vec<&ChatMessage> = messages
+        .iter()
+        .enumerate()
+        .filter(|(i, m)| m.role == "system" && (*i < lead || !turns_in_place))
+        .map(|(_, m)| m)
+        .collect();
     if system.is_empty() {
         return None;
     }
@@ -197,16 +250,21 @@ fn system_json(messages: &[ChatMessage]) -> Option<Value> {
         let texts: Vec<&str> = system.iter().map(|m| m.content.as_str()).collect();
         return Some(json!(texts.join("\n\n")));
     }
-    let mut blocks = Vec::new();
-    for m in system {
-        for p in m.content_parts().iter() {
-            // Only text belongs in `system` (the door refuses the rest).
-            if let PartKind::Text(t) = &p.kind {
-                blocks.push(marked(json!({"type": "text", "text": t}), p.cache));
-            }
-        }
-    }
-    Some(Value::Array(blocks))
+    Some(Value::Array(
+        system.into_iter().flat_map(system_blocks).collect(),
+    ))
+}
+
+/// A system message's text blocks with their cache markers (only text
+/// belongs in a system prompt or turn; the door refuses the rest).
+fn system_blocks(m: &ChatMessage) -> Vec<Value> {
+    m.content_parts()
+        .iter()
+        .filter_map(|p| match &p.kind {
+            PartKind::Text(t) => Some(marked(json!({"type": "text", "text": t}), p.cache)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A media source block: base64 data, or a URL Anthropic fetches.
@@ -254,11 +312,23 @@ fn block_json(p: &Part, dropped: &mut Dropped) -> Option<Value> {
     Some(marked(block, p.cache))
 }
 
-/// Non-system messages; consecutive tool results share one user message.
-fn messages_json(messages: &[ChatMessage], dropped: &mut Dropped) -> Vec<Value> {
+/// The turns after the system prompt; consecutive tool results share one
+/// user message. A later system message is a `system` turn in place when
+/// `turns_in_place`, else it went to the top-level `system`.
+fn messages_json(
+    messages: &[ChatMessage],
+    turns_in_place: bool,
+    dropped: &mut Dropped,
+) -> Vec<Value> {
     let mut out: Vec<Value> = Vec::new();
-    for m in messages.iter().filter(|m| m.role != "system") {
+    for m in &messages[leading_system(messages)..] {
         match m.role.as_str() {
+            "system" if turns_in_place => out.push(if m.parts.is_empty() {
+                json!({"role": "system", "content": m.content})
+            } else {
+                json!({"role": "system", "content": system_blocks(m)})
+            }),
+            "system" => {}
             "tool" => push_tool_result(&mut out, m, dropped),
             "assistant" => out.push(assistant_json(m, dropped)),
             _ if m.parts.is_empty() => out.push(json!({"role": "user", "content": m.content})),
@@ -950,6 +1020,127 @@ mod tests {
             build_body(&req, Host::FirstParty, &mut Dropped::default()),
             want
         );
+    }
+
+    fn marked_text(text: &str) -> ChatMessage {
+        ChatMessage {
+            role: "system".into(),
+            parts: vec![Part {
+                kind: PartKind::Text(text.into()),
+                cache: Some(CacheTtl::FiveMinutes),
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// Claude Code's shape: a system prompt, a user turn, a marked system
+    /// turn at the end; from the Anthropic door (a passthrough of its own).
+    fn with_system_turn() -> ChatRequest {
+        ChatRequest {
+            model: "m".into(),
+            messages: vec![
+                msg("system", "prompt"),
+                msg("user", "hi"),
+                marked_text("# Environment"),
+            ],
+            passthrough: Some(std::sync::Arc::new(crate::chat::Passthrough {
+                dialect: Some(Dialect::Anthropic),
+                dropped: vec!["messages[1].output_config".into()],
+                ..Default::default()
+            })),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_system_turn_stays_in_place_for_anthropics_own_callers_and_folds_elsewhere() {
+        let mut d = Dropped::default();
+        let body = build_body(&with_system_turn(), Host::FirstParty, &mut d);
+        assert_eq!(body["system"], "prompt");
+        assert_eq!(
+            body["messages"],
+            json!([
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": [{"type": "text", "text": "# Environment",
+                                                "cache_control": {"type": "ephemeral"}}]}
+            ])
+        );
+        // Bedrock and Vertex: folded into the system prompt, marker kept.
+        let body = build_body(&with_system_turn(), Host::Cloud, &mut d);
+        assert_eq!(
+            body["system"],
+            json!([{"type": "text", "text": "prompt"},
+                   {"type": "text", "text": "# Environment", "cache_control": {"type": "ephemeral"}}])
+        );
+        assert_eq!(body["messages"], json!([{"role": "user", "content": "hi"}]));
+        // A caller of another dialect: folded too.
+        let mut req = with_system_turn();
+        req.passthrough = None;
+        req.messages[2] = msg("system", "later");
+        let body = build_body(&req, Host::FirstParty, &mut d);
+        assert_eq!(body["system"], "prompt\n\nlater");
+        assert_eq!(body["messages"].as_array().unwrap().len(), 1);
+        assert!(d.is_empty(), "{d:?}");
+    }
+
+    #[test]
+    fn thinking_follows_anthropics_rules_on_budgets_tool_choice_and_sampling() {
+        let budgeted = |max_tokens, choice| ChatRequest {
+            model: "m".into(),
+            messages: vec![msg("user", "hi")],
+            max_tokens,
+            temperature: Some(0.2),
+            top_p: Some(0.99),
+            tools: vec![ToolSpec {
+                name: "f".into(),
+                description: String::new(),
+                parameters: json!({"type": "object"}),
+                cache: None,
+                extra: None,
+            }],
+            tool_choice: choice,
+            reasoning: Some(crate::chat::ReasoningAsk {
+                effort: Some("high".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        // No max_tokens: the budget plus room for the answer.
+        let mut d = Dropped::default();
+        let body = build_body(&budgeted(None, ToolChoice::Auto), Host::FirstParty, &mut d);
+        assert_eq!(
+            body["thinking"],
+            json!({"type": "enabled", "budget_tokens": 16384})
+        );
+        assert_eq!(body["max_tokens"], 16384 + DEFAULT_MAX_TOKENS);
+        // Thinking takes no temperature but 1, and a top_p of 0.95 or more.
+        assert!(body.get("temperature").is_none());
+        assert_eq!(body["top_p"], json!(0.99));
+        assert_eq!(d.names(), ["temperature"]);
+        // A forced tool: the caller's contract wins over budgeted thinking.
+        let mut d = Dropped::default();
+        let body = build_body(
+            &budgeted(Some(32000), ToolChoice::Tool("f".into())),
+            Host::FirstParty,
+            &mut d,
+        );
+        assert!(body.get("thinking").is_none());
+        assert_eq!(body["tool_choice"], json!({"type": "tool", "name": "f"}));
+        assert_eq!(body["temperature"], json!(0.2));
+        assert_eq!(body["max_tokens"], 32000);
+        assert_eq!(d.names(), ["thinking"]);
+        // Adaptive thinking takes a forced tool.
+        let mut req = budgeted(Some(32000), ToolChoice::Any);
+        req.reasoning = Some(crate::chat::ReasoningAsk {
+            adaptive: true,
+            ..Default::default()
+        });
+        req.temperature = Some(1.0);
+        let mut d = Dropped::default();
+        let body = build_body(&req, Host::Cloud, &mut d);
+        assert_eq!(body["thinking"], json!({"type": "adaptive"}));
+        assert_eq!(body["temperature"], json!(1.0));
+        assert!(d.is_empty(), "{d:?}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! A finished answer in Anthropic's shape: the `message` object, its
-//! content blocks (text, then `tool_use` with the input as parsed JSON),
-//! `stop_reason` and usage.
+//! content blocks (`thinking` / `redacted_thinking` first, then text, then
+//! `tool_use` with the input as parsed JSON), `stop_reason` and usage with
+//! the prompt-cache reads and writes.
 
 use serde_json::{json, Value};
 
@@ -50,13 +51,38 @@ pub(super) fn tool_input(arguments: &str) -> Value {
     }
 }
 
-pub(super) fn usage_json(input: u32, output: u32) -> Value {
-    json!({"input_tokens": input, "output_tokens": output})
+/// Usage in Anthropic's shape: uncached input, cache writes (with their
+/// split by TTL) and reads beside it, output.
+pub(super) fn usage_json(u: &proto::Usage) -> Value {
+    let write_1h = u
+        .cache_write_1h_input_tokens
+        .min(u.cache_write_input_tokens);
+    json!({
+        "input_tokens": u.input_tokens,
+        "cache_creation_input_tokens": u.cache_write_input_tokens,
+        "cache_read_input_tokens": u.cache_read_input_tokens,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": u.cache_write_input_tokens - write_1h,
+            "ephemeral_1h_input_tokens": write_1h,
+        },
+        "output_tokens": u.output_tokens,
+    })
+}
+
+/// A reasoning block as Anthropic's `thinking` or `redacted_thinking`
+/// (a block from another dialect has no signature; it is shown, and left
+/// out if it comes back).
+pub(super) fn thinking_block(r: &proto::ReasoningBlock) -> Value {
+    if r.redacted_data.is_empty() {
+        json!({"type": "thinking", "thinking": r.text, "signature": r.signature})
+    } else {
+        json!({"type": "redacted_thinking", "data": r.redacted_data})
+    }
 }
 
 /// A unary answer as a `message` object.
 pub(super) fn message(ids: &Ids, r: proto::CompletionResponse) -> Value {
-    let mut content = Vec::new();
+    let mut content: Vec<Value> = r.reasoning.iter().map(thinking_block).collect();
     if !r.text.is_empty() || r.tool_calls.is_empty() {
         content.push(json!({"type": "text", "text": r.text}));
     }
@@ -68,8 +94,7 @@ pub(super) fn message(ids: &Ids, r: proto::CompletionResponse) -> Value {
             "input": tool_input(&c.arguments),
         }));
     }
-    let usage = r.usage.unwrap_or_default();
-    let mut usage = usage_json(usage.input_tokens, usage.output_tokens);
+    let mut usage = usage_json(&r.usage.unwrap_or_default());
     if !r.service_tier.is_empty() {
         usage["service_tier"] = Value::from(r.service_tier.as_str());
     }
@@ -121,5 +146,57 @@ mod tests {
         assert_eq!(m["content"][0]["input"]["city"], "Paris");
         assert_eq!(m["usage"]["output_tokens"], 5);
         assert_eq!(tool_input("not json"), Value::String("not json".into()));
+    }
+
+    #[test]
+    fn thinking_leads_the_message_and_usage_carries_cache_reads_and_writes() {
+        let ids = Ids {
+            id: "msg_1".into(),
+            model: "chat".into(),
+        };
+        let m = message(
+            &ids,
+            proto::CompletionResponse {
+                text: "42".into(),
+                reasoning: vec![
+                    proto::ReasoningBlock {
+                        text: "Let me think.".into(),
+                        signature: "sig".into(),
+                        redacted_data: String::new(),
+                        dialect: "anthropic".into(),
+                    },
+                    proto::ReasoningBlock {
+                        redacted_data: "opaque".into(),
+                        dialect: "anthropic".into(),
+                        ..Default::default()
+                    },
+                ],
+                usage: Some(proto::Usage {
+                    input_tokens: 21,
+                    output_tokens: 393,
+                    cache_read_input_tokens: 1000,
+                    cache_write_input_tokens: 188_086,
+                    cache_write_1h_input_tokens: 8086,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            m["content"],
+            json!([
+                {"type": "thinking", "thinking": "Let me think.", "signature": "sig"},
+                {"type": "redacted_thinking", "data": "opaque"},
+                {"type": "text", "text": "42"}
+            ])
+        );
+        assert_eq!(
+            m["usage"],
+            json!({"input_tokens": 21, "cache_creation_input_tokens": 188_086,
+                   "cache_read_input_tokens": 1000,
+                   "cache_creation": {"ephemeral_5m_input_tokens": 180_000,
+                                      "ephemeral_1h_input_tokens": 8086},
+                   "output_tokens": 393})
+        );
     }
 }

@@ -1,15 +1,19 @@
 //! Streaming: holds the response until the first event (so a failure before
 //! the first token is a plain HTTP error with Anthropic's status), then
 //! frames Anthropic's events: `message_start`, `ping`, one content block
-//! per text run or tool call (`text_delta` / `input_json_delta`),
-//! `message_delta` with `stop_reason` and usage, `message_stop`. A stream
-//! that fails after output ends with an `error` event, never `message_stop`.
+//! per thinking block (`thinking_delta`, then `signature_delta` right before
+//! its `content_block_stop`; `redacted_thinking` whole in its start), text
+//! run or tool call (`text_delta` / `input_json_delta`), `message_delta`
+//! with `stop_reason` and the usage (cache reads and writes included),
+//! `message_stop`. A stream that fails after output ends with an `error`
+//! event, never `message_stop`.
 
 use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::error::AnthropicError;
 use super::response::{stop_reason, usage_json, Ids};
+use crate::api::content::usage_proto;
 use crate::api::door::{self, insert};
 use crate::chat::Chunk;
 use crate::sink::{Event, Events, Finished};
@@ -44,6 +48,7 @@ pub(super) async fn stream(
 /// The content block being streamed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Open {
+    Thinking,
     Text,
     /// A tool call, by the upstream's tool index.
     Tool(u32),
@@ -87,7 +92,8 @@ impl Frames {
                     "id": self.ids.id, "type": "message", "role": "assistant",
                     "model": self.ids.model, "content": [],
                     "stop_reason": null, "stop_sequence": null,
-                    "usage": usage_json(0, 0),
+                    // Known once the answer is: the totals come in `message_delta`.
+                    "usage": usage_json(&Default::default()),
                 },
             });
             return Some(event("message_start", &start) + &event("ping", &json!({"type": "ping"})));
@@ -100,8 +106,11 @@ impl Frames {
             let mut out = String::new();
             match item {
                 Some(Ok(Event::Started(_))) => continue,
-                // Thinking blocks: framed by the door's reasoning support.
-                Some(Ok(Event::Chunk(Chunk::Reasoning { .. }))) => continue,
+                Some(Ok(Event::Chunk(Chunk::Reasoning {
+                    text,
+                    signature,
+                    redacted,
+                }))) => self.thinking(text, signature, redacted, &mut out),
                 Some(Ok(Event::Chunk(Chunk::Text(text)))) => {
                     self.enter(Open::Text, &mut out, || json!({"type": "text", "text": ""}));
                     out.push_str(&self.delta(json!({"type": "text_delta", "text": text})));
@@ -155,6 +164,39 @@ impl Frames {
         }
     }
 
+    /// Thinking text opens (or continues) a thinking block; its signature
+    /// ends it; redacted thinking is a whole block of its own.
+    fn thinking(
+        &mut self,
+        text: String,
+        signature: Option<String>,
+        redacted: Option<String>,
+        out: &mut String,
+    ) {
+        if let Some(data) = redacted {
+            self.close(out);
+            self.enter(
+                Open::Thinking,
+                out,
+                || json!({"type": "redacted_thinking", "data": data}),
+            );
+            self.close(out);
+            return;
+        }
+        self.enter(
+            Open::Thinking,
+            out,
+            || json!({"type": "thinking", "thinking": "", "signature": ""}),
+        );
+        if !text.is_empty() {
+            out.push_str(&self.delta(json!({"type": "thinking_delta", "thinking": text})));
+        }
+        if let Some(signature) = signature {
+            out.push_str(&self.delta(json!({"type": "signature_delta", "signature": signature})));
+            self.close(out);
+        }
+    }
+
     /// Makes `want` the open block, closing another and opening it if needed.
     fn enter(&mut self, want: Open, out: &mut String, block: impl FnOnce() -> Value) {
         if self.block == Some(want) {
@@ -191,7 +233,7 @@ impl Frames {
         let delta = json!({
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason(f.finish_reason), "stop_sequence": null},
-            "usage": usage_json(f.usage.input_tokens, f.usage.output_tokens),
+            "usage": usage_json(&usage_proto(&f.usage, f.usage_estimated)),
         });
         event("message_delta", &delta) + &event("message_stop", &json!({"type": "message_stop"}))
     }
@@ -322,6 +364,91 @@ mod tests {
         assert_eq!(got[8].1["index"], 1);
         assert_eq!(got[10].1["delta"]["stop_reason"], "tool_use");
         assert_eq!(got[10].1["usage"]["output_tokens"], 3);
+    }
+
+    fn reasoning(text: &str, signature: Option<&str>, redacted: Option<&str>) -> Event {
+        Event::Chunk(Chunk::Reasoning {
+            text: text.into(),
+            signature: signature.map(Into::into),
+            redacted: redacted.map(Into::into),
+        })
+    }
+
+    #[tokio::test]
+    async fn thinking_streams_as_its_own_blocks_with_the_signature_last() {
+        let mut done = finished();
+        done.finish_reason = FinishReason::Stop;
+        done.usage = Usage {
+            input_tokens: 5,
+            output_tokens: 9,
+            cache_read_input_tokens: 100,
+            cache_write_input_tokens: 40,
+            cache_write_1h_input_tokens: 10,
+            ..Default::default()
+        };
+        let got = frames(vec![
+            Ok(reasoning("Let me ", None, None)),
+            Ok(reasoning("think.", None, None)),
+            Ok(reasoning("", Some("sig-1"), None)),
+            // Omitted display: a signature alone is a whole block.
+            Ok(reasoning("", Some("sig-2"), None)),
+            Ok(reasoning("", None, Some("opaque"))),
+            Ok(Event::Chunk(Chunk::Text("42".into()))),
+            Ok(Event::Finished(Box::new(done))),
+        ])
+        .await;
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "ping",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(
+            got[2].1["content_block"],
+            json!({"type": "thinking", "thinking": "", "signature": ""})
+        );
+        assert_eq!(
+            got[3].1["delta"],
+            json!({"type": "thinking_delta", "thinking": "Let me "})
+        );
+        assert_eq!(
+            got[5].1["delta"],
+            json!({"type": "signature_delta", "signature": "sig-1"})
+        );
+        assert_eq!(got[6].1["index"], 0);
+        assert_eq!(got[7].1["index"], 1);
+        assert_eq!(got[8].1["delta"]["signature"], "sig-2");
+        assert_eq!(
+            got[10].1["content_block"],
+            json!({"type": "redacted_thinking", "data": "opaque"})
+        );
+        assert_eq!(got[12].1["index"], 3);
+        assert_eq!(got[12].1["content_block"]["type"], "text");
+        assert_eq!(got[0].1["message"]["usage"]["cache_read_input_tokens"], 0);
+        assert_eq!(
+            got[15].1["usage"],
+            json!({"input_tokens": 5, "cache_creation_input_tokens": 40,
+                   "cache_read_input_tokens": 100,
+                   "cache_creation": {"ephemeral_5m_input_tokens": 30, "ephemeral_1h_input_tokens": 10},
+                   "output_tokens": 9})
+        );
     }
 
     #[tokio::test]
