@@ -336,7 +336,7 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
             max_request_bytes: 4 * 1024 * 1024,
-            max_messages: 512,
+            max_messages: 10_000,
             max_prompt_bytes: 2 * 1024 * 1024,
             max_tools: 128,
             max_tokens: 128_000,

@@ -8,6 +8,12 @@
 //! arguments shaped by them (`schema.rs`). OpenAI `reasoning_effort`
 //! answers with `reasoning_content` first, and a repeated long prompt reports
 //! `cached_tokens` as OpenAI's automatic prompt cache would (`openai_cache.rs`).
+//! Anthropic (`/v1/messages`, Bedrock, Vertex): prompt caching by
+//! `cache_control` markers with their TTLs (usage reports
+//! `cache_creation_input_tokens` / `cache_read_input_tokens`), and with
+//! `thinking` on, a signed thinking block first; a thinking block sent back
+//! with another signature is a 400 `invalid_request_error` (see
+//! `anthropic_cache.rs`).
 //! `POST /v1/embeddings` answers with a deterministic bag-of-words vector
 //! (see [`embeddings`]). Gemini's `:streamGenerateContent?alt=sse` and
 //! `:generateContent` (AI Studio's and Vertex's paths) take the same faults,
@@ -63,6 +69,7 @@
 //! `abort` a cut connection, `stall` headers only. Over capacity (in flight ≥
 //! `max_concurrency` > 0) answers 503 (OpenAI) / 529 (Anthropic) at once.
 
+mod anthropic_cache;
 mod bedrock;
 pub mod embeddings;
 mod faults;

@@ -89,6 +89,8 @@ pub(crate) struct Shared {
     tools: Mutex<ToolScript>,
     /// OpenAI's automatic prompt cache (warm prefixes).
     openai_cache: Mutex<super::openai_cache::AutoCache>,
+    /// Anthropic: warm prompt prefixes (signed thinking needs no state).
+    prompt_cache: Mutex<super::anthropic_cache::PromptCache>,
 }
 
 /// A scripted tool call (`PUT /_mock/tools`), so an agent's tool loop can run
@@ -158,6 +160,7 @@ impl Shared {
             implicit_cache: Mutex::default(),
             tools: Mutex::new(ToolScript::default()),
             openai_cache: Mutex::default(),
+            prompt_cache: Mutex::default(),
         };
         (Arc::new(shared), refuse_rx)
     }
@@ -546,6 +549,12 @@ pub(super) fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+fn unix_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 pub(super) fn new_record(
     dialect: MockKind,
     path: &str,
@@ -718,6 +727,16 @@ pub(super) async fn completion_as(
         if let Some((status, body)) = super::gemini::check_signatures(&body_json) {
             attempt.set_fault(Some("thought_signature"));
             return error_response(&gen, attempt, status, body, &BTreeMap::new(), None);
+        }
+    }
+    if dialect == MockKind::Anthropic {
+        let served = lock(&s.prompt_cache).serve(&body_json, attempt.seq(), unix_now_ms());
+        match served {
+            Ok(extras) => gen = gen.with_anthropic(extras),
+            Err((status, body)) => {
+                attempt.set_fault(Some("invalid_thinking"));
+                return error_response(&gen, attempt, status, body, &BTreeMap::new(), None);
+            }
         }
     }
     if fault != Fault::None {

@@ -6,6 +6,7 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
+use super::anthropic_cache::Extras;
 use super::faults::Preset;
 use super::schema::{self, Shape};
 use super::MockKind;
@@ -221,6 +222,8 @@ pub(crate) struct Gen {
     pub args: Shape,
     /// Reasoning tokens before the answer (OpenAI `reasoning_effort`).
     pub reasoning: u32,
+    /// Anthropic: prompt-cache usage and the signed thinking block.
+    pub anthropic: Extras,
 }
 
 impl Gen {
@@ -267,6 +270,7 @@ impl Gen {
             json,
             args,
             reasoning,
+            anthropic: Extras::default(),
         }
     }
 
@@ -303,6 +307,25 @@ impl Gen {
             (None, true) => self.json.slot,
             (None, false) => true,
         }
+    }
+
+    /// Anthropic: the answer's cache usage and thinking.
+    pub(crate) fn with_anthropic(mut self, extras: Extras) -> Gen {
+        self.anthropic = extras;
+        self
+    }
+
+    /// Anthropic: the index of the text or tool block (after the thinking).
+    fn block_index(&self) -> u32 {
+        u32::from(self.anthropic.thinking.is_some())
+    }
+
+    /// Anthropic usage: input, cache reads and writes, output (with thinking).
+    fn an_usage(&self, output: u32) -> Value {
+        let mut u = self.anthropic.usage(self.req.input_tokens);
+        u["output_tokens"] = json!(output + self.anthropic.thinking_tokens());
+        u["service_tier"] = json!(served_tier(self));
+        u
     }
 
     /// Each token padded to `bytes` bytes.
@@ -439,10 +462,10 @@ fn oa_args(g: &Gen, fragment: &str) -> Bytes {
     )
 }
 
-fn an_args(fragment: &str) -> Bytes {
+fn an_args(g: &Gen, fragment: &str) -> Bytes {
     sse_event(
         "content_block_delta",
-        &json!({"type": "content_block_delta", "index": 0,
+        &json!({"type": "content_block_delta", "index": g.block_index(),
                 "delta": {"type": "input_json_delta", "partial_json": fragment}}),
     )
 }
@@ -501,8 +524,7 @@ pub(crate) fn prelude(g: &Gen) -> Vec<Bytes> {
                 &json!({"type": "message_start", "message": {
                     "id": g.id(), "type": "message", "role": "assistant", "content": [],
                     "model": g.model(), "stop_reason": null, "stop_sequence": null,
-                    "usage": {"input_tokens": g.req.input_tokens, "output_tokens": 1,
-                              "service_tier": served_tier(g)}}}),
+                    "usage": g.an_usage(1)}}),
             );
             let block = match tool {
                 None => json!({"type": "text", "text": ""}),
@@ -510,21 +532,54 @@ pub(crate) fn prelude(g: &Gen) -> Vec<Bytes> {
                     json!({"type": "tool_use", "id": g.call_id(), "name": name, "input": {}})
                 }
             };
-            let mut out = vec![
-                start,
-                sse_event(
-                    "content_block_start",
-                    &json!({"type": "content_block_start", "index": 0, "content_block": block}),
-                ),
-                Bytes::from_static(b"event: ping\ndata: {\"type\": \"ping\"}\n\n"),
-            ];
+            let ping = Bytes::from_static(b"event: ping\ndata: {\"type\": \"ping\"}\n\n");
+            let open = sse_event(
+                "content_block_start",
+                &json!({"type": "content_block_start", "index": g.block_index(),
+                        "content_block": block}),
+            );
+            let mut out = vec![start];
+            match &g.anthropic.thinking {
+                Some((text, signature)) => {
+                    out.extend(thinking_frames(text, signature, ping));
+                    out.push(open);
+                }
+                None => out.extend([open, ping]),
+            }
             if tool.is_some() {
-                out.push(an_args(&g.args.open));
+                out.push(an_args(g, &g.args.open));
             }
             out
         }
         (MockKind::Gemini, _) => super::gemini::prelude(g),
     }
+}
+
+/// A whole thinking block at index 0 as Anthropic streams it: start, the
+/// ping, the text in two deltas, the signature, stop.
+fn thinking_frames(text: &str, signature: &str, ping: Bytes) -> Vec<Bytes> {
+    let delta = |d: Value| {
+        sse_event(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": 0, "delta": d}),
+        )
+    };
+    let cut = text.find(' ').unwrap_or(text.len());
+    vec![
+        sse_event(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+        ),
+        ping,
+        delta(json!({"type": "thinking_delta", "thinking": &text[..cut]})),
+        delta(json!({"type": "thinking_delta", "thinking": &text[cut..]})),
+        delta(json!({"type": "signature_delta", "signature": signature})),
+        sse_event(
+            "content_block_stop",
+            &json!({"type": "content_block_stop", "index": 0}),
+        ),
+    ]
 }
 
 /// The frame carrying token `i`.
@@ -545,10 +600,10 @@ pub(crate) fn token(g: &Gen, i: u32) -> Bytes {
         (MockKind::Openai, true) => oa_args(g, &t),
         (MockKind::Anthropic, false) => sse_event(
             "content_block_delta",
-            &json!({"type": "content_block_delta", "index": 0,
+            &json!({"type": "content_block_delta", "index": g.block_index(),
                     "delta": {"type": "text_delta", "text": t}}),
         ),
-        (MockKind::Anthropic, true) => an_args(&t),
+        (MockKind::Anthropic, true) => an_args(g, &t),
         (MockKind::Gemini, _) => super::gemini::token(g, t),
     }
 }
@@ -585,11 +640,11 @@ pub(crate) fn epilogue(g: &Gen, finish: Finish, k: u32, terminator: bool) -> Vec
         }
         MockKind::Anthropic => {
             if finish == Finish::Tool && !g.args.close.is_empty() {
-                out.push(an_args(&g.args.close));
+                out.push(an_args(g, &g.args.close));
             }
             out.push(sse_event(
                 "content_block_stop",
-                &json!({"type": "content_block_stop", "index": 0}),
+                &json!({"type": "content_block_stop", "index": g.block_index()}),
             ));
             let mut delta = json!({"stop_reason": reason, "stop_sequence": null});
             if finish == Finish::Refusal {
@@ -599,7 +654,8 @@ pub(crate) fn epilogue(g: &Gen, finish: Finish, k: u32, terminator: bool) -> Vec
             out.push(sse_event(
                 "message_delta",
                 &json!({"type": "message_delta", "delta": delta,
-                        "usage": {"output_tokens": k, "service_tier": served_tier(g)}}),
+                        "usage": {"output_tokens": k + g.anthropic.thinking_tokens(),
+                                  "service_tier": served_tier(g)}}),
             ));
             if terminator {
                 out.push(sse_event("message_stop", &json!({"type": "message_stop"})));
@@ -711,17 +767,22 @@ pub(crate) fn full_body(g: &Gen, finish: Finish, k: u32) -> Bytes {
                    "usage": oa_usage(g, k)})
         }
         MockKind::Anthropic => {
-            let content = match &g.req.tool {
-                None => json!([{"type": "text", "text": text}]),
+            let mut content: Vec<Value> = g
+                .anthropic
+                .thinking
+                .iter()
+                .map(|(t, s)| json!({"type": "thinking", "thinking": t, "signature": s}))
+                .collect();
+            content.push(match &g.req.tool {
+                None => json!({"type": "text", "text": text}),
                 Some(name) => {
                     let input: Value = serde_json::from_str(&args).unwrap_or_else(|_| json!({}));
-                    json!([{"type": "tool_use", "id": g.call_id(), "name": name, "input": input}])
+                    json!({"type": "tool_use", "id": g.call_id(), "name": name, "input": input})
                 }
-            };
+            });
             json!({"id": g.id(), "type": "message", "role": "assistant", "model": g.model(),
                    "content": content, "stop_reason": g.finish_str(finish), "stop_sequence": null,
-                   "usage": {"input_tokens": g.req.input_tokens, "output_tokens": k,
-                             "service_tier": served_tier(g)}})
+                   "usage": g.an_usage(k)})
         }
         MockKind::Gemini => {
             let args = format!("{}{tokens}{}", g.args.open, g.args.close);
