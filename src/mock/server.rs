@@ -43,6 +43,7 @@ const LOGGED_HEADERS: &[&str] = &[
     "x-request-id",
     "idempotency-key",
     "x-stainless-retry-count",
+    "anthropic-beta",
 ];
 
 /// Settings changeable at run time via `PUT /_mock/config`.
