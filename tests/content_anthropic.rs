@@ -175,7 +175,7 @@ async fn cost_usd_prices_cache_writes_and_reads_by_anthropics_multipliers() {
         .await
         .unwrap()
         .into_inner();
-    let u = first.usage.clone().unwrap();
+    let u = first.usage.unwrap();
     let got = |u: &proto::Usage| {
         (
             u.input_tokens,
@@ -191,7 +191,7 @@ async fn cost_usd_prices_cache_writes_and_reads_by_anthropics_multipliers() {
 
     let second = stream(&mut client, cached_request(40_000, "Second?")).await;
     let f = second.finished.unwrap();
-    let v = f.usage.clone().unwrap();
+    let v = f.usage.unwrap();
     assert_eq!(got(&v), (2, 0, 10_006, 16));
     // By hand: (2 x $3 + 10,006 x $0.30 + 16 x $15) / 1e6.
     assert!((f.cost_usd - 0.003_247_8).abs() < 1e-9, "{f:?}");
