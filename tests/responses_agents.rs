@@ -4,7 +4,8 @@
 //! - the OpenAI Agents SDK (`openai-agents`, examples/openai_sdk/test_agents.py):
 //!   one `Agent` with one function tool on the SDK's default model and
 //!   model class (`OpenAIResponsesModel`), with `Runner.run_sync` and
-//!   `Runner.run_streamed`;
+//!   `Runner.run_streamed`, and on the door's stored conversation
+//!   (`auto_previous_response_id`, then a next turn by `previous_response_id`);
 //! - the Codex CLI (`codex exec`, examples/codex): a shell command run
 //!   through Codex's `exec_command` function tool on a configured model,
 //!   and through its code-mode `exec` custom tool, offered inside an
@@ -96,7 +97,7 @@ async fn the_agents_sdk_runs_an_agent_with_a_function_tool_through_the_door() {
         sy.logs()
     );
     assert!(stdout.contains("default model: gpt-5.6-luna"), "{stdout}");
-    assert_eq!(stdout.matches("PASS check_").count(), 2, "{stdout}");
+    assert_eq!(stdout.matches("PASS check_").count(), 3, "{stdout}");
 }
 
 /// The pinned Codex CLI from `npm ci --prefix examples/codex`, or why not.

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """The OpenAI Agents SDK (`openai-agents`) against Switchyard's Responses
 door: one `Agent` with one function tool, run with `Runner.run_sync` and
-with `Runner.run_streamed`, on the SDK's default model class
+with `Runner.run_streamed`, and continued on the door's stored
+conversation (`auto_previous_response_id`, `previous_response_id`), on the
+SDK's default model class
 (`OpenAIResponsesModel`, `POST /v1/responses`) and its default model name
-(the route is named after it). Run by tests/agents_sdk.rs against the real
+(the route is named after it). Run by tests/responses_agents.rs against the real
 binary and a `switchyard mock-upstream`, which is scripted to call the tool
 and to answer with text once the tool's result comes back; every check also
 reads what reached the upstream.
@@ -118,7 +120,41 @@ def check_run_streamed_with_a_function_tool(primary):
     assert_the_upstream_saw_the_round_trip(primary)
 
 
-CHECKS = [check_run_sync_with_a_function_tool, check_run_streamed_with_a_function_tool]
+def check_server_side_conversation(primary):
+    # auto_previous_response_id: the second model call sends only the tool's
+    # result with `previous_response_id`; the door's stored conversation
+    # fills in the rest, so the upstream sees the same whole history.
+    script_the_tool_call(primary)
+    result = Runner.run_sync(
+        agent(), "What is the weather in Paris?", auto_previous_response_id=True
+    )
+    assert CALLS == ["Paris"], CALLS
+    assert result.final_output == EXPECTED, result.final_output
+    assert_the_upstream_saw_the_round_trip(primary)
+    # And a next turn continues from the last response by its id alone.
+    before = len(primary.requests())
+    again = Runner.run_sync(
+        agent(), "And tomorrow?", previous_response_id=result.last_response_id
+    )
+    assert again.final_output == EXPECTED, again.final_output
+    assert CALLS == ["Paris", "Paris"], CALLS
+    msgs = primary.requests()[before]["body"]["messages"]
+    assert msgs[3] == {
+        "role": "tool",
+        "tool_call_id": msgs[2]["tool_calls"][0]["id"],
+        "content": "sunny in Paris",
+    }, msgs
+    assert msgs[4:] == [
+        {"role": "assistant", "content": EXPECTED},
+        {"role": "user", "content": "And tomorrow?"},
+    ], msgs
+
+
+CHECKS = [
+    check_run_sync_with_a_function_tool,
+    check_run_streamed_with_a_function_tool,
+    check_server_side_conversation,
+]
 
 
 def main():
