@@ -3,7 +3,8 @@
 //! `token_uri` (a mock that verifies the signature with the fixture's public
 //! key), the token cached for every request, Anthropic's SSE from
 //! `:streamRawPredict`, Google's error JSON classified, and the chain
-//! Claude API -> Bedrock -> Vertex failing over host by host.
+//! Claude API -> Bedrock -> Vertex failing over host by host; prompt-cache
+//! markers reaching each of the three hosts whole.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -186,4 +187,110 @@ async fn an_upstream_error_echoing_the_vertex_token_never_reaches_the_caller_or_
     assert!(!everything.contains("ya29.mock-1"), "{everything}");
     assert_eq!(grants(&g).await, 1);
     assert!(!sy.logs().contains("ya29."), "{}", sy.logs());
+}
+
+/// Prompt-cache markers on the system prompt, a tool and a content block
+/// (one with the 1h TTL) reach the same model on each of its three hosts
+/// as Anthropic wrote them: the Claude API, Bedrock and Vertex all honour
+/// `cache_control`, so nothing is dropped.
+#[tokio::test]
+async fn cache_markers_reach_the_claude_api_bedrock_and_vertex_whole() {
+    let claude = Mock::start("anthropic", &[]).await;
+    let bedrock = Mock::start("anthropic", &[]).await;
+    let g = vertex_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let sa = service_account(dir.path(), &g);
+    let bedrock_model = "anthropic.claude-sonnet-4-5-20250929-v1:0";
+    let targets = [
+        "claude/claude-sonnet-4-5".to_string(),
+        format!("bedrock/{bedrock_model}"),
+        format!("vertex/{MODEL}"),
+    ];
+    let config = format!(
+        "[server]\nhttp_listen = \"127.0.0.1:0\"\n{}{}{}{}",
+        provider(
+            "claude",
+            "anthropic",
+            &claude.base_url(),
+            "claude-sonnet-4-5"
+        ),
+        provider(
+            "bedrock",
+            "bedrock_anthropic",
+            &format!("http://{}", bedrock.addr),
+            bedrock_model
+        )
+        .replace(
+            "first_token_timeout",
+            "region = \"us-east-1\"\nfirst_token_timeout"
+        ),
+        vertex_provider(&g),
+        route(
+            "chat",
+            &targets.iter().map(String::as_str).collect::<Vec<_>>()
+        )
+    );
+    let sy = Switchyard::start_with(
+        &config,
+        &[
+            ("SY_VERTEX_SA", &sa),
+            ("AWS_ACCESS_KEY_ID", "AKIDSWITCHYARDTEST01"),
+            (
+                "AWS_SECRET_ACCESS_KEY",
+                "wJalrXUtnFEMI/K7MDENG+bPxRfiCYSWITCHYARDKEY",
+            ),
+        ],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    for (target, mock) in targets.iter().zip([&claude, &bedrock, &g]) {
+        let r = http
+            .post(format!("{}/v1/messages", sy.http_url()))
+            .header("anthropic-version", "2023-06-01")
+            .json(&json!({
+                "model": format!("chat@{target}"),
+                "max_tokens": 64,
+                "system": [{"type": "text", "text": "You are terse.",
+                            "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+                "tools": [{"name": "lookup", "description": "Look up a word",
+                           "input_schema": {"type": "object", "properties": {}},
+                           "cache_control": {"type": "ephemeral"}}],
+                "messages": [{"role": "user", "content": [
+                    {"type": "text", "text": "A long shared prefix.",
+                     "cache_control": {"type": "ephemeral"}},
+                    {"type": "text", "text": "The question."}]}],
+            }))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let dropped = r
+            .headers()
+            .get("x-switchyard-dropped")
+            .map(|v| v.to_str().unwrap().to_string());
+        let served = r.headers()["x-switchyard-served-by"].clone();
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(status, 200, "{target}: {body}\n{}", sy.logs());
+        assert_eq!(served, target.as_str());
+        assert_eq!(dropped, None, "{target}: nothing is dropped");
+        let log = mock.requests().await;
+        let sent = &log.last().unwrap()["body"];
+        assert_eq!(
+            sent["system"][0]["cache_control"],
+            json!({"type": "ephemeral", "ttl": "1h"}),
+            "{target}: {sent}"
+        );
+        assert_eq!(
+            sent["tools"][0]["cache_control"],
+            json!({"type": "ephemeral"}),
+            "{target}: {sent}"
+        );
+        let blocks = &sent["messages"][0]["content"];
+        assert_eq!(
+            blocks[0]["cache_control"],
+            json!({"type": "ephemeral"}),
+            "{target}: {sent}"
+        );
+        assert!(blocks[1].get("cache_control").is_none(), "{target}: {sent}");
+    }
 }
