@@ -1,9 +1,9 @@
 //! Structured-output clients through the real binary, answered by mocks that
 //! honour the schema: LangChain's `ChatOpenAI.with_structured_output(...,
 //! method="json_schema")` and `ChatAnthropic.with_structured_output` (a forced
-//! tool), and the Vercel AI SDK's `generateObject` on the openai provider
-//! (Chat Completions and the Responses API) and the anthropic provider (its
-//! JSON tool). Each returns a parsed object; the scripts in
+//! tool, and `output_config.format`), and the Vercel AI SDK's `generateObject`
+//! on the openai provider (Chat Completions and the Responses API) and the
+//! anthropic provider (its JSON tool, and `output_config.format`). Each returns a parsed object; the scripts in
 //! examples/structured_output also assert on what the mocks received.
 //! Needs `pip install -r examples/structured_output/requirements.txt` and
 //! `npm ci --prefix examples/structured_output`; skipped loudly without them,
@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use common::*;
 
 /// An OpenAI-shaped `primary` whose model takes JSON Schemas (route
-/// `schema_openai`) and an Anthropic-shaped `secondary` (route
+/// `schema_openai`) and an Anthropic-shaped `secondary`, likewise (route
 /// `schema_anthropic`), with the HTTP doors on.
 async fn rig() -> Rig {
     let primary = Mock::start("openai", &[]).await;
@@ -31,7 +31,8 @@ async fn rig() -> Rig {
             "anthropic",
             &secondary.base_url(),
             "claude-sonnet-4-5"
-        ),
+        )
+        .replace(r#""json"]"#, r#""json", "json_schema"]"#),
         route("schema_openai", &["oa/gpt-4o-mini"]),
         route("schema_anthropic", &["an/claude-sonnet-4-5"]),
     );
@@ -57,7 +58,7 @@ async fn langchain_structured_output_returns_parsed_objects_on_both_doors() {
         "examples/structured_output/test_langchain.py",
         &rig.http_url(),
         &rig,
-        2,
+        3,
     )
     .await;
 }
@@ -106,5 +107,5 @@ async fn ai_sdk_generate_object_returns_parsed_objects_on_both_providers() {
         "test_ai_sdk.mjs failed:\n{stdout}\n{stderr}\nswitchyard logs:\n{}",
         rig.sy.logs()
     );
-    assert_eq!(stdout.matches("PASS ").count(), 3, "{stdout}");
+    assert_eq!(stdout.matches("PASS ").count(), 4, "{stdout}");
 }

@@ -10,7 +10,8 @@
 //
 // - openai.chat(...): Chat Completions `response_format` json_schema.
 // - openai(...): the Responses API (the provider's default), `text.format`.
-// - anthropic(...) with structuredOutputMode "jsonTool": one tool `json`, forced.
+// - anthropic(...) with structuredOutputMode "jsonTool": one tool `json`, forced;
+//   and with "outputFormat", `output_config.format`.
 // Prints one PASS/FAIL line per check; exits 1 if any check failed.
 import { createAnthropic } from '@ai-sdk/anthropic';
 import { createOpenAI } from '@ai-sdk/openai';
@@ -44,11 +45,11 @@ async function takeLog(mock) {
   return log;
 }
 
-function assertPerson(p) {
+function assertPerson(p, age = 18) {
   // The mock's instance of the schema: the tokens in the first plain string,
   // the lowest allowed integer, the first enum value.
   assert.ok(p.name.startsWith('tok0 tok1 '), JSON.stringify(p));
-  assert.equal(p.age, 18);
+  assert.equal(p.age, age);
   assert.equal(p.role, 'admin');
 }
 
@@ -92,8 +93,25 @@ async function anthropicJsonTool() {
   assert.equal(log[0].body.tools[0].input_schema.properties.age.minimum, 18);
 }
 
+async function anthropicOutputFormat() {
+  // output_config.format (the provider's default for the Claude models it
+  // knows; a route name is not one). It moves bounds into the description, so
+  // this schema has none (the mock answers 0).
+  const Loose = z.object({ name: z.string(), age: z.number().int(), role: z.enum(['admin', 'user']) });
+  const { object } = await generateObject({
+    model: anthropic('schema_anthropic'), schema: Loose, prompt: PROMPT, maxRetries: 0,
+    maxOutputTokens: 1024,
+    providerOptions: { anthropic: { structuredOutputMode: 'outputFormat' } },
+  });
+  assertPerson(object, 0);
+  const log = await takeLog(args.secondary);
+  assert.equal(log.length, 1);
+  assert.equal(log[0].body.output_config.format.type, 'json_schema');
+  assert.equal(log[0].body.tools, undefined);
+}
+
 let failed = 0;
-const checks = [chatCompletions, responsesApi, anthropicJsonTool];
+const checks = [chatCompletions, responsesApi, anthropicJsonTool, anthropicOutputFormat];
 for (const check of checks) {
   try {
     await check();

@@ -12,7 +12,7 @@ goes to an OpenAI-shaped mock (with the `json_schema` capability) and route
 - `ChatOpenAI(...).with_structured_output(Person, method="json_schema")`:
   Chat Completions `response_format` json_schema (strict, named Person).
 - `ChatAnthropic(...).with_structured_output(Person)`: its default, a forced
-  tool named Person.
+  tool named Person; with `method="json_schema"`, `output_config.format`.
 
 Prints one PASS/FAIL line per check; exits 1 if any check failed.
 """
@@ -41,15 +41,23 @@ class Person(BaseModel):
     role: Literal["admin", "user"]
 
 
+class LoosePerson(BaseModel):
+    """A person (no numeric bounds: Anthropic's output_config.format takes none)."""
+
+    name: str = Field(description="Full name")
+    age: int = Field(description="Age in years")
+    role: Literal["admin", "user"]
+
+
 PROMPT = "Who is the admin? Answer with the person."
 
 
-def assert_person(p):
-    assert isinstance(p, Person), repr(p)
+def assert_person(p, cls=Person, age=18):
+    assert isinstance(p, cls), repr(p)
     # The mock's instance of the schema: the tokens in the first plain
     # string, the lowest allowed number, the first enum value.
     assert p.name.startswith("tok0 tok1 "), p
-    assert p.age == 18, p
+    assert p.age == age, p
     assert p.role == "admin", p
 
 
@@ -98,12 +106,38 @@ def check_chat_anthropic_tool(args, primary, secondary):
     ], body["tools"][0]
 
 
+def check_chat_anthropic_json_schema(args, primary, secondary):
+    secondary.clear()
+    llm = ChatAnthropic(
+        model="schema_anthropic",
+        base_url=args.base_url,
+        api_key=args.api_key,
+        max_tokens=1024,
+        max_retries=0,
+    )
+    person = llm.with_structured_output(LoosePerson, method="json_schema").invoke(
+        PROMPT
+    )
+    assert_person(person, LoosePerson, 0)
+    log = secondary.requests()
+    assert len(log) == 1, log
+    body = log[0]["body"]
+    fmt = body["output_config"]["format"]
+    assert fmt["type"] == "json_schema", fmt
+    assert fmt["schema"]["properties"]["role"]["enum"] == ["admin", "user"], fmt
+    assert "tools" not in body, body
+
+
 def main():
     args = arguments(
         __doc__.splitlines()[0],
         "Switchyard's HTTP door, without /v1 (http://HOST:PORT)",
     )
-    checks = [check_chat_openai_json_schema, check_chat_anthropic_tool]
+    checks = [
+        check_chat_openai_json_schema,
+        check_chat_anthropic_tool,
+        check_chat_anthropic_json_schema,
+    ]
     return run_checks(checks, args, args)
 
 

@@ -3,8 +3,8 @@
 //! `POST /v1/chat/completions` and `POST /v1/messages` (deterministic text:
 //! token `i` is `"tok{i} "`), logs every request, and injects faults on demand.
 //! With OpenAI's `response_format: {"type":"json_object"}` the answer is the
-//! JSON object `{"answer":"tok0 tok1 ..."}`; with `json_schema` it is an
-//! instance of the schema, and a tool whose parameters name properties gets
+//! JSON object `{"answer":"tok0 tok1 ..."}`; with `json_schema` (or Anthropic's
+//! `output_config.format`) it is an instance of the schema, and a tool whose parameters name properties gets
 //! arguments shaped by them (`schema.rs`). OpenAI `reasoning_effort`
 //! answers with `reasoning_content` first, and a repeated long prompt reports
 //! `cached_tokens` as OpenAI's automatic prompt cache would (`openai_cache.rs`).

@@ -32,8 +32,8 @@ pub(crate) struct Parsed {
     pub json_object: bool,
     /// Gemini `includeThoughts`: the answer opens with a thought.
     pub thoughts: bool,
-    /// OpenAI `response_format: {"type": "json_schema"}`: the answer is JSON
-    /// valid against this schema.
+    /// OpenAI `response_format: {"type": "json_schema"}` or Anthropic
+    /// `output_config.format`: the answer is JSON valid against this schema.
     pub schema: Option<Value>,
     /// The called tool's parameter schema (the forced tool's, else the
     /// first's): arguments valid against it when it names properties.
@@ -89,11 +89,22 @@ impl Parsed {
         let format = body
             .pointer("/response_format/type")
             .and_then(Value::as_str);
-        let schema = (dialect == MockKind::Openai && format == Some("json_schema")).then(|| {
-            body.pointer("/response_format/json_schema/schema")
-                .cloned()
-                .unwrap_or_else(|| json!({"type": "object"}))
-        });
+        // OpenAI `response_format`, Anthropic `output_config.format`.
+        let (schema_type, schema_at) = match dialect {
+            MockKind::Openai => (
+                "/response_format/type",
+                "/response_format/json_schema/schema",
+            ),
+            MockKind::Anthropic | MockKind::Gemini => {
+                ("/output_config/format/type", "/output_config/format/schema")
+            }
+        };
+        let schema = (body.pointer(schema_type).and_then(Value::as_str) == Some("json_schema"))
+            .then(|| {
+                body.pointer(schema_at)
+                    .cloned()
+                    .unwrap_or_else(|| json!({"type": "object"}))
+            });
         let prompt = body
             .get("messages")
             .map(Value::to_string)
@@ -293,11 +304,13 @@ impl Gen {
     }
 
     /// The answer is a JSON object (OpenAI or Gemini JSON mode, an OpenAI
-    /// schema; no tool call).
+    /// or Anthropic schema; no tool call).
     fn json(&self) -> bool {
-        (self.req.json_object || self.req.schema.is_some())
-            && self.req.tool.is_none()
-            && self.dialect != MockKind::Anthropic
+        let asked = match self.dialect {
+            MockKind::Anthropic => self.req.schema.is_some(),
+            _ => self.req.json_object || self.req.schema.is_some(),
+        };
+        asked && self.req.tool.is_none()
     }
 
     /// Whether the tokens go into the answer: not when its JSON has no slot.
@@ -641,6 +654,20 @@ pub(crate) fn epilogue(g: &Gen, finish: Finish, k: u32, terminator: bool) -> Vec
         MockKind::Anthropic => {
             if finish == Finish::Tool && !g.args.close.is_empty() {
                 out.push(an_args(g, &g.args.close));
+            }
+            if g.json() && finish != Finish::Refusal {
+                let close = if k == 0 {
+                    format!("{}{}", g.json.open, g.json.close)
+                } else {
+                    g.json.close.clone()
+                };
+                if !close.is_empty() {
+                    out.push(sse_event(
+                        "content_block_delta",
+                        &json!({"type": "content_block_delta", "index": g.block_index(),
+                                "delta": {"type": "text_delta", "text": close}}),
+                    ));
+                }
             }
             out.push(sse_event(
                 "content_block_stop",
