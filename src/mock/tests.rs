@@ -637,6 +637,54 @@ async fn control_endpoints() {
 }
 
 #[tokio::test]
+async fn schemas_are_answered_with_an_instance_streamed_and_whole_on_both_wires() {
+    let h = mock(3).await;
+    let schema = json!({"type": "object", "properties": {
+        "name": {"type": "string"}, "age": {"type": "integer", "minimum": 18}}});
+    let want = json!({"name": text_of(3), "age": 18});
+    let mut oa = oa_body(true);
+    oa["response_format"] = json!({"type": "json_schema",
+        "json_schema": {"name": "p", "schema": schema.clone()}});
+    let mut an = an_body(true);
+    an["output_config"] = json!({"format": {"type": "json_schema", "schema": schema}});
+    let oa_text: String = data_lines(
+        &post(&h, "/chat/completions", &oa)
+            .await
+            .text()
+            .await
+            .unwrap(),
+    )
+    .iter()
+    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    .filter_map(|v| {
+        v.pointer("/choices/0/delta/content")?
+            .as_str()
+            .map(str::to_owned)
+    })
+    .collect();
+    assert_eq!(serde_json::from_str::<Value>(&oa_text).unwrap(), want);
+    let an_text: String = data_lines(&post(&h, "/messages", &an).await.text().await.unwrap())
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v.pointer("/delta/text")?.as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(serde_json::from_str::<Value>(&an_text).unwrap(), want);
+    oa["stream"] = json!(false);
+    an["stream"] = json!(false);
+    let whole: Value = post(&h, "/chat/completions", &oa)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let content = whole["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(serde_json::from_str::<Value>(content).unwrap(), want);
+    let whole: Value = post(&h, "/messages", &an).await.json().await.unwrap();
+    let content = whole["content"][0]["text"].as_str().unwrap();
+    assert_eq!(serde_json::from_str::<Value>(content).unwrap(), want);
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn json_mode_answers_a_json_object_and_off_schema_changes_its_key() {
     let h = mock(3).await;
     let mut body = oa_body(true);
