@@ -191,21 +191,15 @@ fn boundaries(body: &Value) -> Vec<Boundary> {
     if let Some(tools) = body.get("tools").and_then(Value::as_array) {
         blocks.extend(tools);
     }
-    match body.get("system") {
-        Some(Value::Array(system)) => blocks.extend(system),
-        Some(s @ Value::String(_)) => blocks.push(s),
-        _ => {}
-    }
-    for m in body
-        .get("messages")
-        .and_then(Value::as_array)
+    let messages = body.get("messages").and_then(Value::as_array);
+    let contents = messages
         .into_iter()
         .flatten()
-    {
-        match m.get("content") {
-            Some(Value::Array(content)) => blocks.extend(content),
-            Some(c) => blocks.push(c),
-            None => {}
+        .filter_map(|m| m.get("content"));
+    for c in body.get("system").into_iter().chain(contents) {
+        match c {
+            Value::Array(list) => blocks.extend(list),
+            other => blocks.push(other),
         }
     }
     let mut hasher = DefaultHasher::new();
@@ -219,7 +213,14 @@ fn boundaries(body: &Value) -> Vec<Boundary> {
                 .as_object_mut()
                 .and_then(|o| o.remove("cache_control"));
             let text = content.to_string();
-            text.hash(&mut hasher);
+            // String content is one text block, as Anthropic reads it: a
+            // turn sent marked (as a block) and later unmarked (as a
+            // string) is the same prefix. Counted as sent.
+            match &content {
+                Value::String(s) => json!({"type": "text", "text": s}).to_string(),
+                _ => text.clone(),
+            }
+            .hash(&mut hasher);
             bytes += text.len();
             Boundary {
                 hash: hasher.finish(),
@@ -342,6 +343,26 @@ mod tests {
         assert_eq!(c.serve(&short, 2, 1).unwrap().cache_read, 0);
         let plain = json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}]});
         assert_eq!(c.serve(&plain, 3, 2).unwrap(), Extras::default());
+    }
+
+    #[test]
+    fn a_turn_sent_marked_as_a_block_then_as_a_string_is_the_same_prefix() {
+        let mut c = PromptCache::default();
+        let long = "u".repeat(LONG);
+        let marked =
+            json!([{"type": "text", "text": &long, "cache_control": {"type": "ephemeral"}}]);
+        let first = json!({"model": "claude", "messages": [{"role": "user", "content": marked}]});
+        let written = c.serve(&first, 1, 0).unwrap().cache_write;
+        // Switchyard sends an unmarked one-text turn as a string.
+        let next = json!({"model": "claude", "messages": [
+            {"role": "user", "content": &long},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": [{"type": "text", "text": "more",
+                                          "cache_control": {"type": "ephemeral"}}]},
+        ]});
+        let second = c.serve(&next, 2, 1000).unwrap();
+        assert!(second.cache_read > 0, "{second:?}");
+        assert!(second.cache_read <= written, "{second:?} {written}");
     }
 
     #[test]

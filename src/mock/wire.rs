@@ -105,10 +105,13 @@ impl Parsed {
                     .cloned()
                     .unwrap_or_else(|| json!({"type": "object"}))
             });
-        let prompt = body
-            .get("messages")
+        // Anthropic bills its top-level system and tools as input too.
+        let prompt: String = ["messages", "system", "tools"]
+            .iter()
+            .filter(|k| **k == "messages" || dialect == MockKind::Anthropic)
+            .filter_map(|k| body.get(*k))
             .map(Value::to_string)
-            .unwrap_or_default();
+            .collect();
         Parsed {
             model: body.get("model").and_then(Value::as_str).map(str::to_owned),
             stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
@@ -947,5 +950,24 @@ pub(crate) fn bad_json(dialect: MockKind, request_id: &str) -> (u16, Value) {
 impl Gen {
     pub(crate) fn model_name(&self) -> &str {
         self.model()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anthropic_input_counts_the_system_prompt_and_tools() {
+        let messages = json!([{"role": "user", "content": "hi"}]);
+        let plain = json!({"messages": messages});
+        let with = json!({"messages": messages, "system": "s".repeat(4000),
+                          "tools": [{"name": "t", "input_schema": {}}]});
+        let tokens = |kind, body: &Value| Parsed::from_body(kind, body).input_tokens;
+        let base = tokens(MockKind::Anthropic, &plain);
+        assert!(tokens(MockKind::Anthropic, &with) > base + 1000);
+        // OpenAI's system turn is a message; other top-level fields are not input.
+        assert_eq!(tokens(MockKind::Openai, &with), base);
     }
 }

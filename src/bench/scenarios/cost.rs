@@ -4,7 +4,10 @@
 //! side by side on the same mocks: the primary alone, static primary then
 //! secondary, Switchyard with its exact cache, Switchyard with its semantic
 //! cache. The primary fails every request in the middle of three phases.
+//! Then an agent workload ([`agent`]): prompt-cache affinity against the
+//! route's spread and against dropped cache markers.
 
+mod agent;
 mod mix;
 
 use std::sync::Arc;
@@ -232,9 +235,16 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         .iter()
         .map(|c| Summary::of(c, phase_s, if c.id == "semantic" { embed_usd } else { 0.0 }))
         .collect();
+    let agent = agent::run(ctx, agent::Shape::new(ctx)).await?;
     res.checks = checks(&plan, &clients, &sums, &logs);
+    res.checks.extend(agent.checks());
     res.targets.push(cost_order(ctx, &sums));
-    res.markdown = markdown(&plan, &clients, &sums, &logs);
+    res.targets.push(agent.target(ctx));
+    res.markdown = format!(
+        "{}\n\n{}",
+        markdown(&plan, &clients, &sums, &logs),
+        agent.markdown()
+    );
     res.data = json!({
         "phase_s": phase_s, "rate_per_client": plan.rate, "tasks": plan.tasks.len(),
         "seed": SEED,
@@ -250,6 +260,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "mock_chat_calls": logs.chat_calls, "mock_probes": logs.probes,
         "embedding_calls": logs.embed_calls, "embedding_tokens": logs.embed_tokens,
         "embedding_cost_usd": embed_usd, "fault_changes": logs.flips,
+        "agent": agent.json(),
     });
     Ok(res)
 }
