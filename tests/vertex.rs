@@ -88,58 +88,92 @@ async fn vertex_streams_with_one_cached_oauth_token() {
     assert!(!sy.logs().contains("PRIVATE KEY") && !sy.logs().contains("ya29."));
 }
 
-#[tokio::test]
-async fn the_same_model_fails_over_from_claude_api_to_bedrock_to_vertex() {
-    let claude = Mock::start("anthropic", &[]).await;
-    let bedrock = Mock::start("anthropic", &[]).await;
-    let g = vertex_mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let sa = service_account(dir.path(), &g);
-    let bedrock_model = "anthropic.claude-sonnet-4-5-20250929-v1:0";
-    let config = format!(
-        "{}{}{}{}",
-        provider(
-            "claude",
-            "anthropic",
-            &claude.base_url(),
-            "claude-sonnet-4-5"
-        ),
-        provider(
-            "bedrock",
-            "bedrock_anthropic",
-            &format!("http://{}", bedrock.addr),
-            bedrock_model
+/// The same model on its three hosts, one mock each, behind route `chat`
+/// in the order Claude API, Bedrock, Vertex (with `route_head` lines such as
+/// `max_attempts`), and the HTTP doors open.
+struct ThreeHosts {
+    claude: Mock,
+    bedrock: Mock,
+    vertex: Mock,
+    targets: [String; 3],
+    sy: Switchyard,
+    _dir: tempfile::TempDir,
+}
+
+impl ThreeHosts {
+    async fn start(route_head: &str) -> ThreeHosts {
+        let claude = Mock::start("anthropic", &[]).await;
+        let bedrock = Mock::start("anthropic", &[]).await;
+        let vertex = vertex_mock().await;
+        let dir = tempfile::tempdir().unwrap();
+        let sa = service_account(dir.path(), &vertex);
+        let bedrock_model = "anthropic.claude-sonnet-4-5-20250929-v1:0";
+        let targets = [
+            "claude/claude-sonnet-4-5".to_string(),
+            format!("bedrock/{bedrock_model}"),
+            format!("vertex/{MODEL}"),
+        ];
+        let config = format!(
+            "[server]\nhttp_listen = \"127.0.0.1:0\"\n{}{}{}{}",
+            provider(
+                "claude",
+                "anthropic",
+                &claude.base_url(),
+                "claude-sonnet-4-5"
+            ),
+            provider(
+                "bedrock",
+                "bedrock_anthropic",
+                &format!("http://{}", bedrock.addr),
+                bedrock_model
+            )
+            .replace(
+                "first_token_timeout",
+                "region = \"us-east-1\"\nfirst_token_timeout"
+            ),
+            vertex_provider(&vertex),
+            route(
+                "chat",
+                &targets.iter().map(String::as_str).collect::<Vec<_>>()
+            )
         )
         .replace(
-            "first_token_timeout",
-            "region = \"us-east-1\"\nfirst_token_timeout"
-        ),
-        vertex_provider(&g),
-        route(
-            "chat",
+            "\n[[routes]]\nname = \"chat\"\n",
+            &format!("\n[[routes]]\nname = \"chat\"\n{route_head}"),
+        );
+        let sy = Switchyard::start_with(
+            &config,
             &[
-                "claude/claude-sonnet-4-5",
-                &format!("bedrock/{bedrock_model}"),
-                &format!("vertex/{MODEL}")
-            ]
+                ("SY_VERTEX_SA", &sa),
+                ("AWS_ACCESS_KEY_ID", "AKIDSWITCHYARDTEST01"),
+                (
+                    "AWS_SECRET_ACCESS_KEY",
+                    "wJalrXUtnFEMI/K7MDENG+bPxRfiCYSWITCHYARDKEY",
+                ),
+            ],
         )
-    )
-    .replace(
-        "\n[[routes]]\nname = \"chat\"\n",
-        "\n[[routes]]\nname = \"chat\"\nmax_attempts = 3\n",
-    );
-    let sy = Switchyard::start_with(
-        &config,
-        &[
-            ("SY_VERTEX_SA", &sa),
-            ("AWS_ACCESS_KEY_ID", "AKIDSWITCHYARDTEST01"),
-            (
-                "AWS_SECRET_ACCESS_KEY",
-                "wJalrXUtnFEMI/K7MDENG+bPxRfiCYSWITCHYARDKEY",
-            ),
-        ],
-    )
-    .await;
+        .await;
+        ThreeHosts {
+            claude,
+            bedrock,
+            vertex,
+            targets,
+            sy,
+            _dir: dir,
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_same_model_fails_over_from_claude_api_to_bedrock_to_vertex() {
+    let ThreeHosts {
+        claude,
+        bedrock,
+        vertex: g,
+        sy,
+        _dir,
+        ..
+    } = ThreeHosts::start("max_attempts = 3\n").await;
     // The Claude API is overloaded (529), Bedrock throttles (429).
     claude
         .set_fault(json!({"type": "status", "status": 529}))
@@ -195,55 +229,13 @@ async fn an_upstream_error_echoing_the_vertex_token_never_reaches_the_caller_or_
 /// `cache_control`, so nothing is dropped.
 #[tokio::test]
 async fn cache_markers_reach_the_claude_api_bedrock_and_vertex_whole() {
-    let claude = Mock::start("anthropic", &[]).await;
-    let bedrock = Mock::start("anthropic", &[]).await;
-    let g = vertex_mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let sa = service_account(dir.path(), &g);
-    let bedrock_model = "anthropic.claude-sonnet-4-5-20250929-v1:0";
-    let targets = [
-        "claude/claude-sonnet-4-5".to_string(),
-        format!("bedrock/{bedrock_model}"),
-        format!("vertex/{MODEL}"),
-    ];
-    let config = format!(
-        "[server]\nhttp_listen = \"127.0.0.1:0\"\n{}{}{}{}",
-        provider(
-            "claude",
-            "anthropic",
-            &claude.base_url(),
-            "claude-sonnet-4-5"
-        ),
-        provider(
-            "bedrock",
-            "bedrock_anthropic",
-            &format!("http://{}", bedrock.addr),
-            bedrock_model
-        )
-        .replace(
-            "first_token_timeout",
-            "region = \"us-east-1\"\nfirst_token_timeout"
-        ),
-        vertex_provider(&g),
-        route(
-            "chat",
-            &targets.iter().map(String::as_str).collect::<Vec<_>>()
-        )
-    );
-    let sy = Switchyard::start_with(
-        &config,
-        &[
-            ("SY_VERTEX_SA", &sa),
-            ("AWS_ACCESS_KEY_ID", "AKIDSWITCHYARDTEST01"),
-            (
-                "AWS_SECRET_ACCESS_KEY",
-                "wJalrXUtnFEMI/K7MDENG+bPxRfiCYSWITCHYARDKEY",
-            ),
-        ],
-    )
-    .await;
+    let hosts = ThreeHosts::start("").await;
+    let (targets, sy) = (&hosts.targets, &hosts.sy);
     let http = reqwest::Client::new();
-    for (target, mock) in targets.iter().zip([&claude, &bedrock, &g]) {
+    for (target, mock) in targets
+        .iter()
+        .zip([&hosts.claude, &hosts.bedrock, &hosts.vertex])
+    {
         let r = http
             .post(format!("{}/v1/messages", sy.http_url()))
             .header("anthropic-version", "2023-06-01")
