@@ -266,6 +266,27 @@ async fn admin_force_open_moves_traffic_and_clear_brings_it_back() {
         .await
         .unwrap_err();
     assert_eq!(bad.code(), Code::NotFound);
+    // The Admin API's refusals come with ErrorInfo, like every request's.
+    assert_eq!(reason(&bad), "UNKNOWN_PROVIDER");
+    assert_eq!(error_meta(&bad, "provider").as_deref(), Some("nope"));
+    let bad = admin
+        .set_breaker(authed(proto::SetBreakerRequest {
+            provider: "primary".into(),
+            model: "gpt".into(),
+            action: BreakerAction::ForceOpen as i32,
+            reason: " ".into(),
+            duration_ms: 0,
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (bad.code(), reason(&bad), error_meta(&bad, "field")),
+        (
+            Code::InvalidArgument,
+            "INVALID_ARGUMENT".to_string(),
+            Some("reason".to_string())
+        )
+    );
 
     let (code, body) = sy.admin_get("/v1/status").await;
     assert_eq!(code, 200);

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::auth::Authenticator;
+use super::status::{admin_status, AdminError};
 use crate::actors::provider::{BreakerOverride, ProviderMsg};
 use crate::actors::registry::Registry;
 use crate::actors::router::{RouteStatus, RouterMsg};
@@ -184,9 +185,7 @@ impl AdminAccess {
         match self {
             AdminAccess::Token(auth) => auth.check(request),
             AdminAccess::Open => Ok(request),
-            AdminAccess::Disabled => Err(Status::permission_denied(
-                "the admin API is disabled: set admin.token_env to enable it",
-            )),
+            AdminAccess::Disabled => Err(admin_status(&AdminError::Disabled)),
         }
     }
 }
@@ -230,19 +229,22 @@ impl proto::admin_server::Admin for AdminService {
             }
             Ok(proto::BreakerAction::Clear) => BreakerOverride::Clear,
             _ => {
-                return Err(Status::invalid_argument(
-                    "action: one of FORCE_OPEN, FORCE_CLOSED, CLEAR",
-                ))
+                return Err(admin_status(&AdminError::InvalidArgument {
+                    field: "action",
+                    message: "one of FORCE_OPEN, FORCE_CLOSED, CLEAR".into(),
+                }))
             }
         };
         if matches!(change, BreakerOverride::Force(_)) && r.reason.trim().is_empty() {
-            return Err(Status::invalid_argument(
-                "reason: required when forcing a breaker",
-            ));
+            return Err(admin_status(&AdminError::InvalidArgument {
+                field: "reason",
+                message: "required when forcing a breaker".into(),
+            }));
         }
-        let entry = self.registry.provider(&r.provider).ok_or_else(|| {
-            Status::not_found(format!("provider: unknown provider `{}`", r.provider))
-        })?;
+        let entry = self
+            .registry
+            .provider(&r.provider)
+            .ok_or_else(|| admin_status(&AdminError::UnknownProvider(r.provider.clone())))?;
         let answer = entry
             .actor
             .call(
@@ -258,9 +260,13 @@ impl proto::admin_server::Admin for AdminService {
         match answer {
             Ok(CallResult::Success(Ok(()))) => {}
             Ok(CallResult::Success(Err(e))) => {
-                return Err(Status::not_found(format!("model: {e}")))
+                return Err(admin_status(&AdminError::UnknownModel(e.to_string())))
             }
-            _ => return Err(Status::unavailable("provider actor did not answer")),
+            _ => {
+                return Err(admin_status(&AdminError::ProviderUnavailable(
+                    r.provider.clone(),
+                )))
+            }
         }
         let view = collect(&self.registry).await;
         let target = view
@@ -275,8 +281,15 @@ impl proto::admin_server::Admin for AdminService {
         &self,
         request: Request<proto::RecordValidationRequest>,
     ) -> Result<Response<proto::RecordValidationResponse>, Status> {
-        let record = RouteValidation::parse(&request.into_inner().record_json)
-            .map_err(Status::invalid_argument)?;
+        let record = RouteValidation::parse(&request.into_inner().record_json).map_err(|e| {
+            admin_status(&AdminError::InvalidArgument {
+                field: "record_json",
+                message: e
+                    .strip_prefix("record_json: ")
+                    .map(str::to_string)
+                    .unwrap_or(e),
+            })
+        })?;
         let known = self
             .reloader
             .config()
@@ -284,16 +297,13 @@ impl proto::admin_server::Admin for AdminService {
             .flat_map(|c| c.routes.iter())
             .any(|r| r.name == record.route);
         if !known {
-            return Err(Status::not_found(format!(
-                "route: unknown route `{}`",
-                record.route
-            )));
+            return Err(admin_status(&AdminError::UnknownRoute(record.route)));
         }
         let persisted = self
             .validations
             .record(record)
             .await
-            .map_err(|e| Status::unavailable(format!("the record file: {e}")))?;
+            .map_err(|e| admin_status(&AdminError::RecordFile(e.to_string())))?;
         Ok(Response::new(proto::RecordValidationResponse { persisted }))
     }
 

@@ -1,6 +1,6 @@
-//! The one place a [`RequestError`] becomes a gRPC status, with
-//! `google.rpc.ErrorInfo` (reason, provider, upstream request id) and
-//! `RetryInfo` when a retry time is known. Upstream auth bodies never pass:
+//! The one place a [`RequestError`] (and an [`AdminError`]) becomes a gRPC
+//! status, with `google.rpc.ErrorInfo` (reason, provider, upstream request
+//! id) and `RetryInfo` when a retry time is known. Upstream auth bodies never pass:
 //! `Failure::message` is already sanitised, and auth failures get a fixed text.
 
 use std::collections::HashMap;
@@ -27,6 +27,69 @@ pub fn to_status(err: &RequestError) -> Status {
     let mut message = err.to_string();
     truncate(&mut message, MAX_MESSAGE);
     Status::with_error_details(code, message, details)
+}
+
+/// What the Admin API refuses. Each answers with `ErrorInfo` in the same
+/// domain as a request error, so an operator's tooling decodes one table.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AdminError {
+    #[error("the admin API is disabled: set admin.token_env to enable it")]
+    Disabled,
+    /// A field of the request is missing or wrong; `field` names it.
+    #[error("{field}: {message}")]
+    InvalidArgument {
+        field: &'static str,
+        message: String,
+    },
+    #[error("provider: unknown provider `{0}`")]
+    UnknownProvider(String),
+    /// The provider does not serve this model (its own words).
+    #[error("model: {0}")]
+    UnknownModel(String),
+    #[error("route: unknown route `{0}`")]
+    UnknownRoute(String),
+    /// The provider's actor did not answer in time (restarting or stuck).
+    #[error("provider actor did not answer")]
+    ProviderUnavailable(String),
+    /// The validation record file could not be written.
+    #[error("the record file: {0}")]
+    RecordFile(String),
+}
+
+/// Maps an Admin API refusal to its status, with `ErrorInfo`.
+pub fn admin_status(err: &AdminError) -> Status {
+    let mut meta = HashMap::new();
+    let (code, reason) = match err {
+        AdminError::Disabled => (Code::PermissionDenied, "ADMIN_DISABLED"),
+        AdminError::InvalidArgument { field, .. } => {
+            meta.insert("field".to_string(), (*field).to_string());
+            (Code::InvalidArgument, "INVALID_ARGUMENT")
+        }
+        AdminError::UnknownProvider(p) => {
+            meta.insert("provider".to_string(), p.clone());
+            (Code::NotFound, "UNKNOWN_PROVIDER")
+        }
+        AdminError::UnknownModel(_) => (Code::NotFound, "UNKNOWN_MODEL"),
+        AdminError::UnknownRoute(r) => {
+            meta.insert("route".to_string(), r.clone());
+            (Code::NotFound, "UNKNOWN_ROUTE")
+        }
+        AdminError::ProviderUnavailable(p) => {
+            meta.insert("provider".to_string(), p.clone());
+            (Code::Unavailable, "PROVIDER_UNAVAILABLE")
+        }
+        AdminError::RecordFile(_) => (Code::Unavailable, "VALIDATION_STORE_UNAVAILABLE"),
+    };
+    for value in meta.values_mut() {
+        truncate(value, MAX_META_VALUE);
+    }
+    let mut message = err.to_string();
+    truncate(&mut message, MAX_MESSAGE);
+    Status::with_error_details(
+        code,
+        message,
+        ErrorDetails::with_error_info(reason, DOMAIN, meta),
+    )
 }
 
 /// Longest `grpc-message` sent: whatever a caller or upstream put into an
@@ -287,6 +350,67 @@ mod tests {
             provider: "p".into(),
             attempts: 2,
         }
+    }
+
+    #[test]
+    fn every_admin_refusal_carries_error_info_in_the_domain() {
+        let cases = [
+            (
+                AdminError::Disabled,
+                Code::PermissionDenied,
+                "ADMIN_DISABLED",
+            ),
+            (
+                AdminError::InvalidArgument {
+                    field: "reason",
+                    message: "required when forcing a breaker".into(),
+                },
+                Code::InvalidArgument,
+                "INVALID_ARGUMENT",
+            ),
+            (
+                AdminError::UnknownProvider("nope".into()),
+                Code::NotFound,
+                "UNKNOWN_PROVIDER",
+            ),
+            (
+                AdminError::UnknownModel("no model `x`".into()),
+                Code::NotFound,
+                "UNKNOWN_MODEL",
+            ),
+            (
+                AdminError::UnknownRoute("r".into()),
+                Code::NotFound,
+                "UNKNOWN_ROUTE",
+            ),
+            (
+                AdminError::ProviderUnavailable("p".into()),
+                Code::Unavailable,
+                "PROVIDER_UNAVAILABLE",
+            ),
+            (
+                AdminError::RecordFile("disk full".into()),
+                Code::Unavailable,
+                "VALIDATION_STORE_UNAVAILABLE",
+            ),
+        ];
+        for (err, code, reason) in cases {
+            let s = admin_status(&err);
+            assert_eq!((s.code(), s.message()), (code, err.to_string().as_str()));
+            let info = s.get_details_error_info().unwrap();
+            assert_eq!(
+                (info.reason.as_str(), info.domain.as_str()),
+                (reason, DOMAIN)
+            );
+        }
+        let s = admin_status(&AdminError::InvalidArgument {
+            field: "reason",
+            message: "x".into(),
+        });
+        assert_eq!(
+            s.get_details_error_info().unwrap().metadata["field"],
+            "reason"
+        );
     }
 
     #[test]
