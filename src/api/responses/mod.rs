@@ -400,11 +400,7 @@ async fn retrieve(
 ) -> Response {
     api.answer(request, |api, tenant, request, request_id| async move {
         let (stream, after) = replay_query(&request)?;
-        let record = api
-            .load(&tenant, &id)
-            .await
-            .map_err(refused)?
-            .ok_or_else(|| refused(RequestError::ResponseNotFound(id.clone())))?;
+        let record = api.found(&tenant, &id).await?;
         if stream {
             return Ok(stream::replay(
                 api.clone(),
@@ -453,11 +449,7 @@ async fn cancel(
     request: Request,
 ) -> Response {
     api.answer(request, |api, tenant, _request, request_id| async move {
-        let record = api
-            .load(&tenant, &id)
-            .await
-            .map_err(refused)?
-            .ok_or_else(|| refused(RequestError::ResponseNotFound(id.clone())))?;
+        let record = api.found(&tenant, &id).await?;
         if !record.meta.background {
             return Err(HttpError::invalid(
                 "Only responses created with the `background` parameter set to `true` can be cancelled.".into(),
@@ -492,11 +484,7 @@ async fn input_items(
     request: Request,
 ) -> Response {
     api.answer(request, |api, tenant, request, request_id| async move {
-        let record = api
-            .load(&tenant, &id)
-            .await
-            .map_err(refused)?
-            .ok_or_else(|| refused(RequestError::ResponseNotFound(id.clone())))?;
+        let record = api.found(&tenant, &id).await?;
         let list = store::input_item_list(&record, request.uri().query())?;
         Ok(json_answer(list, &request_id))
     })

@@ -167,6 +167,15 @@ fn failed_code(reason: &str) -> &'static str {
 }
 
 impl ResponsesApi {
+    /// [`Self::load`] for a handler that answers a missing response with a
+    /// 404 in OpenAI's shape.
+    pub(super) async fn found(&self, tenant: &str, id: &str) -> Result<Record, HttpError> {
+        self.load(tenant, id)
+            .await
+            .map_err(refused)?
+            .ok_or_else(|| refused(RequestError::ResponseNotFound(id.to_string())))
+    }
+
     /// The tenant's stored response `id`, a background one settled from its
     /// job when that has ended.
     pub(super) async fn load(
