@@ -32,9 +32,8 @@ use crate::config::{Config, ConfigError};
 use crate::dispatch::Dispatcher;
 use crate::golden::store::ValidationStore;
 use crate::proto;
-use crate::queue::jobs::Jobs;
-use crate::queue::{JobStore, Limits};
 use crate::reload::{runtimes, Reloader};
+use crate::state::jobs::Jobs;
 use crate::telemetry::metrics::Metrics;
 
 /// Starting the service failed.
@@ -149,46 +148,6 @@ async fn readiness(
             }
         }
     }
-}
-
-/// Opens the job queue; runs cut short by a previous process go back to it.
-async fn open_queue(
-    q: &crate::config::QueueConfig,
-    redis: Option<&crate::state::redis::Redis>,
-) -> Result<Arc<Jobs>, StartError> {
-    let limits = Limits {
-        max_jobs: q.max_jobs,
-        max_per_tenant: q.max_jobs_per_tenant,
-        ttl: q.job_ttl,
-    };
-    if let Some(redis) = redis {
-        // Shared by the fleet: `queue.path` is unused, and a dead replica's
-        // runs come back when their lease lapses (see `Jobs::claim`).
-        let store = crate::state::assemble::redis_jobs(redis, limits);
-        tracing::info!("job queue on Redis (shared by every replica on it)");
-        return Ok(Jobs::redis(
-            store,
-            q.drain.rate,
-            crate::state::assemble::REDIS_JOB_LEASE,
-        ));
-    }
-    let path = q.path.clone();
-    let accept_empty = q.accept_empty_file;
-    let store = tokio::task::spawn_blocking(move || JobStore::open(&path, limits, accept_empty))
-        .await
-        .map_err(|e| StartError::Queue(e.to_string()))?
-        .map_err(|e| StartError::Queue(format!("{}: {e}", q.path.display())))?;
-    let jobs = Jobs::new(store, q.drain.rate, std::time::Duration::from_secs(600));
-    let requeued = jobs
-        .requeue_all_running()
-        .await
-        .map_err(|e| StartError::Queue(e.to_string()))?;
-    let (depth, _) = jobs
-        .depth()
-        .await
-        .map_err(|e| StartError::Queue(e.to_string()))?;
-    tracing::info!(path = %q.path.display(), waiting = depth, requeued, "job queue open");
-    Ok(jobs)
 }
 
 /// Starts the service, in phases: the stores and the request path, the
@@ -351,7 +310,11 @@ impl Core {
             tokio::spawn(async move { crate::state::assemble::check_persistence(&redis).await });
         }
         let jobs = match &config.queue {
-            Some(q) => Some(open_queue(q, stores.redis.as_ref()).await?),
+            Some(q) => Some(
+                crate::state::assemble::open_jobs(q, stores.redis.as_ref())
+                    .await
+                    .map_err(StartError::Queue)?,
+            ),
             None => None,
         };
         let responses = stores.responses.clone();

@@ -27,13 +27,13 @@ use crate::error::RequestError;
 use crate::policy::affinity::{self, PrefixHash, Warm};
 use crate::policy::backoff::Backoff;
 use crate::policy::next::{next, Next, Outcome, Tried, View};
-use crate::queue::jobs::{Jobs, OwnedJob};
 use crate::request::RequestSpec;
 use crate::semantic::SemanticCache;
 use crate::sink::{Event, EventSink, Finished, QueuedJob, Started, Tier};
 use crate::state::affinity::AffinityMemory;
 use crate::state::cost::{CostLedger, OnOutage, Reservation};
 use crate::state::idempotency::{Idempotency, KeyClaim};
+use crate::state::jobs::{Jobs, OwnedJob};
 use crate::telemetry::metrics::{Metrics, ServedLabels, ShedLabels, TargetSeries};
 
 /// Shared by all request tasks.
@@ -355,7 +355,7 @@ impl Dispatcher {
             })
             .await
             .map_err(|e| {
-                if let crate::queue::QueueError::Unavailable(why) = &e {
+                if let crate::state::jobs::QueueError::Unavailable(why) = &e {
                     // Never "accepted" for a job that was not stored.
                     tracing::warn!(request_id = %spec.request_id, error = %why, "shared state unavailable: the job was not stored");
                     self.metrics

@@ -205,19 +205,3 @@ impl RequestError {
         }
     }
 }
-
-impl From<crate::queue::QueueError> for RequestError {
-    fn from(e: crate::queue::QueueError) -> Self {
-        use crate::queue::QueueError;
-        match e {
-            QueueError::Full(_) | QueueError::TenantFull { .. } | QueueError::Quota(_) => {
-                RequestError::QueueFull(e.to_string())
-            }
-            QueueError::KeyReused => RequestError::IdempotencyKeyReused,
-            QueueError::Storage(_) | QueueError::NotAQueue(_) => {
-                RequestError::QueueUnavailable(e.to_string())
-            }
-            QueueError::Unavailable(e) => RequestError::StateUnavailable(e),
-        }
-    }
-}

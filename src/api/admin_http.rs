@@ -21,7 +21,7 @@ pub struct AdminState {
     /// False while no route has a target that can take traffic.
     pub routable: Arc<AtomicBool>,
     /// The job queue, when configured (depth and oldest age at scrape time).
-    pub jobs: Option<Arc<crate::queue::jobs::Jobs>>,
+    pub jobs: Option<Arc<crate::state::jobs::Jobs>>,
     pub metrics: Arc<Metrics>,
 }
 

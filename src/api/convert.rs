@@ -10,10 +10,10 @@ use crate::chat::{ChatMessage, ChatRequest, Chunk, FinishReason, PartKind, ToolC
 use crate::config::LimitsConfig;
 use crate::error::RequestError;
 use crate::proto;
-use crate::queue::{JobRecord, JobState};
 use crate::request::Needs;
 use crate::request::RequestSpec;
 use crate::sink::{Event, Finished, Started, Tier};
+use crate::state::jobs::{JobRecord, JobState};
 
 fn invalid(msg: impl Into<String>) -> RequestError {
     RequestError::InvalidRequest(msg.into())

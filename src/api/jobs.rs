@@ -18,9 +18,9 @@ use crate::actors::recovery::{JobRunner, RunOutcome};
 use crate::error::RequestError;
 use crate::policy::token_bucket::TokenBucketConfig;
 use crate::proto;
-use crate::queue::jobs::Jobs;
-use crate::queue::JobRecord;
 use crate::sink::Events;
+use crate::state::jobs::JobRecord;
+use crate::state::jobs::Jobs;
 
 pub type JobStream = Pin<Box<dyn Stream<Item = Result<proto::Job, Status>> + Send>>;
 

@@ -29,7 +29,7 @@ pub struct RouterService {
 }
 
 impl RouterService {
-    fn jobs(&self) -> Result<Arc<crate::queue::jobs::Jobs>, Status> {
+    fn jobs(&self) -> Result<Arc<crate::state::jobs::Jobs>, Status> {
         self.intake.dispatcher.jobs.clone().ok_or_else(|| {
             to_status(&RequestError::QueueUnavailable(
                 "no [queue] is configured".into(),

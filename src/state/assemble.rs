@@ -1,5 +1,6 @@
 //! Builds the state backends `[state]` names: every store the request path
-//! uses, embedded or on one Redis, and the start-up persistence check.
+//! uses, embedded or on one Redis, the job queue `[queue]` names, and the
+//! start-up persistence check.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,12 +8,13 @@ use std::time::Duration;
 use super::affinity::AffinityMemory;
 use super::cost::{CostGuard, CostLedger};
 use super::idempotency::{Idempotency, IdempotencyStore};
-use super::redis::{Redis, RedisJobs};
+use super::jobs::{JobStore, Jobs, Limits, RedisJobs};
+use super::redis::lease::Retries;
+use super::redis::Redis;
 use super::responses::{embedded, Bounds, EmbeddedResponses, ResponseStore};
-use super::shared::{Retries, StateFaults};
 use super::tenants::{TenantLimiter, TenantLimits};
-use crate::config::{Config, StateBackend};
-use crate::queue::Limits;
+use super::StateFaults;
+use crate::config::{Config, QueueConfig, StateBackend};
 use crate::telemetry::metrics::Metrics;
 
 /// The stores, ready for the dispatcher and the intake.
@@ -31,6 +33,8 @@ pub struct Stores {
 /// Lease of a job run in Redis: renewed while the run lives, so a replica
 /// killed mid-run loses its job to another replica within this.
 pub const REDIS_JOB_LEASE: Duration = Duration::from_secs(10);
+/// Lease of a job run in the SQLite file (no other process claims from it).
+const EMBEDDED_JOB_LEASE: Duration = Duration::from_secs(600);
 
 /// The stores for `config`; a Redis URL variable that is unset is an error.
 /// On Redis the cost ledger's upkeep (heartbeat, owed charges) is spawned.
@@ -111,9 +115,35 @@ fn embedded_responses(config: &Config) -> Result<ResponseStore, String> {
     Ok(ResponseStore::Embedded(Arc::new(store)))
 }
 
-/// The job store on Redis.
-pub fn redis_jobs(redis: &Redis, limits: Limits) -> RedisJobs {
-    RedisJobs::new(redis.clone(), limits)
+/// Opens the job queue `q` names, on `redis` when the fleet backend is on;
+/// runs cut short by a previous process go back to it.
+pub async fn open_jobs(q: &QueueConfig, redis: Option<&Redis>) -> Result<Arc<Jobs>, String> {
+    let limits = Limits {
+        max_jobs: q.max_jobs,
+        max_per_tenant: q.max_jobs_per_tenant,
+        ttl: q.job_ttl,
+    };
+    if let Some(redis) = redis {
+        // Shared by the fleet: `queue.path` is unused, and a dead replica's
+        // runs come back when their lease lapses (see `Jobs::claim`).
+        let store = RedisJobs::new(redis.clone(), limits);
+        tracing::info!("job queue on Redis (shared by every replica on it)");
+        return Ok(Jobs::redis(store, q.drain.rate, REDIS_JOB_LEASE));
+    }
+    let path = q.path.clone();
+    let accept_empty = q.accept_empty_file;
+    let store = tokio::task::spawn_blocking(move || JobStore::open(&path, limits, accept_empty))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("{}: {e}", q.path.display()))?;
+    let jobs = Jobs::new(store, q.drain.rate, EMBEDDED_JOB_LEASE);
+    let requeued = jobs
+        .requeue_all_running()
+        .await
+        .map_err(|e| e.to_string())?;
+    let (depth, _) = jobs.depth().await.map_err(|e| e.to_string())?;
+    tracing::info!(path = %q.path.display(), waiting = depth, requeued, "job queue open");
+    Ok(jobs)
 }
 
 /// Logs how durable Redis keeps what it acknowledged: a WARN naming the risk

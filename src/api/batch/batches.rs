@@ -23,9 +23,10 @@ use super::files::FileMeta;
 use super::{now_secs, BatchApi, BatchError};
 use crate::api::intake::{Arrival, Door};
 use crate::proto;
-use crate::queue::quota::{self, BlobKind};
-use crate::queue::{BlobPut, JobState};
 use crate::request::RequestSpec;
+use crate::state::files::quota::{self, BlobKind};
+use crate::state::files::BlobPut;
+use crate::state::jobs::JobState;
 
 const ENDPOINT: &str = "/v1/chat/completions";
 /// OpenAI's bound on `metadata`.
@@ -131,7 +132,7 @@ struct InputLine {
 
 impl BatchApi {
     async fn load(&self, tenant: &str, id: &str) -> Result<Batch, BatchError> {
-        let raw = self.jobs()?.get_blob(&key(id), &self.limits()).await?;
+        let raw = self.jobs()?.files().get(&key(id), &self.limits()).await?;
         let batch: Option<Batch> = raw.and_then(|b| serde_json::from_slice(&b).ok());
         batch
             .filter(|b| b.tenant == tenant)
@@ -146,7 +147,10 @@ impl BatchApi {
             kind: BlobKind::Owed,
             ttl: self.config.file_ttl,
         };
-        self.jobs()?.put_blob(blob, value, &self.limits()).await?;
+        self.jobs()?
+            .files()
+            .put(blob, value, &self.limits())
+            .await?;
         Ok(())
     }
 
@@ -162,7 +166,8 @@ impl BatchApi {
         }
         let raw = self
             .jobs()?
-            .get_blob(&lines_key(&batch.id), &self.limits())
+            .files()
+            .get(&lines_key(&batch.id), &self.limits())
             .await?
             .ok_or_else(|| {
                 BatchError::internal(format!("batch `{}` lost its line list", batch.id))
@@ -468,7 +473,7 @@ impl BatchApi {
 
 /// Cancels the jobs still queued; whether any was.
 async fn withdraw(
-    jobs: &crate::queue::jobs::Jobs,
+    jobs: &crate::state::jobs::Jobs,
     ids: &[String],
     states: &[Option<JobState>],
     why: &str,
@@ -587,7 +592,7 @@ pub(super) async fn create(State(api): State<Arc<BatchApi>>, request: Request) -
             failed: 0,
             lines: Vec::new(),
         };
-        let usage = api.jobs()?.blob_usage(&batch.tenant).await?;
+        let usage = api.jobs()?.files().usage(&batch.tenant).await?;
         quota::admit_batch(&api.limits(), &batch.tenant, usage)
             .map_err(|r| BatchError::quota(&r))?;
         // Stored before any job: a crash from here on resumes on the next read.

@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{now_secs, BatchApi, BatchError};
-use crate::queue::quota::BlobKind;
-use crate::queue::BlobPut;
+use crate::state::files::quota::BlobKind;
+use crate::state::files::BlobPut;
 
 /// A stored file's metadata.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -58,6 +58,7 @@ impl BatchApi {
     /// quotas); when the bytes are refused or fail, the metadata goes too.
     pub(super) async fn put_file(&self, meta: &FileMeta, data: Vec<u8>) -> Result<(), BatchError> {
         let jobs = self.jobs()?;
+        let files = jobs.files();
         let limits = self.limits();
         let blob = |name, kind| BlobPut {
             name,
@@ -73,11 +74,12 @@ impl BatchApi {
         let meta_bytes =
             serde_json::to_vec(meta).map_err(|e| BatchError::internal(e.to_string()))?;
         let (meta_name, data_name) = (meta_key(&meta.id), data_key(&meta.id));
-        jobs.put_blob(blob(&meta_name, BlobKind::Owed), meta_bytes, &limits)
+        files
+            .put(blob(&meta_name, BlobKind::Owed), meta_bytes, &limits)
             .await?;
-        if let Err(e) = jobs.put_blob(blob(&data_name, kind), data, &limits).await {
-            if jobs.delete_blob(&meta_name).await.is_err() {
-                jobs.delete_blob_soon(meta_name);
+        if let Err(e) = files.put(blob(&data_name, kind), data, &limits).await {
+            if files.delete(&meta_name).await.is_err() {
+                files.delete_soon(meta_name);
             }
             return Err(e.into());
         }
@@ -86,7 +88,11 @@ impl BatchApi {
 
     /// The tenant's file, or 404 (another tenant's file does not exist for it).
     pub(super) async fn file(&self, tenant: &str, id: &str) -> Result<FileMeta, BatchError> {
-        let raw = self.jobs()?.get_blob(&meta_key(id), &self.limits()).await?;
+        let raw = self
+            .jobs()?
+            .files()
+            .get(&meta_key(id), &self.limits())
+            .await?;
         let meta: Option<FileMeta> = raw.and_then(|b| serde_json::from_slice(&b).ok());
         meta.filter(|m| m.tenant == tenant)
             .ok_or_else(|| BatchError::not_found(format!("no file `{id}`"), "file_id"))
@@ -95,7 +101,8 @@ impl BatchApi {
     pub(super) async fn file_data(&self, tenant: &str, id: &str) -> Result<Vec<u8>, BatchError> {
         self.file(tenant, id).await?;
         self.jobs()?
-            .get_blob(&data_key(id), &self.limits())
+            .files()
+            .get(&data_key(id), &self.limits())
             .await?
             .ok_or_else(|| BatchError::not_found(format!("no file `{id}`"), "file_id"))
     }

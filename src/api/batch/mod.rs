@@ -26,9 +26,9 @@ use serde_json::json;
 use crate::api::door::{insert, HttpState};
 use crate::config::QueueConfig;
 use crate::error::RequestError;
-use crate::queue::jobs::Jobs;
-use crate::queue::quota::{FileLimits, Refusal};
-use crate::queue::QueueError;
+use crate::state::files::quota::{FileLimits, Refusal};
+use crate::state::jobs::Jobs;
+use crate::state::jobs::QueueError;
 
 /// What the Batch API's handlers share.
 pub struct BatchApi {

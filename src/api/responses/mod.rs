@@ -33,8 +33,8 @@ use crate::api::openai::error::HttpError;
 use crate::chat::FinishReason;
 use crate::error::RequestError;
 use crate::proto;
-use crate::queue::jobs::Jobs;
 use crate::sink::{Event, Events};
+use crate::state::jobs::Jobs;
 use crate::state::responses::ResponseStore;
 
 use request::{Ask, ToolNames};

@@ -11,7 +11,7 @@ use base64::Engine;
 use super::request::ToolNames;
 use super::response::{chunks_of, object, usage_json, Meta, Output, Status};
 use super::*;
-use crate::queue::JobState;
+use crate::state::jobs::JobState;
 use crate::state::responses::Finish;
 
 /// The format of a stored record.

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::policy::affinity::{PrefixHash, Warm};
 use crate::state::redis::Redis;
-use crate::state::shared::StateFaults;
+use crate::state::StateFaults;
 
 pub mod embedded;
 mod redis;

@@ -20,8 +20,7 @@ use tokio::time::Instant;
 use crate::config::CostConfig;
 use crate::error::RequestError;
 use crate::state::redis::Redis;
-use crate::state::shared::{token, StateFaults};
-use crate::state::CostDecision;
+use crate::state::{token, StateFaults};
 
 pub mod embedded;
 pub mod outage;
@@ -30,6 +29,20 @@ mod redis;
 pub use embedded::{CostGuard, OverCap};
 use outage::{Outage, Refused};
 use redis::{Seen, Settlement};
+
+/// What a cost reservation found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CostDecision {
+    /// The amount is held against the tenant's cap until settled.
+    Reserved,
+    /// Spent plus held plus this amount would pass the cap.
+    OverCap {
+        spent_usd: f64,
+        reserved_usd: f64,
+        /// When the oldest charge leaves the window (at most the window).
+        retry_in: Duration,
+    },
+}
 
 /// What a reservation does when the fleet ledger cannot be asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
+use super::CostDecision;
 use crate::state::redis::{bad_reply, ms, num, reply, Redis, LUA_NOW};
-use crate::state::{CostDecision, StateError};
+use crate::state::StateError;
 
 /// How long a settled batch's id is remembered (a retry within it is a no-op).
 const BATCH_MEMORY: Duration = Duration::from_secs(600);

@@ -16,9 +16,9 @@ use tokio::time::Instant;
 
 use crate::error::RequestError;
 use crate::sink::Event;
+use crate::state::redis::lease::{Renewal, Retries};
 use crate::state::redis::Redis;
-use crate::state::shared::{token, Renewal, Retries, StateFaults};
-use crate::state::IdemClaim;
+use crate::state::{token, StateFaults};
 
 pub mod embedded;
 mod redis;
@@ -27,6 +27,19 @@ pub use embedded::{Claim, ClaimGuard, IdempotencyStore};
 
 /// A stable digest of the parts of a request that determine its answer.
 pub type Fingerprint = [u8; 32];
+
+/// What an idempotency claim found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IdemClaim {
+    /// First use: run the request, then complete or release the claim.
+    Fresh,
+    /// A finished request with the same fingerprint: these are its stored answer bytes.
+    Replay(Vec<u8>),
+    /// The same key and fingerprint is being served now.
+    InUse,
+    /// The key was used with a different fingerprint.
+    Mismatch,
+}
 
 /// Idempotency records: in process, or one record per `tenant:key` for the fleet.
 pub enum Idempotency {

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
+use super::IdemClaim;
 use crate::state::redis::{bad_reply, ms, reply, Redis};
-use crate::state::{IdemClaim, StateError};
+use crate::state::StateError;
 
 /// KEYS: record. ARGV: fingerprint, token, in-flight ttl ms.
 static CLAIM: LazyLock<Script> = LazyLock::new(|| {

@@ -9,9 +9,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::testutil::{RedisServer, CALL_TIMEOUT};
-use super::RedisJobs;
-use crate::queue::{JobState, Limits, QueueError};
-use crate::state::{CostDecision, StateError};
+use crate::state::cost::CostDecision;
+use crate::state::jobs::{JobState, Limits, QueueError, RedisJobs};
+use crate::state::StateError;
 
 const SLACK: Duration = Duration::from_millis(150);
 const WINDOW: Duration = Duration::from_secs(60);

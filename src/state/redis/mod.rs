@@ -1,10 +1,10 @@
 //! The fleet backend on Redis: one cheap-to-clone client that owns the
 //! connection (made lazily, remade after errors, so service resumes when Redis
 //! comes back), the per-call timeout, the breaker and the key layout. Each
-//! function's scripts (Lua clocked by `TIME`) live with its store:
-//! `state/cost/redis.rs`, `state/tenants/redis.rs`, `state/affinity/redis.rs`,
-//! `state/idempotency/redis.rs`, and the job queue in `jobs.rs`. This file
-//! must not log URLs (they may carry a password).
+//! function's scripts (Lua clocked by `TIME`) live with its store, in
+//! `state/<store>/redis.rs` (cost, tenants, affinity, idempotency,
+//! responses, jobs, files); the leases the stores hold are kept and given
+//! back by `lease`. This file must not log URLs (they may carry a password).
 //!
 //! Key layout (the prefix defaults to `switchyard:`; every key carries a hash
 //! tag so Redis Cluster keeps each script's keys in one slot):
@@ -25,17 +25,13 @@ use tokio::time::Instant;
 
 use super::{Persistence, StateError};
 
-mod blobs;
 mod breaker;
 #[cfg(test)]
 mod faults;
-mod jobs;
+pub mod lease;
 pub mod server;
 #[cfg(test)]
 pub(crate) mod testutil;
-
-pub use blobs::RedisBlobs;
-pub use jobs::RedisJobs;
 
 use breaker::{Admit, Breaker, Transition};
 

@@ -22,8 +22,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::config::ResponsesConfig;
 use crate::error::RequestError;
 use crate::state::redis::Redis;
-use crate::state::shared::StateFaults;
 use crate::state::StateError;
+use crate::state::StateFaults;
 
 pub mod embedded;
 mod redis;

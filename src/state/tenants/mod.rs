@@ -15,14 +15,26 @@ use tokio::time::Instant;
 
 use crate::error::RequestError;
 use crate::policy::token_bucket::TokenBucketConfig;
+use crate::state::redis::lease::{Renewal, Retries};
 use crate::state::redis::Redis;
-use crate::state::shared::{token, Renewal, Retries, StateFaults};
-use crate::state::TenantDecision;
+use crate::state::{token, StateFaults};
 
 pub mod embedded;
 mod redis;
 
 pub use embedded::{TenantLimiter, TenantSlot};
+
+/// What tenant admission decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TenantDecision {
+    Admitted,
+    /// At `max_concurrent` requests in flight.
+    Concurrency,
+    /// Over the rate; a token is available after this long.
+    Rate {
+        retry_after: Duration,
+    },
+}
 
 /// Per-tenant admission: in process, or counted by the fleet in Redis.
 pub enum TenantLimits {

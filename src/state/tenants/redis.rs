@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
+use super::TenantDecision;
 use crate::policy::token_bucket::TokenBucketConfig;
 use crate::state::redis::{bad_reply, ms, num, reply, Redis, LUA_NOW};
-use crate::state::{StateError, TenantDecision};
+use crate::state::StateError;
 
 /// Lua token bucket: 0 if a token was taken, else ms until one is available.
 /// Rates below one a day act as one a day and a burst of 0 as 1, as in

@@ -1,22 +1,24 @@
-//! Blobs in the SQLite queue file: a Batch API file's bytes and metadata, a
-//! batch's record, line list and output, each owned by a tenant and kept
-//! for its TTL. An upload is checked against its tenant's quotas and the
-//! store's budget (`quota::admit`) in the transaction that stores it, so
-//! two uploads cannot both take the last room, and a refused or failed
-//! upload leaves nothing. `sweep` deletes what expired.
+//! Files in the SQLite queue file (table `blobs`): a Batch API file's bytes
+//! and metadata, a batch's record, line list and output, each owned by a
+//! tenant and kept for its TTL. An upload is checked against its tenant's
+//! quotas and the store's budget (`quota::admit`) in the transaction that
+//! stores it, so two uploads cannot both take the last room, and a refused
+//! or failed upload leaves nothing. The file's `sweep` deletes what expired.
+//! Blocking calls: `blocking` runs them off the async threads.
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::quota::{self, BlobKind, FileLimits, Usage};
-use super::{now_ms, JobStore, QueueError};
+use std::sync::Arc;
 
-/// One blob to store.
-#[derive(Debug, Clone, Copy)]
-pub struct BlobPut<'a> {
-    pub name: &'a str,
-    pub tenant: &'a str,
-    pub kind: BlobKind,
-    pub ttl: std::time::Duration,
+use super::quota::{self, FileLimits, Usage};
+use super::BlobPut;
+use crate::state::jobs::embedded::now_ms;
+use crate::state::jobs::{JobStore, QueueError};
+
+/// The files in the queue's file; cheap to clone.
+#[derive(Clone)]
+pub struct EmbeddedFiles {
+    store: Arc<JobStore>,
 }
 
 /// What `tenant` keeps at `now`, leaving out the blob named `except` (the
@@ -40,10 +42,29 @@ fn usage(conn: &Connection, tenant: &str, now: i64, except: &str) -> rusqlite::R
     })
 }
 
-impl JobStore {
+impl EmbeddedFiles {
+    pub fn new(store: Arc<JobStore>) -> Self {
+        EmbeddedFiles { store }
+    }
+
+    /// Runs `f` on the blocking pool.
+    pub(super) async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&EmbeddedFiles) -> Result<T, QueueError> + Send + 'static,
+    ) -> Result<T, QueueError> {
+        let files = self.clone();
+        tokio::task::spawn_blocking(move || f(&files))
+            .await
+            .map_err(|_| crate::state::jobs::storage_gone())?
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, rusqlite::Connection> {
+        self.store.conn()
+    }
+
     /// Stores (or replaces) a blob for its TTL; an upload past a quota is
     /// refused with `QueueError::Quota` and nothing is stored.
-    pub fn put_blob(
+    pub fn put(
         &self,
         blob: &BlobPut<'_>,
         value: &[u8],
@@ -72,7 +93,7 @@ impl JobStore {
     }
 
     /// A blob's bytes, unless it expired.
-    pub fn get_blob(&self, name: &str) -> Result<Option<Vec<u8>>, QueueError> {
+    pub fn get(&self, name: &str) -> Result<Option<Vec<u8>>, QueueError> {
         Ok(self
             .conn()
             .query_row(
@@ -84,7 +105,7 @@ impl JobStore {
     }
 
     /// Deletes a blob (and its charge); `false` if there was none.
-    pub fn delete_blob(&self, name: &str) -> Result<bool, QueueError> {
+    pub fn delete(&self, name: &str) -> Result<bool, QueueError> {
         Ok(self
             .conn()
             .execute("DELETE FROM blobs WHERE key = ?1", params![name])?
@@ -92,7 +113,7 @@ impl JobStore {
     }
 
     /// What `tenant` keeps now, and every tenant together.
-    pub fn blob_usage(&self, tenant: &str) -> Result<Usage, QueueError> {
+    pub fn usage(&self, tenant: &str) -> Result<Usage, QueueError> {
         Ok(usage(&self.conn(), tenant, now_ms() as i64, "")?)
     }
 }
@@ -103,16 +124,18 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::queue::quota::Refusal;
-    use crate::queue::Limits;
+    use crate::state::files::quota::{BlobKind, Refusal};
+    use crate::state::jobs::Limits;
 
-    fn store(dir: &std::path::Path) -> JobStore {
+    fn store(dir: &std::path::Path) -> EmbeddedFiles {
         let limits = Limits {
             max_jobs: 10,
             max_per_tenant: 10,
             ttl: Duration::from_secs(3600),
         };
-        JobStore::open(&dir.join("q.sqlite3"), limits, false).unwrap()
+        EmbeddedFiles::new(Arc::new(
+            JobStore::open(&dir.join("q.sqlite3"), limits, false).unwrap(),
+        ))
     }
 
     fn limits() -> FileLimits {
@@ -125,7 +148,7 @@ mod tests {
     }
 
     fn put(
-        s: &JobStore,
+        s: &EmbeddedFiles,
         name: &str,
         tenant: &str,
         kind: BlobKind,
@@ -137,7 +160,7 @@ mod tests {
             kind,
             ttl: Duration::from_secs(60),
         };
-        s.put_blob(&blob, &vec![7u8; n], &limits())
+        s.put(&blob, &vec![7u8; n], &limits())
     }
 
     #[test]
@@ -159,14 +182,14 @@ mod tests {
             "{refused}"
         );
         assert_eq!(
-            s.get_blob("a3").unwrap(),
+            s.get("a3").unwrap(),
             None,
             "nothing of a refused upload is stored"
         );
         put(&s, "b1", "b", BlobKind::Upload, 10).unwrap();
         // What the service owes is counted, never refused.
         put(&s, "a-out", "a", BlobKind::Owed, 10).unwrap();
-        let u = s.blob_usage("a").unwrap();
+        let u = s.usage("a").unwrap();
         assert_eq!((u.files, u.bytes, u.total_bytes), (2, 30, 40));
     }
 
@@ -181,7 +204,7 @@ mod tests {
         ));
         put(&s, "a1", "a", BlobKind::Upload, 1000).unwrap();
         assert_eq!(
-            s.blob_usage("a").unwrap().bytes,
+            s.usage("a").unwrap().bytes,
             1000,
             "the old value is replaced, not added"
         );
@@ -204,12 +227,12 @@ mod tests {
                 kind: BlobKind::Owed,
                 ttl: Duration::from_millis(1),
             };
-            s.put_blob(&blob, b"v", &limits()).unwrap();
+            s.put(&blob, b"v", &limits()).unwrap();
         }
         let later = now_ms() + 10_000;
-        assert_eq!(s.sweep(later, 3).unwrap().blobs, 3);
-        assert_eq!(s.sweep(later, 3).unwrap().blobs, 2);
-        assert_eq!(s.sweep(later, 3).unwrap().blobs, 0);
+        assert_eq!(s.store.sweep(later, 3).unwrap().blobs, 3);
+        assert_eq!(s.store.sweep(later, 3).unwrap().blobs, 2);
+        assert_eq!(s.store.sweep(later, 3).unwrap().blobs, 0);
         let rows: i64 = s
             .conn()
             .query_row("SELECT COUNT(*) FROM blobs", [], |r| r.get(0))

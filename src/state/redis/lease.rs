@@ -1,64 +1,19 @@
-//! What every store on Redis shares: counting and logging a failed call
-//! (`StateFaults`), the random tokens naming claims, slots and
-//! reservations, and `Retries`, which retries the calls that give something
-//! back (a slot release, an idempotency completion or release) with backoff
-//! until Redis answers or the lease they end has lapsed on its own. What a
-//! Redis outage does to each store is decided in the store's own folder.
+//! Leases held in Redis (a tenant's slot, an idempotency claim): `Retries`
+//! retries the calls that give something back (a slot release, an
+//! idempotency completion or release) with backoff until Redis answers or
+//! the lease they end has lapsed on its own; `Renewal` keeps a lease alive
+//! while it is held. What a Redis outage does to each store is decided in
+//! the store's own folder.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::StateError;
 use crate::policy::backoff::Backoff;
-use crate::telemetry::metrics::{Metrics, StateLabels};
-
-/// Counts a failed state call and logs it at WARN (at most one line a second
-/// for the process, so an outage does not flood the log).
-pub struct StateFaults {
-    metrics: Arc<Metrics>,
-    last_warn_ms: AtomicU64,
-}
-
-impl StateFaults {
-    pub fn new(metrics: Arc<Metrics>) -> Arc<Self> {
-        Arc::new(StateFaults {
-            metrics,
-            last_warn_ms: AtomicU64::new(0),
-        })
-    }
-
-    pub fn record(&self, function: &'static str, err: &StateError, consequence: &str) {
-        self.metrics
-            .state_errors
-            .get_or_create(&StateLabels { function })
-            .inc();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let last = self.last_warn_ms.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= 1000
-            && self
-                .last_warn_ms
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            tracing::warn!(function, error = %err, "shared state unavailable: {consequence}");
-        }
-    }
-}
-
-/// A random token naming one claim, slot or reservation.
-pub fn token() -> String {
-    format!(
-        "{:016x}{:016x}",
-        rand::random::<u64>(),
-        rand::random::<u64>()
-    )
-}
+use crate::state::{StateError, StateFaults};
 
 /// Most calls being retried at once, and most bytes they carry (stored
 /// answers); past either a call is not retried and its lease lapses instead.
@@ -235,6 +190,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::telemetry::metrics::Metrics;
 
     fn retries(max: usize, max_bytes: usize) -> Arc<Retries> {
         Retries::bounded(StateFaults::new(Arc::new(Metrics::new())), max, max_bytes)

@@ -28,9 +28,10 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Script, Value};
 
-use super::{ms, reply, Redis, LUA_NOW};
-use crate::queue::quota::{self, BlobKind, FileLimits, Usage};
-use crate::queue::{BlobPut, QueueError};
+use super::quota::{self, BlobKind, FileLimits, Usage};
+use super::BlobPut;
+use crate::state::jobs::QueueError;
+use crate::state::redis::{ms, reply, Redis, LUA_NOW};
 use crate::state::StateError;
 
 /// Bytes in one chunk: just under 1 MiB, so a chunk and Redis's string
@@ -795,9 +796,9 @@ fn fields(v: &Value) -> Option<Vec<(String, Vec<u8>)>> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::super::testutil::RedisServer;
     use super::*;
-    use crate::queue::quota::Refusal;
+    use crate::state::files::quota::Refusal;
+    use crate::state::redis::testutil::RedisServer;
 
     fn limits() -> FileLimits {
         FileLimits {

@@ -1,4 +1,4 @@
-//! The durable job queue: an embedded SQLite file in WAL mode with
+//! The embedded job store: an SQLite file in WAL mode with
 //! `synchronous = FULL`, so a job accepted is on disk before the caller hears
 //! about it and survives a SIGKILL. Jobs are claimed with a lease (a crashed
 //! run goes back to the queue at restart), finished at most once (a stale
@@ -7,7 +7,8 @@
 //! finish (`sweep`, bounded work per call). Tenants take turns: each job
 //! gets a start tag (start-time fair queueing, `turn`), so one tenant's
 //! thousand-line batch does not hold another tenant's single job back.
-//! Blocking calls: run them off the async threads.
+//! The file also holds the Batch API files (`state::files::embedded`): its
+//! schema and sweep cover both. Blocking calls: run them off the async threads.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -15,101 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-mod blobs;
-pub mod jobs;
-pub mod quota;
-
-pub use blobs::BlobPut;
-
-/// A job's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum JobState {
-    Queued,
-    Running,
-    Succeeded,
-    Failed,
-    Expired,
-}
-
-impl JobState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Queued => "QUEUED",
-            JobState::Running => "RUNNING",
-            JobState::Succeeded => "SUCCEEDED",
-            JobState::Failed => "FAILED",
-            JobState::Expired => "EXPIRED",
-        }
-    }
-
-    fn parse(s: &str) -> JobState {
-        match s {
-            "RUNNING" => JobState::Running,
-            "SUCCEEDED" => JobState::Succeeded,
-            "FAILED" => JobState::Failed,
-            "EXPIRED" => JobState::Expired,
-            _ => JobState::Queued,
-        }
-    }
-
-    /// No further change will happen.
-    pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            JobState::Succeeded | JobState::Failed | JobState::Expired
-        )
-    }
-}
-
-/// One job as stored.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct JobRecord {
-    pub id: String,
-    pub tenant: String,
-    pub route: String,
-    /// The encoded `CompletionRequest`.
-    pub request: Vec<u8>,
-    pub state: JobState,
-    pub attempts: u32,
-    /// The encoded `CompletionResponse`, once succeeded.
-    pub result: Option<Vec<u8>>,
-    pub error: Option<String>,
-    pub error_reason: Option<String>,
-    pub created_ms: u64,
-    pub updated_ms: u64,
-    /// Claim token of the run holding it (RUNNING only).
-    pub claim: Option<String>,
-}
-
-/// A queue operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum QueueError {
-    #[error("the queue is full ({0} jobs waiting or running)")]
-    Full(usize),
-    #[error("tenant `{tenant}` has {count} jobs waiting or running (its limit)")]
-    TenantFull { tenant: String, count: usize },
-    #[error("this idempotency key was used with a different request")]
-    KeyReused,
-    #[error("queue storage: {0}")]
-    Storage(#[from] rusqlite::Error),
-    /// The file exists but holds no Switchyard queue: refusing to start on it.
-    #[error("the file exists but holds no Switchyard queue ({0}); it may have been truncated or replaced. Refusing to start so its jobs are not silently forgotten: restore it, move it away, or set queue.accept_empty_file = true (--accept-empty-queue) to begin an empty queue in it")]
-    NotAQueue(String),
-    /// The shared (Redis) queue could not be reached: nothing was stored.
-    #[error("queue state unavailable: {0}")]
-    Unavailable(String),
-    /// A file would pass its tenant's quota or the store's budget: nothing was stored.
-    #[error("{0}")]
-    Quota(#[from] quota::Refusal),
-}
-
-/// Bounds of the queue.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_jobs: usize,
-    pub max_per_tenant: usize,
-    pub ttl: Duration,
-}
+use super::{JobRecord, JobState, Limits, QueueError};
 
 /// The store; share behind an `Arc`.
 pub struct JobStore {
@@ -117,7 +24,8 @@ pub struct JobStore {
     limits: Limits,
 }
 
-fn now_ms() -> u64 {
+/// Milliseconds since the epoch (0 before it).
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -288,7 +196,7 @@ impl JobStore {
         })
     }
 
-    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+    pub(crate) fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
         // A poisoned lock only means another thread panicked mid-call; SQLite
         // rolled its transaction back, so the connection is still sound.
         self.conn.lock().unwrap_or_else(|e| e.into_inner())

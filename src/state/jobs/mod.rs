@@ -1,11 +1,18 @@
-//! Async face of the job store, embedded (SQLite, every call on the blocking
-//! pool) or shared by the fleet (Redis, leases with fencing tokens). Every
-//! state change is announced on a broadcast channel (job id) so `WatchJob`
-//! streams wake up without polling; with Redis the notices come from every
-//! replica. A sweeper task does the housekeeping every second, a bounded
-//! amount each time: SQLite deletes finished jobs a `job_ttl` after they
-//! finished and blobs past their `file_ttl` (Redis expires both itself);
-//! both return the quota charges of expired blobs.
+//! The job store in one home: this face (`Jobs`, async, one per process)
+//! with its vocabulary (`JobRecord`, `JobState`, `QueueError`) and what a
+//! Redis outage does to it, the embedded SQLite store (`embedded`, every call
+//! on the blocking pool) and the fleet's on Redis (`redis`, leases with
+//! fencing tokens). Every state change is announced on a broadcast channel
+//! (job id) so `WatchJob` streams wake up without polling; with Redis the
+//! notices come from every replica. A sweeper task does the housekeeping
+//! every second, a bounded amount each time: SQLite deletes finished jobs a
+//! `job_ttl` after they finished and blobs past their `file_ttl` (Redis
+//! expires both itself); both return the quota charges of expired blobs.
+//!
+//! When Redis does not answer, nothing is guessed: a submit fails with
+//! `QueueError::Unavailable` (never a job reported accepted that was not
+//! stored: STATE_UNAVAILABLE to the caller), and a run that cannot renew its
+//! lease loses its job to another replica once the lease lapses.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,9 +20,120 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::quota::{FileLimits, Usage};
-use super::{BlobPut, JobRecord, JobState, JobStore, NewJob, QueueError};
-use crate::state::redis::RedisJobs;
+use crate::error::RequestError;
+use crate::state::files::{Files, RedisBlobs};
+
+pub mod embedded;
+pub mod redis;
+
+pub use embedded::{JobStore, NewJob, Swept};
+pub use redis::RedisJobs;
+
+/// A job's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum JobState {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Expired,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "QUEUED",
+            JobState::Running => "RUNNING",
+            JobState::Succeeded => "SUCCEEDED",
+            JobState::Failed => "FAILED",
+            JobState::Expired => "EXPIRED",
+        }
+    }
+
+    fn parse(s: &str) -> JobState {
+        match s {
+            "RUNNING" => JobState::Running,
+            "SUCCEEDED" => JobState::Succeeded,
+            "FAILED" => JobState::Failed,
+            "EXPIRED" => JobState::Expired,
+            _ => JobState::Queued,
+        }
+    }
+
+    /// No further change will happen.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Expired
+        )
+    }
+}
+
+/// One job as stored.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct JobRecord {
+    pub id: String,
+    pub tenant: String,
+    pub route: String,
+    /// The encoded `CompletionRequest`.
+    pub request: Vec<u8>,
+    pub state: JobState,
+    pub attempts: u32,
+    /// The encoded `CompletionResponse`, once succeeded.
+    pub result: Option<Vec<u8>>,
+    pub error: Option<String>,
+    pub error_reason: Option<String>,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+    /// Claim token of the run holding it (RUNNING only).
+    pub claim: Option<String>,
+}
+
+/// A queue operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("the queue is full ({0} jobs waiting or running)")]
+    Full(usize),
+    #[error("tenant `{tenant}` has {count} jobs waiting or running (its limit)")]
+    TenantFull { tenant: String, count: usize },
+    #[error("this idempotency key was used with a different request")]
+    KeyReused,
+    #[error("queue storage: {0}")]
+    Storage(#[from] rusqlite::Error),
+    /// The file exists but holds no Switchyard queue: refusing to start on it.
+    #[error("the file exists but holds no Switchyard queue ({0}); it may have been truncated or replaced. Refusing to start so its jobs are not silently forgotten: restore it, move it away, or set queue.accept_empty_file = true (--accept-empty-queue) to begin an empty queue in it")]
+    NotAQueue(String),
+    /// The shared (Redis) queue could not be reached: nothing was stored.
+    #[error("queue state unavailable: {0}")]
+    Unavailable(String),
+    /// A file would pass its tenant's quota or the store's budget: nothing was stored.
+    #[error("{0}")]
+    Quota(#[from] crate::state::files::quota::Refusal),
+}
+
+/// Bounds of the queue.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_jobs: usize,
+    pub max_per_tenant: usize,
+    pub ttl: Duration,
+}
+
+/// How a queue failure reaches the caller.
+impl From<QueueError> for RequestError {
+    fn from(e: QueueError) -> Self {
+        match e {
+            QueueError::Full(_) | QueueError::TenantFull { .. } | QueueError::Quota(_) => {
+                RequestError::QueueFull(e.to_string())
+            }
+            QueueError::KeyReused => RequestError::IdempotencyKeyReused,
+            QueueError::Storage(_) | QueueError::NotAQueue(_) => {
+                RequestError::QueueUnavailable(e.to_string())
+            }
+            QueueError::Unavailable(e) => RequestError::StateUnavailable(e),
+        }
+    }
+}
 
 /// How often the sweeper runs.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
@@ -25,6 +143,8 @@ const SWEEP_LIMIT: usize = 500;
 /// Queue operations for async callers. Cheap to share.
 pub struct Jobs {
     backend: Backend,
+    /// The files stored beside the jobs.
+    files: Files,
     changed: broadcast::Sender<String>,
     /// Drain rate (jobs per second), for start estimates.
     pub drain_rate: f64,
@@ -50,40 +170,51 @@ enum Backend {
     Redis(RedisJobs),
 }
 
-fn storage_gone() -> QueueError {
+/// The blocking pool lost a call (or the store is not the SQLite file).
+pub(crate) fn storage_gone() -> QueueError {
     QueueError::Storage(rusqlite::Error::InvalidQuery)
 }
 
 impl Jobs {
     pub fn new(store: JobStore, drain_rate: f64, lease: Duration) -> Arc<Self> {
         let (changed, _) = broadcast::channel(1024);
-        Self::with_sweeper(Backend::Sqlite(Arc::new(store)), changed, drain_rate, lease)
+        let store = Arc::new(store);
+        let files = Files::embedded(store.clone());
+        Self::with_sweeper(Backend::Sqlite(store), files, changed, drain_rate, lease)
     }
 
     /// Jobs in Redis, shared by every replica naming the same server.
     pub fn redis(store: RedisJobs, drain_rate: f64, lease: Duration) -> Arc<Self> {
         let (changed, _) = broadcast::channel(1);
-        Self::with_sweeper(Backend::Redis(store), changed, drain_rate, lease)
+        let files = Files::redis(RedisBlobs::new(store.redis().clone()));
+        Self::with_sweeper(Backend::Redis(store), files, changed, drain_rate, lease)
     }
 
     /// The queue, with its sweeper running when there is a runtime.
     fn with_sweeper(
         backend: Backend,
+        files: Files,
         changed: broadcast::Sender<String>,
         drain_rate: f64,
         lease: Duration,
     ) -> Arc<Self> {
         let stop = CancellationToken::new();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(sweeper(backend.clone(), stop.clone()));
+            rt.spawn(sweeper(backend.clone(), files.clone(), stop.clone()));
         }
         Arc::new(Jobs {
             backend,
+            files,
             changed,
             drain_rate,
             lease,
             _sweeper: stop.drop_guard(),
         })
+    }
+
+    /// The files (Batch API files and records) stored beside the jobs.
+    pub fn files(&self) -> &Files {
+        &self.files
     }
 
     /// The fleet backend, when jobs live in Redis.
@@ -228,88 +359,6 @@ impl Jobs {
         Ok(done)
     }
 
-    /// Stores (or replaces) a blob (a Batch API file, a batch's record or
-    /// output) where the jobs live, charged to its tenant; an upload past
-    /// a quota is refused with `QueueError::Quota` and nothing is stored.
-    pub async fn put_blob(
-        &self,
-        blob: BlobPut<'_>,
-        value: Vec<u8>,
-        limits: &FileLimits,
-    ) -> Result<(), QueueError> {
-        if let Backend::Redis(r) = &self.backend {
-            return r.blobs().put(&blob, &value, limits).await;
-        }
-        let (name, tenant, limits) = (blob.name.to_string(), blob.tenant.to_string(), *limits);
-        let (kind, ttl) = (blob.kind, blob.ttl);
-        self.blocking(move |s| {
-            let blob = BlobPut {
-                name: &name,
-                tenant: &tenant,
-                kind,
-                ttl,
-            };
-            s.put_blob(&blob, &value, &limits)
-        })
-        .await
-    }
-
-    /// A blob's bytes, unless it expired.
-    pub async fn get_blob(
-        &self,
-        name: &str,
-        limits: &FileLimits,
-    ) -> Result<Option<Vec<u8>>, QueueError> {
-        if let Backend::Redis(r) = &self.backend {
-            return r.blobs().get(name, limits).await;
-        }
-        let k = name.to_string();
-        self.blocking(move |s| s.get_blob(&k)).await
-    }
-
-    /// Deletes a blob and returns its charge; `false` if there was none.
-    pub async fn delete_blob(&self, name: &str) -> Result<bool, QueueError> {
-        if let Backend::Redis(r) = &self.backend {
-            return r.blobs().delete(name).await;
-        }
-        let k = name.to_string();
-        self.blocking(move |s| s.delete_blob(&k)).await
-    }
-
-    /// Deletes a blob in the background, retrying (100 ms, doubling to
-    /// 2 s) for up to a minute while the store does not answer: what a
-    /// failed upload stored first does not stay behind.
-    pub fn delete_blob_soon(self: &Arc<Self>, name: String) {
-        const GIVE_UP: Duration = Duration::from_secs(60);
-        let jobs = self.clone();
-        tokio::spawn(async move {
-            let until = tokio::time::Instant::now() + GIVE_UP;
-            let mut wait = Duration::from_millis(100);
-            loop {
-                match jobs.delete_blob(&name).await {
-                    Ok(_) => return,
-                    Err(e) if tokio::time::Instant::now() + wait >= until => {
-                        tracing::warn!(error = %e, "a failed upload's metadata stays until queue.file_ttl");
-                        return;
-                    }
-                    Err(_) => {
-                        tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(Duration::from_secs(2));
-                    }
-                }
-            }
-        });
-    }
-
-    /// What `tenant` keeps in blobs now, and every tenant together.
-    pub async fn blob_usage(&self, tenant: &str) -> Result<Usage, QueueError> {
-        if let Backend::Redis(r) = &self.backend {
-            return r.blobs().usage(tenant).await;
-        }
-        let t = tenant.to_string();
-        self.blocking(move |s| s.blob_usage(&t)).await
-    }
-
     /// The states of these jobs (`None`: no such job), in order, without
     /// reading any job's request or answer.
     pub async fn states(&self, ids: Vec<String>) -> Result<Vec<Option<JobState>>, QueueError> {
@@ -365,27 +414,27 @@ impl Jobs {
 }
 
 /// One round of housekeeping on `backend`, a bounded amount of work.
-async fn sweep_once(backend: &Backend) -> Result<(), QueueError> {
+async fn sweep_once(backend: &Backend, files: &Files) -> Result<(), QueueError> {
     match backend {
         Backend::Sqlite(store) => {
             let store = store.clone();
             let swept =
-                tokio::task::spawn_blocking(move || store.sweep(super::now_ms(), SWEEP_LIMIT))
+                tokio::task::spawn_blocking(move || store.sweep(embedded::now_ms(), SWEEP_LIMIT))
                     .await
                     .map_err(|_| storage_gone())??;
-            if swept != super::Swept::default() {
+            if swept != Swept::default() {
                 tracing::debug!(?swept, "job queue swept");
             }
         }
-        Backend::Redis(r) => {
-            r.blobs().purge(SWEEP_LIMIT).await?;
+        Backend::Redis(_) => {
+            files.purge(SWEEP_LIMIT).await?;
         }
     }
     Ok(())
 }
 
 /// Sweeps every `SWEEP_EVERY` until stopped.
-async fn sweeper(backend: Backend, stop: CancellationToken) {
+async fn sweeper(backend: Backend, files: Files, stop: CancellationToken) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -393,7 +442,7 @@ async fn sweeper(backend: Backend, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = every.tick() => {}
         }
-        if let Err(e) = sweep_once(&backend).await {
+        if let Err(e) = sweep_once(&backend, &files).await {
             tracing::debug!(error = %e, "job queue sweep skipped");
         }
     }

@@ -1,5 +1,5 @@
 //! The fleet job queue on Redis, with the semantics of the SQLite
-//! `queue::JobStore`: bounded submit with idempotency-key dedup, claim with a
+//! `state::jobs::JobStore`: bounded submit with idempotency-key dedup, claim with a
 //! lease and a fencing claim token, finish at most once, expiry, recovery of
 //! lapsed leases. Every key shares the `{jobs}` hash tag and every change is
 //! one script; a Redis failure is `QueueError::Unavailable`, never a guess.
@@ -14,7 +14,7 @@
 //! `running` (zset by lease deadline), `tenants` (hash tenant -> jobs
 //! waiting or running), `tenants:turns` (hash tenant -> its last tag, gone
 //! with its last job), `clock` (the tag that ran last),
-//! `idem:<len>:<tenant>:<key>` (job id). Blobs: see `blobs.rs`.
+//! `idem:<len>:<tenant>:<key>` (job id). Files: see `state/files/redis.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
@@ -25,9 +25,8 @@ use redis::{Script, Value};
 use tokio::sync::broadcast;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::blobs::RedisBlobs;
-use super::{ms, reply, Redis, LUA_NOW};
-use crate::queue::{JobRecord, JobState, Limits, QueueError};
+use super::{JobRecord, JobState, Limits, QueueError};
+use crate::state::redis::{ms, reply, Redis, LUA_NOW};
 use crate::state::StateError;
 
 /// Lua shared by the job scripts.
@@ -263,8 +262,6 @@ return redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. seq)
 pub struct RedisJobs {
     redis: Redis,
     limits: Limits,
-    /// Files and batch records, where the jobs live.
-    blobs: RedisBlobs,
     changes: broadcast::Sender<String>,
     /// Stops the change-feed task when the last clone goes.
     _feed: Arc<DropGuard>,
@@ -296,16 +293,6 @@ fn bad(what: &str) -> QueueError {
     QueueError::Unavailable(format!("redis {what}: unexpected reply"))
 }
 
-fn parse_state(s: &str) -> JobState {
-    match s {
-        "RUNNING" => JobState::Running,
-        "SUCCEEDED" => JobState::Succeeded,
-        "FAILED" => JobState::Failed,
-        "EXPIRED" => JobState::Expired,
-        _ => JobState::Queued,
-    }
-}
-
 /// A job hash (HGETALL, flat or as a map) as a record.
 fn record(v: &Value) -> Option<JobRecord> {
     let mut fields: HashMap<String, Vec<u8>> = HashMap::new();
@@ -333,7 +320,7 @@ fn record(v: &Value) -> Option<JobRecord> {
             .map(|b| String::from_utf8_lossy(b).into_owned())
     };
     let number = |k: &str| text(k).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
-    let state = parse_state(text("state").as_deref().unwrap_or_default());
+    let state = JobState::parse(text("state").as_deref().unwrap_or_default());
     Some(JobRecord {
         id: text("id")?,
         tenant: text("tenant")?,
@@ -370,11 +357,6 @@ impl RedisJobs {
         &self.redis
     }
 
-    /// The blobs (Batch API files and records) stored beside the jobs.
-    pub fn blobs(&self) -> &RedisBlobs {
-        &self.blobs
-    }
-
     /// The queue on `redis` with these bounds. Inside a Tokio runtime this
     /// starts the change feed (a pub/sub subscriber that resubscribes after
     /// Redis restarts); outside one, `subscribe_changes` hears nothing.
@@ -393,7 +375,6 @@ impl RedisJobs {
             tracing::warn!("redis job store built outside a runtime: no change feed");
         }
         RedisJobs {
-            blobs: RedisBlobs::new(redis.clone()),
             redis,
             limits,
             changes,
@@ -534,7 +515,11 @@ impl RedisJobs {
             if states.len() != chunk.len() {
                 return Err(bad("jobs states"));
             }
-            out.extend(states.into_iter().map(|s| s.as_deref().map(parse_state)));
+            out.extend(
+                states
+                    .into_iter()
+                    .map(|s| s.as_deref().map(JobState::parse)),
+            );
         }
         Ok(out)
     }
@@ -788,8 +773,8 @@ async fn change_feed(
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::super::testutil::RedisServer;
     use super::*;
+    use crate::state::redis::testutil::RedisServer;
 
     const LEASE: Duration = Duration::from_secs(30);
 
