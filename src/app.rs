@@ -311,7 +311,7 @@ impl Core {
         }
         let jobs = match &config.queue {
             Some(q) => Some(
-                crate::state::assemble::open_jobs(q, stores.redis.as_ref())
+                crate::state::assemble::open_jobs(q, stores.redis.as_ref(), &metrics)
                     .await
                     .map_err(StartError::Queue)?,
             ),

@@ -353,18 +353,7 @@ impl Dispatcher {
                 fingerprint: spec.fingerprint().to_vec(),
                 request: request.to_vec(),
             })
-            .await
-            .map_err(|e| {
-                if let crate::state::jobs::QueueError::Unavailable(why) = &e {
-                    // Never "accepted" for a job that was not stored.
-                    tracing::warn!(request_id = %spec.request_id, error = %why, "shared state unavailable: the job was not stored");
-                    self.metrics
-                        .state_errors
-                        .get_or_create(&crate::telemetry::metrics::StateLabels { function: "jobs" })
-                        .inc();
-                }
-                RequestError::from(e)
-            })?;
+            .await?;
         if let Some(recovery) = self.registry.recovery() {
             let _ = recovery.cast(RecoveryMsg::JobsWaiting);
         }

@@ -1,7 +1,7 @@
 //! Switchyard: a resilient gRPC router in front of LLM providers.
 //!
 //! The crate map, bottom layer first; each layer depends only on those below
-//! it (DESIGN.md §1). `config`, `error` and `chat` sit beside the layers.
+//! it (DESIGN.md §1). `config`, `error`, `chat` and `job` sit beside the layers.
 //!
 //! | layer | modules | owns |
 //! |---|---|---|
@@ -29,6 +29,7 @@ pub mod drill;
 pub mod embeddings;
 pub mod error;
 pub mod golden;
+pub mod job;
 pub mod mock;
 pub mod plan;
 pub mod policy;

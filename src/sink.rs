@@ -109,7 +109,7 @@ pub enum Event {
 /// A job accepted for a request, with its place in the queue.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct QueuedJob {
-    pub record: crate::state::jobs::JobRecord,
+    pub record: crate::job::JobRecord,
     pub position: u64,
     pub eta: std::time::Duration,
 }

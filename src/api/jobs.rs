@@ -20,7 +20,7 @@ use crate::policy::token_bucket::TokenBucketConfig;
 use crate::proto;
 use crate::sink::Events;
 use crate::state::jobs::JobRecord;
-use crate::state::jobs::Jobs;
+use crate::state::jobs::{DrainTurn, Jobs};
 
 pub type JobStream = Pin<Box<dyn Stream<Item = Result<proto::Job, Status>> + Send>>;
 
@@ -98,16 +98,10 @@ pub fn runner(jobs: Arc<Jobs>, intake: Arc<Intake>, drain: TokenBucketConfig) ->
 /// One run: a token from the drain bucket, the oldest job, its request
 /// through the intake (buffered), the answer stored once.
 async fn run_one(jobs: &Jobs, intake: &Intake, drain: TokenBucketConfig) -> RunOutcome {
-    if let Some(shared) = jobs.shared() {
-        // The drain rate holds for the fleet: N replicas do not drain N times faster.
-        match shared.redis().bucket_take("drain", drain).await {
-            Ok(true) => {}
-            Ok(false) => return RunOutcome::Throttled,
-            Err(e) => {
-                tracing::warn!(error = %e, "job queue: the fleet drain bucket is unavailable");
-                return RunOutcome::NoCapacity;
-            }
-        }
+    match jobs.drain_turn(drain).await {
+        DrainTurn::Go => {}
+        DrainTurn::Throttled => return RunOutcome::Throttled,
+        DrainTurn::Unavailable => return RunOutcome::NoCapacity,
     }
     let job = match jobs.claim().await {
         Ok(Some(job)) => job,

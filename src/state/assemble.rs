@@ -117,7 +117,11 @@ fn embedded_responses(config: &Config) -> Result<ResponseStore, String> {
 
 /// Opens the job queue `q` names, on `redis` when the fleet backend is on;
 /// runs cut short by a previous process go back to it.
-pub async fn open_jobs(q: &QueueConfig, redis: Option<&Redis>) -> Result<Arc<Jobs>, String> {
+pub async fn open_jobs(
+    q: &QueueConfig,
+    redis: Option<&Redis>,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<Jobs>, String> {
     let limits = Limits {
         max_jobs: q.max_jobs,
         max_per_tenant: q.max_jobs_per_tenant,
@@ -128,7 +132,8 @@ pub async fn open_jobs(q: &QueueConfig, redis: Option<&Redis>) -> Result<Arc<Job
         // runs come back when their lease lapses (see `Jobs::claim`).
         let store = RedisJobs::new(redis.clone(), limits);
         tracing::info!("job queue on Redis (shared by every replica on it)");
-        return Ok(Jobs::redis(store, q.drain.rate, REDIS_JOB_LEASE));
+        let faults = StateFaults::new(metrics.clone());
+        return Ok(Jobs::redis(store, faults, q.drain.rate, REDIS_JOB_LEASE));
     }
     let path = q.path.clone();
     let accept_empty = q.accept_empty_file;

@@ -1,5 +1,6 @@
 //! The job store in one home: this face (`Jobs`, async, one per process)
-//! with its vocabulary (`JobRecord`, `JobState`, `QueueError`) and what a
+//! with its errors (`QueueError`; the record it keeps is `crate::job`'s,
+//! re-exported here, since the event sink carries it to callers) and what a
 //! Redis outage does to it, the embedded SQLite store (`embedded`, every call
 //! on the blocking pool) and the fleet's on Redis (`redis`, leases with
 //! fencing tokens). Every state change is announced on a broadcast channel
@@ -21,73 +22,16 @@ use tokio::sync::broadcast;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::error::RequestError;
+use crate::policy::token_bucket::TokenBucketConfig;
 use crate::state::files::{Files, RedisBlobs};
+use crate::state::{StateError, StateFaults};
 
 pub mod embedded;
 pub mod redis;
 
+pub use crate::job::{JobRecord, JobState};
 pub use embedded::{JobStore, NewJob, Swept};
 pub use redis::RedisJobs;
-
-/// A job's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum JobState {
-    Queued,
-    Running,
-    Succeeded,
-    Failed,
-    Expired,
-}
-
-impl JobState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Queued => "QUEUED",
-            JobState::Running => "RUNNING",
-            JobState::Succeeded => "SUCCEEDED",
-            JobState::Failed => "FAILED",
-            JobState::Expired => "EXPIRED",
-        }
-    }
-
-    fn parse(s: &str) -> JobState {
-        match s {
-            "RUNNING" => JobState::Running,
-            "SUCCEEDED" => JobState::Succeeded,
-            "FAILED" => JobState::Failed,
-            "EXPIRED" => JobState::Expired,
-            _ => JobState::Queued,
-        }
-    }
-
-    /// No further change will happen.
-    pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            JobState::Succeeded | JobState::Failed | JobState::Expired
-        )
-    }
-}
-
-/// One job as stored.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct JobRecord {
-    pub id: String,
-    pub tenant: String,
-    pub route: String,
-    /// The encoded `CompletionRequest`.
-    pub request: Vec<u8>,
-    pub state: JobState,
-    pub attempts: u32,
-    /// The encoded `CompletionResponse`, once succeeded.
-    pub result: Option<Vec<u8>>,
-    pub error: Option<String>,
-    pub error_reason: Option<String>,
-    pub created_ms: u64,
-    pub updated_ms: u64,
-    /// Claim token of the run holding it (RUNNING only).
-    pub claim: Option<String>,
-}
 
 /// A queue operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -140,9 +84,21 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Rows (jobs, blobs, charges) one sweep step handles, at most.
 const SWEEP_LIMIT: usize = 500;
 
+/// Whether a queued job may run now under the drain rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainTurn {
+    Go,
+    /// The fleet drained its rate's worth: wait for a token.
+    Throttled,
+    /// The fleet's bucket cannot be asked: no job runs until it can.
+    Unavailable,
+}
+
 /// Queue operations for async callers. Cheap to share.
 pub struct Jobs {
     backend: Backend,
+    /// Counts and logs what Redis did not answer (the fleet backend).
+    faults: Option<Arc<StateFaults>>,
     /// The files stored beside the jobs.
     files: Files,
     changed: broadcast::Sender<String>,
@@ -180,19 +136,28 @@ impl Jobs {
         let (changed, _) = broadcast::channel(1024);
         let store = Arc::new(store);
         let files = Files::embedded(store.clone());
-        Self::with_sweeper(Backend::Sqlite(store), files, changed, drain_rate, lease)
+        let backend = Backend::Sqlite(store);
+        Self::with_sweeper(backend, None, files, changed, drain_rate, lease)
     }
 
-    /// Jobs in Redis, shared by every replica naming the same server.
-    pub fn redis(store: RedisJobs, drain_rate: f64, lease: Duration) -> Arc<Self> {
+    /// Jobs in Redis, shared by every replica naming the same server; a
+    /// call Redis does not answer is counted and logged in `faults`.
+    pub fn redis(
+        store: RedisJobs,
+        faults: Arc<StateFaults>,
+        drain_rate: f64,
+        lease: Duration,
+    ) -> Arc<Self> {
         let (changed, _) = broadcast::channel(1);
         let files = Files::redis(RedisBlobs::new(store.redis().clone()));
-        Self::with_sweeper(Backend::Redis(store), files, changed, drain_rate, lease)
+        let backend = Backend::Redis(store);
+        Self::with_sweeper(backend, Some(faults), files, changed, drain_rate, lease)
     }
 
     /// The queue, with its sweeper running when there is a runtime.
     fn with_sweeper(
         backend: Backend,
+        faults: Option<Arc<StateFaults>>,
         files: Files,
         changed: broadcast::Sender<String>,
         drain_rate: f64,
@@ -204,6 +169,7 @@ impl Jobs {
         }
         Arc::new(Jobs {
             backend,
+            faults,
             files,
             changed,
             drain_rate,
@@ -217,11 +183,21 @@ impl Jobs {
         &self.files
     }
 
-    /// The fleet backend, when jobs live in Redis.
-    pub fn shared(&self) -> Option<&RedisJobs> {
-        match &self.backend {
-            Backend::Redis(r) => Some(r),
-            Backend::Sqlite(_) => None,
+    /// A turn under the drain rate. On Redis the bucket is the fleet's
+    /// (`{jobs}:drain:drain`): N replicas do not drain N times faster; when
+    /// Redis does not answer no job runs (it waits, like one no target can
+    /// take yet). Embedded, the recovery actor's own bucket is the only one.
+    pub async fn drain_turn(&self, drain: TokenBucketConfig) -> DrainTurn {
+        let Backend::Redis(r) = &self.backend else {
+            return DrainTurn::Go;
+        };
+        match r.redis().bucket_take("drain", drain).await {
+            Ok(true) => DrainTurn::Go,
+            Ok(false) => DrainTurn::Throttled,
+            Err(e) => {
+                tracing::warn!(error = %e, "job queue: the fleet drain bucket is unavailable");
+                DrainTurn::Unavailable
+            }
         }
     }
 
@@ -250,9 +226,12 @@ impl Jobs {
         }
     }
 
+    /// Accepts a job durably. When Redis does not answer nothing is stored
+    /// and the error says so (never "accepted" for a job that was not
+    /// stored), counted in `switchyard_state_errors_total{function="jobs"}`.
     pub async fn submit(&self, job: OwnedJob) -> Result<JobRecord, QueueError> {
         if let Backend::Redis(r) = &self.backend {
-            return r
+            let stored = r
                 .submit(
                     &job.tenant,
                     &job.route,
@@ -261,6 +240,11 @@ impl Jobs {
                     &job.request,
                 )
                 .await;
+            if let (Err(QueueError::Unavailable(why)), Some(faults)) = (&stored, &self.faults) {
+                let err = StateError::Unavailable(why.clone());
+                faults.record("jobs", &err, "the job was not stored");
+            }
+            return stored;
         }
         let record = self
             .blocking(move |s| {

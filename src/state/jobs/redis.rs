@@ -26,7 +26,8 @@ use tokio::sync::broadcast;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{JobRecord, JobState, Limits, QueueError};
-use crate::state::redis::{ms, reply, Redis, LUA_NOW};
+use crate::policy::token_bucket::TokenBucketConfig;
+use crate::state::redis::{ms, num, reply, Redis, LUA_BUCKET, LUA_NOW};
 use crate::state::StateError;
 
 /// Lua shared by the job scripts.
@@ -255,6 +256,16 @@ if not seq then return 0 end
 return redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. seq)
 ",
     )
+});
+
+/// KEYS: bucket. ARGV: rate, burst.
+static TAKE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{LUA_NOW}{LUA_BUCKET}{}",
+        r"
+return bucket_take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now_ms(), true)
+"
+    ))
 });
 
 /// The job queue shared by the fleet; clones share the change feed.
@@ -709,6 +720,26 @@ impl Redis {
     pub(crate) fn jobs_channel(&self) -> String {
         format!("{}jobs:changed", self.prefix())
     }
+
+    /// Takes one token from the fleet-wide bucket `name`
+    /// (`{prefix}{jobs}:drain:<name>`), so all replicas together drain at `cfg.rate`.
+    pub async fn bucket_take(
+        &self,
+        name: &str,
+        cfg: TokenBucketConfig,
+    ) -> Result<bool, StateError> {
+        let key = self.jobs_key(&format!("drain:{name}"));
+        let wait: i64 = self
+            .call("bucket_take", |mut c| async move {
+                TAKE.key(key)
+                    .arg(num(cfg.rate))
+                    .arg(cfg.burst)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(wait == 0)
+    }
 }
 
 /// Feeds `tx` from the change channel, resubscribing after Redis restarts;
@@ -1156,5 +1187,46 @@ mod tests {
                 "succeeded"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn the_drain_bucket_is_shared_by_the_fleet_and_refills() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let a = server.client();
+        let b = server.client();
+        let cfg = TokenBucketConfig {
+            rate: 4.0,
+            burst: 4,
+        };
+        let mut taken = 0;
+        for i in 0..10 {
+            let r = if i % 2 == 0 { &a } else { &b };
+            if r.bucket_take("drain", cfg.clone()).await.unwrap() {
+                taken += 1;
+            }
+        }
+        assert!(
+            (4..=5).contains(&taken),
+            "burst 4 (plus at most one refilled while the loop ran): {taken}"
+        );
+        assert!(
+            a.bucket_take("other", cfg.clone()).await.unwrap(),
+            "buckets are apart"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut again = 0;
+        for _ in 0..4 {
+            if b.bucket_take("drain", cfg.clone()).await.unwrap() {
+                again += 1;
+            }
+        }
+        assert!((2..=3).contains(&again), "refilled at 4/s: {again}");
+        let n: i64 = server
+            .raw(&["EXISTS", "switchyard:{jobs}:drain:drain"])
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
     }
 }

@@ -373,6 +373,37 @@ local function now_ms()
 end
 ";
 
+/// Shared Lua, the token bucket of tenant rates and the drain (`bucket_take`): 0 if a token was taken, else ms until one is available.
+/// Rates below one a day act as one a day and a burst of 0 as 1, as in
+/// `policy::token_bucket`.
+pub(crate) const LUA_BUCKET: &str = r"
+local function bucket_take(key, rate, burst, now, take)
+  if burst < 1 then burst = 1 end
+  if rate ~= rate or rate < 1 / 86400 then rate = 1 / 86400 end
+  local st = redis.call('HMGET', key, 'tokens', 'last')
+  local tokens = tonumber(st[1])
+  local last = tonumber(st[2])
+  if tokens == nil or last == nil then
+    tokens = burst
+    last = now
+  end
+  if now > last then
+    tokens = math.min(burst, tokens + (now - last) * rate / 1000)
+    last = now
+  end
+  if tokens < 1 then
+    local wait = math.ceil((1 - tokens) * 1000 / rate)
+    if wait < 1 then wait = 1 end
+    return wait
+  end
+  if take then
+    redis.call('HSET', key, 'tokens', string.format('%.17g', tokens - 1), 'last', last)
+    redis.call('PEXPIRE', key, math.min(math.ceil(burst * 1000 / rate) + 1000, 1e12))
+  end
+  return 0
+end
+";
+
 /// Formats a float for Lua's `tonumber` without losing precision.
 pub(crate) fn num(x: f64) -> String {
     if x.is_finite() {

@@ -1,9 +1,8 @@
-//! Fleet-wide tenant admission and the drain bucket. Concurrency is a sorted
-//! set of slot ids scored by lease expiry (`{t:<tenant>}:slots`), renewed
-//! while a request lives, so a dead replica's slot lapses within its lease;
-//! the rate is a token bucket in a hash (`:rate`: `tokens`, `last` ms). One
-//! script checks both and takes nothing unless both pass. The drain bucket is
-//! the same bucket alone.
+//! Fleet-wide tenant admission. Concurrency is a sorted set of slot ids
+//! scored by lease expiry (`{t:<tenant>}:slots`), renewed while a request
+//! lives, so a dead replica's slot lapses within its lease; the rate is a
+//! token bucket in a hash (`:rate`: `tokens`, `last` ms). One script checks
+//! both and takes nothing unless both pass.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -12,39 +11,8 @@ use redis::{Script, Value};
 
 use super::TenantDecision;
 use crate::policy::token_bucket::TokenBucketConfig;
-use crate::state::redis::{bad_reply, ms, num, reply, Redis, LUA_NOW};
+use crate::state::redis::{bad_reply, ms, num, reply, Redis, LUA_BUCKET, LUA_NOW};
 use crate::state::StateError;
-
-/// Lua token bucket: 0 if a token was taken, else ms until one is available.
-/// Rates below one a day act as one a day and a burst of 0 as 1, as in
-/// `policy::token_bucket`.
-const LUA_BUCKET: &str = r"
-local function bucket_take(key, rate, burst, now, take)
-  if burst < 1 then burst = 1 end
-  if rate ~= rate or rate < 1 / 86400 then rate = 1 / 86400 end
-  local st = redis.call('HMGET', key, 'tokens', 'last')
-  local tokens = tonumber(st[1])
-  local last = tonumber(st[2])
-  if tokens == nil or last == nil then
-    tokens = burst
-    last = now
-  end
-  if now > last then
-    tokens = math.min(burst, tokens + (now - last) * rate / 1000)
-    last = now
-  end
-  if tokens < 1 then
-    local wait = math.ceil((1 - tokens) * 1000 / rate)
-    if wait < 1 then wait = 1 end
-    return wait
-  end
-  if take then
-    redis.call('HSET', key, 'tokens', string.format('%.17g', tokens - 1), 'last', last)
-    redis.call('PEXPIRE', key, math.min(math.ceil(burst * 1000 / rate) + 1000, 1e12))
-  end
-  return 0
-end
-";
 
 /// KEYS: slots, rate. ARGV: slot id, max concurrent, has rate, rate, burst, slot ttl ms.
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
@@ -94,16 +62,6 @@ redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 redis.call('PEXPIREAT', KEYS[1], math.ceil(tonumber(last[2])))
 return 1
-"
-    ))
-});
-
-/// KEYS: bucket. ARGV: rate, burst.
-static TAKE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{LUA_NOW}{LUA_BUCKET}{}",
-        r"
-return bucket_take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now_ms(), true)
 "
     ))
 });
@@ -188,26 +146,6 @@ impl Redis {
             })
             .await?;
         Ok(())
-    }
-
-    /// Takes one token from the fleet-wide bucket `name`
-    /// (`{prefix}{jobs}:drain:<name>`), so all replicas together drain at `cfg.rate`.
-    pub async fn bucket_take(
-        &self,
-        name: &str,
-        cfg: TokenBucketConfig,
-    ) -> Result<bool, StateError> {
-        let key = self.jobs_key(&format!("drain:{name}"));
-        let wait: i64 = self
-            .call("bucket_take", |mut c| async move {
-                TAKE.key(key)
-                    .arg(num(cfg.rate))
-                    .arg(cfg.burst)
-                    .invoke_async(&mut c)
-                    .await
-            })
-            .await?;
-        Ok(wait == 0)
     }
 }
 
@@ -405,47 +343,6 @@ mod tests {
         ));
         let n: i64 = server
             .raw(&["ZCARD", "switchyard:{t:e}:slots"])
-            .await
-            .unwrap();
-        assert_eq!(n, 1);
-    }
-
-    #[tokio::test]
-    async fn the_drain_bucket_is_shared_by_the_fleet_and_refills() {
-        let Some(server) = RedisServer::start() else {
-            return;
-        };
-        let a = server.client();
-        let b = server.client();
-        let cfg = TokenBucketConfig {
-            rate: 4.0,
-            burst: 4,
-        };
-        let mut taken = 0;
-        for i in 0..10 {
-            let r = if i % 2 == 0 { &a } else { &b };
-            if r.bucket_take("drain", cfg.clone()).await.unwrap() {
-                taken += 1;
-            }
-        }
-        assert!(
-            (4..=5).contains(&taken),
-            "burst 4 (plus at most one refilled while the loop ran): {taken}"
-        );
-        assert!(
-            a.bucket_take("other", cfg.clone()).await.unwrap(),
-            "buckets are apart"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let mut again = 0;
-        for _ in 0..4 {
-            if b.bucket_take("drain", cfg.clone()).await.unwrap() {
-                again += 1;
-            }
-        }
-        assert!((2..=3).contains(&again), "refilled at 4/s: {again}");
-        let n: i64 = server
-            .raw(&["EXISTS", "switchyard:{jobs}:drain:drain"])
             .await
             .unwrap();
         assert_eq!(n, 1);
