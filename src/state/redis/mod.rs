@@ -373,9 +373,10 @@ local function now_ms()
 end
 ";
 
-/// Shared Lua, the token bucket of tenant rates and the drain (`bucket_take`): 0 if a token was taken, else ms until one is available.
-/// Rates below one a day act as one a day and a burst of 0 as 1, as in
-/// `policy::token_bucket`.
+/// Shared Lua: the token bucket of tenant rates and of the job drain.
+/// `bucket_take` answers 0 if a token was taken, else ms until one is
+/// available. Rates below one a day act as one a day and a burst of 0 as 1,
+/// as in `policy::token_bucket`.
 pub(crate) const LUA_BUCKET: &str = r"
 local function bucket_take(key, rate, burst, now, take)
   if burst < 1 then burst = 1 end
