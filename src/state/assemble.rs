@@ -39,21 +39,31 @@ const EMBEDDED_JOB_LEASE: Duration = Duration::from_secs(600);
 /// The stores for `config`; a Redis URL variable that is unset is an error.
 /// On Redis the cost ledger's upkeep (heartbeat, owed charges) is spawned.
 pub fn build(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, String> {
-    let st = &config.state;
-    if st.backend == StateBackend::Embedded {
-        return Ok(Stores {
-            idempotency: Arc::new(Idempotency::Embedded(IdempotencyStore::new(
-                config.idempotency.ttl,
-                config.idempotency.max_entries,
-                config.idempotency.max_bytes,
-            ))),
-            cost: Arc::new(CostLedger::Embedded(CostGuard::new(config.cost.clone()))),
-            tenants: TenantLimits::Embedded(TenantLimiter::new(&config.limits)),
-            responses: Arc::new(embedded_responses(config)?),
-            redis: None,
-            affinity: Arc::default(),
-        });
+    match config.state.backend {
+        StateBackend::Embedded => embedded_stores(config),
+        StateBackend::Redis => fleet_stores(config, metrics),
     }
+}
+
+/// Every store in this process.
+fn embedded_stores(config: &Config) -> Result<Stores, String> {
+    Ok(Stores {
+        idempotency: Arc::new(Idempotency::Embedded(IdempotencyStore::new(
+            config.idempotency.ttl,
+            config.idempotency.max_entries,
+            config.idempotency.max_bytes,
+        ))),
+        cost: Arc::new(CostLedger::Embedded(CostGuard::new(config.cost.clone()))),
+        tenants: TenantLimits::Embedded(TenantLimiter::new(&config.limits)),
+        responses: Arc::new(embedded_responses(config)?),
+        redis: None,
+        affinity: Arc::default(),
+    })
+}
+
+/// Every store on the Redis `[state]` names.
+fn fleet_stores(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, String> {
+    let st = &config.state;
     let url = std::env::var(&st.redis_url_env).map_err(|_| {
         format!(
             "state.redis_url_env: environment variable `{}` is not set (it holds the redis:// URL)",

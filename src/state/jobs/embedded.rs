@@ -104,44 +104,9 @@ fn expire_waiting(conn: &Connection, now: i64, ttl_ms: i64, limit: i64) -> rusql
     )
 }
 
-/// A new job to accept.
-pub struct NewJob<'a> {
-    pub tenant: &'a str,
-    pub route: &'a str,
-    pub idempotency_key: Option<&'a str>,
-    pub fingerprint: &'a [u8],
-    pub request: &'a [u8],
-}
-
-impl JobStore {
-    /// Opens the queue file, or creates it when there is none. An existing
-    /// file without the queue's marker is refused unless `accept_empty`.
-    pub fn open(path: &Path, limits: Limits, accept_empty: bool) -> Result<Self, QueueError> {
-        let existed = path.exists();
-        let conn = Connection::open(path)?;
-        if existed {
-            let marked: bool = conn
-                .query_row(
-                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'jobs'",
-                    [],
-                    |r| r.get::<_, i64>(0),
-                )
-                .map(|n| n > 0)
-                .unwrap_or(false);
-            if !marked {
-                let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-                let what = format!("{size} bytes, no jobs table");
-                if !accept_empty {
-                    return Err(QueueError::NotAQueue(what));
-                }
-                tracing::warn!(file = %path.display(), found = %what, "queue.accept_empty_file: beginning an EMPTY queue in a file that held no queue");
-            }
-        }
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.busy_timeout(Duration::from_secs(5))?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS jobs (
+/// The file's tables (jobs, files, the queue's clock), as the first
+/// version wrote them plus every column added since.
+const TABLES: &str = "CREATE TABLE IF NOT EXISTS jobs (
                 id TEXT PRIMARY KEY,
                 tenant TEXT NOT NULL,
                 route TEXT NOT NULL,
@@ -175,21 +140,73 @@ impl JobStore {
                 id INTEGER PRIMARY KEY CHECK (id = 0),
                 v INTEGER NOT NULL
             );
-            INSERT OR IGNORE INTO queue_clock (id, v) VALUES (0, 0);",
-        )?;
-        // Files written by an older version: the columns fairness and
-        // quotas need (old rows: tag 0, FIFO among themselves; no owner).
-        add_column(&conn, "jobs", "vtag", "INTEGER NOT NULL DEFAULT 0")?;
-        add_column(&conn, "blobs", "tenant", "TEXT")?;
-        add_column(&conn, "blobs", "bytes", "INTEGER NOT NULL DEFAULT 0")?;
-        add_column(&conn, "blobs", "files", "INTEGER NOT NULL DEFAULT 0")?;
-        conn.execute_batch(
-            "CREATE INDEX IF NOT EXISTS jobs_turn ON jobs(state, vtag);
+            INSERT OR IGNORE INTO queue_clock (id, v) VALUES (0, 0);";
+
+/// The indexes of turns, retention and quotas (after `TABLES` and any
+/// column an older file lacks).
+const INDEXES: &str = "CREATE INDEX IF NOT EXISTS jobs_turn ON jobs(state, vtag);
             CREATE INDEX IF NOT EXISTS jobs_tenant_turn ON jobs(tenant, state, vtag);
             CREATE INDEX IF NOT EXISTS jobs_retention ON jobs(state, expires_ms);
             CREATE INDEX IF NOT EXISTS blobs_expiry ON blobs(expires_ms);
-            CREATE INDEX IF NOT EXISTS blobs_tenant ON blobs(tenant, expires_ms);",
-        )?;
+            CREATE INDEX IF NOT EXISTS blobs_tenant ON blobs(tenant, expires_ms);";
+
+/// An existing file without the jobs table is not a queue: refused unless
+/// `accept_empty` (then it begins an empty queue, with a WARN).
+fn refuse_unmarked(conn: &Connection, path: &Path, accept_empty: bool) -> Result<(), QueueError> {
+    let marked: bool = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'jobs'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)
+        .unwrap_or(false);
+    if marked {
+        return Ok(());
+    }
+    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let what = format!("{size} bytes, no jobs table");
+    if !accept_empty {
+        return Err(QueueError::NotAQueue(what));
+    }
+    tracing::warn!(file = %path.display(), found = %what, "queue.accept_empty_file: beginning an EMPTY queue in a file that held no queue");
+    Ok(())
+}
+
+/// Creates what is missing: tables, columns, indexes.
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(TABLES)?;
+    // Files written by an older version: the columns fairness and
+    // quotas need (old rows: tag 0, FIFO among themselves; no owner).
+    add_column(conn, "jobs", "vtag", "INTEGER NOT NULL DEFAULT 0")?;
+    add_column(conn, "blobs", "tenant", "TEXT")?;
+    add_column(conn, "blobs", "bytes", "INTEGER NOT NULL DEFAULT 0")?;
+    add_column(conn, "blobs", "files", "INTEGER NOT NULL DEFAULT 0")?;
+    conn.execute_batch(INDEXES)
+}
+
+/// A new job to accept.
+pub struct NewJob<'a> {
+    pub tenant: &'a str,
+    pub route: &'a str,
+    pub idempotency_key: Option<&'a str>,
+    pub fingerprint: &'a [u8],
+    pub request: &'a [u8],
+}
+
+impl JobStore {
+    /// Opens the queue file, or creates it when there is none. An existing
+    /// file without the queue's marker is refused unless `accept_empty`.
+    pub fn open(path: &Path, limits: Limits, accept_empty: bool) -> Result<Self, QueueError> {
+        let existed = path.exists();
+        let conn = Connection::open(path)?;
+        if existed {
+            refuse_unmarked(&conn, path, accept_empty)?;
+        }
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        migrate(&conn)?;
         Ok(JobStore {
             conn: Mutex::new(conn),
             limits,
@@ -223,25 +240,7 @@ impl JobStore {
                 return Ok(record);
             }
         }
-        let total: i64 = tx.query_row(
-            "SELECT COUNT(*) FROM jobs WHERE state IN ('QUEUED', 'RUNNING')",
-            [],
-            |r| r.get(0),
-        )?;
-        if total as usize >= self.limits.max_jobs {
-            return Err(QueueError::Full(total as usize));
-        }
-        let tenant_count: i64 = tx.query_row(
-            "SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND state IN ('QUEUED', 'RUNNING')",
-            params![job.tenant],
-            |r| r.get(0),
-        )?;
-        if tenant_count as usize >= self.limits.max_per_tenant {
-            return Err(QueueError::TenantFull {
-                tenant: job.tenant.to_string(),
-                count: tenant_count as usize,
-            });
-        }
+        self.room_for(&tx, job.tenant)?;
         let now = now_ms();
         let id = format!("job-{:016x}{:08x}", now, rand::random::<u32>());
         let tag = turn(&tx, job.tenant)?;
@@ -263,6 +262,31 @@ impl JobStore {
         let record = by_id(&tx, &id)?;
         tx.commit()?;
         Ok(record)
+    }
+
+    /// Whether the queue and `tenant` have room for one more job waiting
+    /// or running.
+    fn room_for(&self, tx: &Connection, tenant: &str) -> Result<(), QueueError> {
+        let total: i64 = tx.query_row(
+            "SELECT COUNT(*) FROM jobs WHERE state IN ('QUEUED', 'RUNNING')",
+            [],
+            |r| r.get(0),
+        )?;
+        if total as usize >= self.limits.max_jobs {
+            return Err(QueueError::Full(total as usize));
+        }
+        let tenant_count: i64 = tx.query_row(
+            "SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND state IN ('QUEUED', 'RUNNING')",
+            params![tenant],
+            |r| r.get(0),
+        )?;
+        if tenant_count as usize >= self.limits.max_per_tenant {
+            return Err(QueueError::TenantFull {
+                tenant: tenant.to_string(),
+                count: tenant_count as usize,
+            });
+        }
+        Ok(())
     }
 
     pub fn get(&self, id: &str) -> Result<Option<JobRecord>, QueueError> {

@@ -362,6 +362,31 @@ fn job_reply(v: Value, what: &str) -> Result<Option<JobRecord>, QueueError> {
     }
 }
 
+/// The job `SUBMIT` stored or found, or the bound it refused at.
+fn submitted(v: Value, tenant: &str) -> Result<JobRecord, QueueError> {
+    let items = reply::items(v).ok_or_else(|| bad("jobs submit"))?;
+    let count = || {
+        items
+            .get(1)
+            .and_then(reply::int)
+            .map(|n| n.max(0) as usize)
+            .unwrap_or(0)
+    };
+    match items.first().and_then(reply::string).as_deref() {
+        Some("reused") => Err(QueueError::KeyReused),
+        Some("full") => Err(QueueError::Full(count())),
+        Some("tenant_full") => Err(QueueError::TenantFull {
+            tenant: tenant.to_string(),
+            count: count(),
+        }),
+        Some("job") => items
+            .get(1)
+            .and_then(record)
+            .ok_or_else(|| bad("jobs submit")),
+        _ => Err(bad("jobs submit")),
+    }
+}
+
 impl RedisJobs {
     /// The client the store talks through (the fleet's drain bucket uses it too).
     pub fn redis(&self) -> &Redis {
@@ -468,27 +493,7 @@ impl RedisJobs {
             })
             .await
             .map_err(unavailable)?;
-        let items = reply::items(v).ok_or_else(|| bad("jobs submit"))?;
-        let count = || {
-            items
-                .get(1)
-                .and_then(reply::int)
-                .map(|n| n.max(0) as usize)
-                .unwrap_or(0)
-        };
-        match items.first().and_then(reply::string).as_deref() {
-            Some("reused") => Err(QueueError::KeyReused),
-            Some("full") => Err(QueueError::Full(count())),
-            Some("tenant_full") => Err(QueueError::TenantFull {
-                tenant: tenant.to_string(),
-                count: count(),
-            }),
-            Some("job") => items
-                .get(1)
-                .and_then(record)
-                .ok_or_else(|| bad("jobs submit")),
-            _ => Err(bad("jobs submit")),
-        }
+        submitted(v, tenant)
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<JobRecord>, QueueError> {
