@@ -26,13 +26,13 @@ use crate::api::intake::Intake;
 use crate::api::listener;
 use crate::api::router_service::RouterService;
 use crate::api::tls::{self, TlsState};
-use crate::cache::ResponseCache;
 use crate::config::AuthMode;
 use crate::config::{Config, ConfigError};
 use crate::dispatch::Dispatcher;
 use crate::golden::store::ValidationStore;
 use crate::proto;
 use crate::reload::{runtimes, Reloader};
+use crate::state::cache::ResponseCache;
 use crate::state::jobs::Jobs;
 use crate::telemetry::metrics::Metrics;
 

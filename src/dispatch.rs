@@ -20,7 +20,6 @@ use crate::actors::registry::{ProviderEntry, Registry};
 use crate::actors::router::{Candidate, Plan, PlanError, RouterMsg};
 use crate::actors::CALL_TIMEOUT;
 use crate::attempt::{self, AttemptEnd, AttemptInput};
-use crate::cache::ResponseCache;
 use crate::chat::{ChatRequest, Usage};
 use crate::config::Rung;
 use crate::error::RequestError;
@@ -31,6 +30,7 @@ use crate::request::RequestSpec;
 use crate::semantic::SemanticCache;
 use crate::sink::{Event, EventSink, Finished, QueuedJob, Started, Tier};
 use crate::state::affinity::AffinityMemory;
+use crate::state::cache::ResponseCache;
 use crate::state::cost::{CostLedger, OnOutage, Reservation};
 use crate::state::idempotency::{Idempotency, KeyClaim};
 use crate::state::jobs::{Jobs, OwnedJob};
@@ -981,7 +981,7 @@ struct Stored<'a> {
 }
 
 impl<'a> Stored<'a> {
-    fn exact(hit: &'a crate::cache::Hit) -> Self {
+    fn exact(hit: &'a crate::state::cache::Hit) -> Self {
         Stored {
             events: &hit.events,
             tier: Tier::Cache,

@@ -8,7 +8,7 @@
 //! | policy | [`policy`] | pure structs, time passed in: outcome classes, breaker, health window, retry budget, backoff, token bucket, cooldown, and [`policy::next`], the next-step decision table |
 //! | upstream | [`upstream`] | wire adapters (OpenAI and compatible servers, Azure, Anthropic, Bedrock, Vertex, Gemini), the content each wire carries or reports dropped, SSE parsing, end-of-stream checks, the neutral [`upstream::endpoint::Endpoint`] |
 //! | attempt | [`attempt`], [`sink`] | one upstream attempt with a permit it is given; the event sink to the caller |
-//! | state | [`state`], [`cache`] | stores: one folder per store ([`state::cost`], [`state::idempotency`], [`state::tenants`], [`state::responses`], [`state::affinity`], [`state::jobs`], [`state::files`]) with its embedded and Redis implementation and what a Redis outage does to it; the Redis client ([`state::redis`]) |
+//! | state | [`state`] | stores: one home per store ([`state::cache`], [`state::cost`], [`state::idempotency`], [`state::tenants`], [`state::responses`], [`state::affinity`], [`state::jobs`], [`state::files`]) with its embedded and Redis implementation and what a Redis outage does to it; the Redis client ([`state::redis`]) |
 //! | actors | [`actors`] | supervisor, provider, router and recovery actors: policy wired to messages |
 //! | request task | [`dispatch`], [`request`], [`semantic`], [`embeddings`] | one per request: plan, admission, attempts as [`policy::next`] says, the ladder with its exact and semantic cache rungs (an embeddings call: the same walk, no ladder) |
 //! | api | [`api`] | the one intake ([`api::intake`]), gRPC services, the HTTP doors (OpenAI Chat Completions, Responses, embeddings and models; Anthropic Messages; Batch), jobs, the error table ([`api::status`]) |
@@ -19,7 +19,6 @@ pub mod api;
 pub mod app;
 pub mod attempt;
 pub mod bench;
-pub mod cache;
 pub mod chat;
 pub mod config;
 #[cfg(test)]
@@ -40,10 +39,6 @@ pub mod sink;
 pub mod state;
 pub mod telemetry;
 pub mod upstream;
-
-/// The idempotency store's vocabulary (`Fingerprint`) where the request
-/// path has always found it; the store itself is `state::idempotency`.
-pub use state::idempotency;
 
 /// Generated gRPC types and services for `switchyard.v1`.
 pub mod proto {

@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use crate::chat::ChatRequest;
-use crate::idempotency::Fingerprint;
+use crate::state::idempotency::Fingerprint;
 
 /// What a request needs from a target.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -20,10 +20,10 @@ use crate::actors::router::Plan;
 use crate::chat::FinishReason;
 use crate::config::SemanticCacheConfig;
 use crate::dispatch::{admit, Admission, Dispatcher};
-use crate::idempotency::Fingerprint;
 use crate::policy::outcome::OutcomeClass;
 use crate::request::RequestSpec;
 use crate::sink::Event;
+use crate::state::idempotency::Fingerprint;
 use crate::telemetry::metrics::{AttemptLabels, EmbedLabels, Metrics, RouteLabels, SemanticLabels};
 
 /// How long the fill may wait for a question's embedding (lookups wait

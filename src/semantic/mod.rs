@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::idempotency::Fingerprint;
 use crate::sink::Event;
+use crate::state::idempotency::Fingerprint;
 use index::ScopeIndex;
 
 /// A stored answer close enough to the question, with how close and how old.
@@ -111,7 +111,7 @@ pub struct SemanticCache {
 
 /// Rough memory of a stored answer and its vector (the graph keeps a copy).
 fn size_of(events: &[Event], dim: usize) -> usize {
-    crate::cache::size_of(events) + dim * 4 * 2 + 256
+    crate::state::cache::size_of(events) + dim * 4 * 2 + 256
 }
 
 impl SemanticCache {

@@ -6,8 +6,8 @@
 use sha2::{Digest, Sha256};
 
 use crate::config::SemanticCacheConfig;
-use crate::idempotency::Fingerprint;
 use crate::request::{CacheOwner, RequestSpec};
+use crate::state::idempotency::Fingerprint;
 
 /// Longest question embedded (longer ones are not near-repeats worth it).
 pub const MAX_QUESTION_BYTES: usize = 16 * 1024;

@@ -1,6 +1,7 @@
 //! Shared state behind the request path, one folder per store (`affinity`,
 //! `cost`, `files`, `idempotency`, `jobs`, `responses`, `tenants`: the face
-//! with its outage policy, the embedded and the Redis implementation), the
+//! with its outage policy, the embedded and the Redis implementation; the
+//! response cache, in process only, is `cache.rs`), the
 //! Redis client (`redis`: connection, breaker, key layout, leases) and the
 //! stores' assembly from `[state]` (`assemble`). Here: what every store
 //! speaks when shared state fails (`StateError`, counted and logged by
@@ -14,6 +15,7 @@ use crate::telemetry::metrics::{Metrics, StateLabels};
 
 pub mod affinity;
 pub mod assemble;
+pub mod cache;
 pub mod cost;
 pub mod files;
 pub mod idempotency;

@@ -11,8 +11,8 @@ use lru::LruCache;
 use tokio::time::Instant;
 
 use crate::chat::Chunk;
-use crate::idempotency::Fingerprint;
 use crate::sink::Event;
+use crate::state::idempotency::Fingerprint;
 
 struct Entry {
     events: Arc<Vec<Event>>,
