@@ -6,10 +6,10 @@
 //! under the `{jobs}` hash tag).
 //!
 //! When the store does not answer, nothing is half stored: an upload fails
-//! whole (`QueueError::Unavailable`, FILES_BUSY or STATE_UNAVAILABLE to the
-//! caller) and what it stored first is deleted in the background
-//! (`delete_soon`); a Redis upload that cannot be aborted expires with its
-//! lease and the next purge returns its charge.
+//! whole (`QueueError::Unavailable`: STATE_UNAVAILABLE to the caller), what
+//! it stored first is deleted in the background (`delete_soon`), and a Redis
+//! upload that cannot be aborted expires with its lease (the next purge
+//! returns its charge).
 
 use std::sync::Arc;
 use std::time::Duration;
