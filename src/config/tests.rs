@@ -91,7 +91,7 @@ fn embeddings_models_and_their_family() {
     assert!(e.message.contains("`anthropic`"), "{e}");
 }
 
-/// README's worked examples ("Prices and prompt caching"), to the cent.
+/// The worked examples of docs/prices.md ("Prices and prompt caching"), to the cent.
 #[test]
 fn readme_worked_prices() {
     use crate::chat::{Dialect, Usage};

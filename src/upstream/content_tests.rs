@@ -2,7 +2,7 @@
 //! in the body for images, documents, cache markers, signed reasoning,
 //! reasoning asks, structured output and passthrough, and what each reports
 //! as dropped; usage normalisation, cost and reservations on every wire
-//! (the README's worked examples).
+//! (the worked examples of docs/prices.md).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -400,7 +400,7 @@ fn anthropic_streams_signed_thinking_and_reports_cache_usage() {
     );
 }
 
-/// Hand-computed worked examples (README): Sonnet-class prices on Anthropic
+/// Hand-computed worked examples (docs/prices.md): Sonnet-class prices on Anthropic
 /// ($3 in, $15 out) and a gpt-4o-class price on OpenAI ($2.50 in, $10 out).
 #[test]
 fn cost_prices_cache_reads_writes_and_reasoning_by_their_own_rates() {
