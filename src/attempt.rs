@@ -1,7 +1,7 @@
 //! One upstream attempt: send the request with the permit it was given, read
 //! the body under first-token, idle and overall deadlines, decode it with the
-//! provider's adapter, pipe chunks into the sink as they arrive, and return
-//! exactly one classified end. It decides nothing and reports to no actor.
+//! provider kind's [`Wire`] (chosen once; no per-kind branch here), pipe
+//! chunks into the sink as they arrive, and return exactly one classified end. It decides nothing and reports to no actor.
 //! Every byte it holds is bounded: the SSE line and event, the error and
 //! whole bodies, and the output forwarded (a stream that ignores `max_tokens`
 //! is cut as a protocol error, not passed on).
@@ -14,11 +14,9 @@ use tokio::time::{timeout_at, Instant};
 use crate::chat::FinishReason;
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::sink::EventSink;
-use crate::upstream::endpoint::Endpoint;
-use crate::upstream::{
-    anthropic, azure, bedrock, classify, gemini, openai, sse, sse::SseParser, vertex, ChatRequest,
-    Completion, Dropped, ProviderKind, StreamDecoder,
-};
+use crate::upstream::endpoint::{Endpoint, Secret};
+use crate::upstream::wire::{Body, Call, Refused, Wire};
+use crate::upstream::{classify, ChatRequest, Completion, Dropped};
 
 /// Largest error body read from an upstream (the rest is ignored).
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -184,39 +182,6 @@ impl Output {
     }
 }
 
-/// How a streamed body is cut into events: SSE, or Bedrock's event stream.
-enum Framer {
-    Sse(SseParser),
-    EventStream(bedrock::Frames),
-}
-
-impl Framer {
-    fn for_kind(kind: ProviderKind) -> Self {
-        match kind {
-            ProviderKind::BedrockAnthropic => Framer::EventStream(bedrock::Frames::default()),
-            _ => Framer::Sse(SseParser::new()),
-        }
-    }
-
-    fn feed(&mut self, bytes: &[u8], out: &mut Vec<sse::SseEvent>) -> Result<(), Failure> {
-        match self {
-            Framer::Sse(p) => p
-                .feed(bytes, out)
-                .map_err(|e| Failure::new(OutcomeClass::Protocol, e.to_string())),
-            Framer::EventStream(f) => f.feed(bytes, out),
-        }
-    }
-
-    fn finish(&mut self, out: &mut Vec<sse::SseEvent>) -> Result<(), Failure> {
-        match self {
-            Framer::Sse(p) => p
-                .finish(out)
-                .map_err(|e| Failure::new(OutcomeClass::Protocol, e.to_string())),
-            Framer::EventStream(f) => f.finish(),
-        }
-    }
-}
-
 /// Why forwarding stopped.
 enum Forward {
     ClientGone,
@@ -226,6 +191,7 @@ enum Forward {
 
 async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Meta) -> AttemptEnd {
     let rt = input.endpoint;
+    let wire = rt.kind.wire();
     let first_limit = (meta.started + rt.first_token_timeout).min(input.deadline);
     // Vertex: the cached OAuth token (fetched once for all requests).
     let bearer = match &rt.vertex {
@@ -256,7 +222,7 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
             _ => rt.api_key.as_ref(),
         };
         let mut dropped = Dropped::default();
-        let request = match build_request(input, bearer.as_ref(), key, &mut dropped) {
+        let request = match build_request(input, wire, bearer.as_ref(), key, &mut dropped) {
             Ok(r) => r,
             Err(f) => return AttemptEnd::Failed(f),
         };
@@ -286,7 +252,7 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
             }
             break (response, lease);
         }
-        let failure = match failed_response(rt, response, sink, first_limit).await {
+        let failure = match failed_response(wire, response, sink, first_limit).await {
             Ok(end) => return end,
             Err(f) => f,
         };
@@ -305,10 +271,10 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
     };
     // Anthropic and Gemini are always streamed (Anthropic's SDKs refuse long
     // non-streamed calls); the non-streaming path is OpenAI's.
-    let end = if input.chat.stream || rt.kind.always_streamed() {
-        stream_body(input, response, sink, meta, first_limit).await
+    let end = if input.chat.stream || wire.quirks().always_streamed {
+        stream_body(input, wire, response, sink, meta, first_limit).await
     } else {
-        whole_body(input, response, sink, meta, first_limit).await
+        whole_body(input, wire, response, sink, meta, first_limit).await
     };
     match end {
         AttemptEnd::Failed(f) => AttemptEnd::Failed(passed_on(f, rt, meta)),
@@ -317,9 +283,10 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
 }
 
 /// A non-2xx answer: its classified failure, or how the attempt ended
-/// anyway (the caller left; Azure's content filter answered).
+/// anyway (the caller left; the wire read an answer, e.g. Azure's content
+/// filter).
 async fn failed_response(
-    rt: &Endpoint,
+    wire: &dyn Wire,
     response: reqwest::Response,
     sink: &mut EventSink,
     first_limit: Instant,
@@ -330,28 +297,10 @@ async fn failed_response(
         _ = sink.closed() => return Ok(AttemptEnd::ClientGone),
         b = timeout_at(first_limit, read_capped(response, MAX_ERROR_BODY)) => b.unwrap_or_default(),
     };
-    if rt.kind == ProviderKind::AzureOpenai && azure::is_content_filter(status.as_u16(), &body) {
-        // Azure's content filter refused the prompt: an answer, not a
-        // failure (no retry, no failover, the breaker counts a success).
-        return Ok(AttemptEnd::Completed(Completion {
-            finish_reason: FinishReason::ContentFilter,
-            usage: None,
-            service_tier: None,
-            reasoning: Vec::new(),
-        }));
+    match wire.refused(status.as_u16(), &headers, &body) {
+        Refused::Answered(completion) => Ok(AttemptEnd::Completed(completion)),
+        Refused::Failed(failure) => Err(failure),
     }
-    let mut failure = classify::classify_http(rt.kind, status.as_u16(), &headers, &body);
-    if rt.kind == ProviderKind::BedrockAnthropic {
-        // Bedrock names its error in a header; the name is the class.
-        let named = headers
-            .get("x-amzn-errortype")
-            .and_then(|v| v.to_str().ok())
-            .and_then(bedrock::class_of);
-        if let Some(class) = named {
-            failure.class = class;
-        }
-    }
-    Err(failure)
 }
 
 /// A failure as it may travel on: the request id filled in, the endpoint's
@@ -376,139 +325,30 @@ fn timed_out(e: Expired) -> AttemptEnd {
 /// The attempt's HTTP request, and what its wire left out of the caller's.
 fn build_request(
     input: &AttemptInput<'_>,
-    bearer: Option<&crate::upstream::endpoint::Secret>,
-    key: Option<&crate::upstream::endpoint::Secret>,
+    wire: &dyn Wire,
+    bearer: Option<&Secret>,
+    key: Option<&Secret>,
     dropped: &mut Dropped,
 ) -> Result<reqwest::RequestBuilder, Failure> {
     let rt = input.endpoint;
-    let key = key.map(|k| k.expose());
-    let chat = input.chat;
-    dropped.door(chat);
-    let (url, body, headers) = match rt.kind {
-        ProviderKind::Openai => (
-            openai::endpoint(&rt.base_url),
-            openai::build_body(chat, dropped),
-            openai::auth_headers(key),
-        ),
-        ProviderKind::Anthropic => {
-            let mut headers = anthropic::auth_headers(key);
-            headers.extend(anthropic::passthrough_headers(
-                chat,
-                anthropic::Host::FirstParty,
-                dropped,
-            ));
-            (
-                anthropic::endpoint(&rt.base_url),
-                anthropic::build_body(chat, anthropic::Host::FirstParty, dropped),
-                headers,
-            )
-        }
-        ProviderKind::AzureOpenai => (
-            azure::endpoint(
-                &rt.base_url,
-                &chat.model,
-                rt.api_version.as_deref().unwrap_or_default(),
-            ),
-            azure::build_body(chat, dropped),
-            azure::auth_headers(key),
-        ),
-        ProviderKind::BedrockAnthropic => return bedrock_request(input, dropped),
-        ProviderKind::VertexAnthropic => {
-            // The token rides as a bearer, like OpenAI's key.
-            let mut headers = openai::auth_headers(bearer.map(|t| t.expose()));
-            headers.extend(anthropic::passthrough_headers(
-                chat,
-                anthropic::Host::Cloud,
-                dropped,
-            ));
-            (
-                vertex::endpoint(
-                    &rt.base_url,
-                    rt.project.as_deref().unwrap_or_default(),
-                    rt.region.as_deref().unwrap_or_default(),
-                    &chat.model,
-                ),
-                vertex::build_body(chat, dropped),
-                headers,
-            )
-        }
-        ProviderKind::Gemini | ProviderKind::VertexGemini => {
-            let host = gemini::Host::of(rt.kind);
-            let headers = match host {
-                gemini::Host::AiStudio => gemini::auth_headers(key),
-                gemini::Host::Vertex => openai::auth_headers(bearer.map(|t| t.expose())),
-            };
-            (
-                gemini::endpoint(
-                    host,
-                    &rt.base_url,
-                    rt.project.as_deref().unwrap_or_default(),
-                    rt.region.as_deref().unwrap_or_default(),
-                    &chat.model,
-                ),
-                gemini::build_body(chat, host, dropped),
-                headers,
-            )
-        }
+    dropped.door(input.chat);
+    let call = Call {
+        chat: input.chat,
+        endpoint: rt,
+        key: key.map(Secret::expose),
+        bearer: bearer.map(Secret::expose),
+        now: std::time::SystemTime::now(),
     };
-    Ok(rt
+    let request = wire.request(&call, dropped)?;
+    let builder = rt
         .http
-        .post(url)
-        .headers(headers)
-        .header("x-switchyard-attempt", input.attempt.to_string())
-        .json(&body))
-}
-
-/// A Bedrock call: the exact body bytes are signed (SigV4), so they are
-/// serialised here, not by the client.
-fn bedrock_request(
-    input: &AttemptInput<'_>,
-    dropped: &mut Dropped,
-) -> Result<reqwest::RequestBuilder, Failure> {
-    let rt = input.endpoint;
-    let url = bedrock::endpoint(&rt.base_url, &input.chat.model);
-    let body = serde_json::to_vec(&bedrock::build_body(input.chat, dropped)).unwrap_or_default();
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(
-        reqwest::header::CONTENT_TYPE,
-        reqwest::header::HeaderValue::from_static("application/json"),
-    );
-    headers.insert(
-        reqwest::header::ACCEPT,
-        reqwest::header::HeaderValue::from_static("application/vnd.amazon.eventstream"),
-    );
-    let (Some(creds), Some(region)) = (rt.aws.as_ref(), rt.region.as_deref()) else {
-        return Err(Failure::new(
-            OutcomeClass::Auth,
-            "no AWS credentials or region",
-        ));
-    };
-    let signed = bedrock::sign(
-        &url,
-        &headers,
-        &body,
-        region,
-        creds,
-        std::time::SystemTime::now(),
-    )
-    .map_err(|e| Failure::new(OutcomeClass::Auth, e))?;
-    headers.extend(signed);
-    Ok(rt
-        .http
-        .post(url)
-        .headers(headers)
-        .header("x-switchyard-attempt", input.attempt.to_string())
-        .body(body))
-}
-
-fn decoder_for(kind: ProviderKind) -> Box<dyn StreamDecoder> {
-    match kind {
-        ProviderKind::Openai | ProviderKind::AzureOpenai => Box::new(openai::OpenAiDecoder::new()),
-        ProviderKind::Anthropic
-        | ProviderKind::BedrockAnthropic
-        | ProviderKind::VertexAnthropic => Box::new(anthropic::AnthropicDecoder::new()),
-        ProviderKind::Gemini | ProviderKind::VertexGemini => Box::new(gemini::GeminiDecoder::new()),
-    }
+        .post(request.url)
+        .headers(request.headers)
+        .header("x-switchyard-attempt", input.attempt.to_string());
+    Ok(match request.body {
+        Body::Json(body) => builder.json(&body),
+        Body::Bytes(body) => builder.body(body),
+    })
 }
 
 fn request_id(headers: &reqwest::header::HeaderMap) -> Option<String> {
@@ -532,6 +372,7 @@ pub(crate) async fn read_capped(response: reqwest::Response, cap: usize) -> Vec<
 
 async fn stream_body(
     input: &AttemptInput<'_>,
+    wire: &dyn Wire,
     response: reqwest::Response,
     sink: &mut EventSink,
     meta: &mut Meta,
@@ -539,8 +380,8 @@ async fn stream_body(
 ) -> AttemptEnd {
     let rt = input.endpoint;
     let mut body = response.bytes_stream();
-    let mut parser = Framer::for_kind(rt.kind);
-    let mut decoder = decoder_for(rt.kind);
+    let mut parser = wire.framer();
+    let mut decoder = wire.decoder();
     let mut events = Vec::new();
     let mut chunks = Vec::new();
     let mut last_activity = Instant::now();
@@ -633,6 +474,7 @@ async fn forward(
 
 async fn whole_body(
     input: &AttemptInput<'_>,
+    wire: &dyn Wire,
     response: reqwest::Response,
     sink: &mut EventSink,
     meta: &mut Meta,
@@ -649,7 +491,7 @@ async fn whole_body(
             "no complete response before the first-token timeout",
         ));
     };
-    match openai::decode_non_streaming(&body) {
+    match wire.decode_whole(&body) {
         Ok((mut chunks, completion)) => match forward(&mut chunks, sink, meta).await {
             Ok(()) => AttemptEnd::Completed(completion),
             Err(Forward::ClientGone) => AttemptEnd::ClientGone,

@@ -532,7 +532,7 @@ impl Config {
                     missing.push((format!("providers[{i}].credentials_file_env"), env.into()));
                 }
             }
-            if p.kind == ProviderKind::BedrockAnthropic {
+            if p.kind.quirks().auth == crate::upstream::Auth::AwsSigV4 {
                 for env in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
                     if std::env::var_os(env).is_none() {
                         missing.push((format!("providers[{i}] (bedrock_anthropic)"), env.into()));

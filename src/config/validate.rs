@@ -2,6 +2,7 @@
 //! `[queue]`, `[responses]`, policies, each route, each provider and its
 //! models), each error naming the dotted path of the bad value.
 use super::*;
+use crate::upstream::Auth;
 
 impl Config {
     /// `[state]`: a Redis backend names its URL variable; the prefix leaves
@@ -349,7 +350,7 @@ impl Config {
                 ),
             ));
         }
-        if p.kind != ProviderKind::Openai {
+        if !p.kind.quirks().embeddings {
             return Err(ConfigError::new(
                 format!("{path}.embedder"),
                 format!(
@@ -454,7 +455,7 @@ pub(super) fn valid_name(s: &str) -> bool {
 pub(super) fn validate_embedding_models(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
     for (j, m) in p.models.iter().enumerate() {
         let at = |field: &str| format!("providers[{i}].models[{j}].{field}");
-        if m.has(Capability::Embeddings) && p.kind != ProviderKind::Openai {
+        if m.has(Capability::Embeddings) && !p.kind.quirks().embeddings {
             return Err(ConfigError::new(
                 at("capabilities"),
                 format!(
@@ -503,14 +504,17 @@ pub(super) fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), Conf
 /// `region` (Bedrock, Vertex), `project` and `credentials_file_env` (Vertex).
 fn validate_host(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
     let at = |field: &str| format!("providers[{i}].{field}");
-    match (p.kind, p.api_version.as_deref()) {
-        (ProviderKind::AzureOpenai, None) => {
+    match (p.kind.quirks().api_version, p.api_version.as_deref()) {
+        (true, None) => {
             return Err(ConfigError::new(
                 at("api_version"),
-                "required for kind = \"azure_openai\" (e.g. \"2024-10-21\")",
+                format!(
+                    "required for kind = \"{}\" (e.g. \"2024-10-21\")",
+                    p.kind.as_str()
+                ),
             ))
         }
-        (ProviderKind::AzureOpenai, Some(v))
+        (true, Some(v))
             if v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') =>
         {
             return Err(ConfigError::new(
@@ -518,13 +522,13 @@ fn validate_host(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
                 format!("`{v}` is not an API version (letters, digits and `-`)"),
             ))
         }
-        (ProviderKind::AzureOpenai, Some(_)) | (_, None) => {}
-        (kind, Some(_)) => {
+        (true, Some(_)) | (false, None) => {}
+        (false, Some(_)) => {
             return Err(ConfigError::new(
                 at("api_version"),
                 format!(
                     "only kind = \"azure_openai\" takes an api_version, not `{}`",
-                    kind.as_str()
+                    p.kind.as_str()
                 ),
             ))
         }
@@ -650,7 +654,8 @@ fn validate_keys(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
             }
         }
     }
-    if p.kind == ProviderKind::Gemini && p.api_key_env.is_none() && p.keys.is_none() {
+    let required = p.kind.quirks().auth == Auth::ApiKey { required: true };
+    if required && p.api_key_env.is_none() && p.keys.is_none() {
         return Err(ConfigError::new(
             at("api_key_env"),
             "required for kind = \"gemini\" (or keys): AI Studio takes an API key",

@@ -58,11 +58,7 @@ pub fn parse(body: &[u8]) -> Result<Vec<f32>, Failure> {
 fn answer(body: &[u8]) -> Result<Value, Failure> {
     let v: Value = serde_json::from_slice(body).map_err(malformed)?;
     if v.get("error").is_some_and(|e| !e.is_null()) {
-        return Err(classify::classify_error_object(
-            crate::upstream::ProviderKind::Openai,
-            &v,
-            Some(200),
-        ));
+        return Err(classify::classify_error_object(&v, Some(200)));
     }
     Ok(v)
 }
@@ -242,7 +238,7 @@ async fn send(endpoint: &Endpoint, body: &Value, max_body: usize) -> Result<Vec<
     if !status.is_success() {
         let headers = response.headers().clone();
         let body = crate::attempt::read_capped(response, MAX_ERROR_BODY).await;
-        let mut failure = classify::classify_http(endpoint.kind, status.as_u16(), &headers, &body);
+        let mut failure = classify::classify_http(status.as_u16(), &headers, &body);
         failure.message = endpoint.redact(&failure.message);
         return Err(failure);
     }

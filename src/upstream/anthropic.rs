@@ -1,4 +1,4 @@
-//! Anthropic Messages adapter: request body (system prompt, tool_use and
+//! Anthropic Messages adapter: its `Wire`, request body (system prompt, tool_use and
 //! tool_result blocks), auth headers, and a strict stream decoder that requires
 //! `message_stop` and classifies in-stream `error` events by `error.type` (A.3).
 //! Pure functions over values and bytes: no I/O, and the API key is never logged
@@ -14,9 +14,10 @@ use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::upstream::classify::{classify_error_object, in_body};
 use crate::upstream::openai::{f32_json, merge_absent, u32_field};
 use crate::upstream::sse::SseEvent;
+use crate::upstream::wire::{Auth, Call, Quirks, Wire, WireRequest};
 use crate::upstream::{
-    ChatMessage, ChatRequest, Chunk, Completion, Dialect, Dropped, FinishReason, ProviderKind,
-    StreamDecoder, Usage,
+    ChatMessage, ChatRequest, Chunk, Completion, Dialect, Dropped, FinishReason, StreamDecoder,
+    Usage,
 };
 
 /// The API version this adapter speaks.
@@ -24,6 +25,46 @@ pub const API_VERSION: &str = "2023-06-01";
 
 /// `max_tokens` is required by Anthropic; used when the request sets none.
 pub const DEFAULT_MAX_TOKENS: u32 = 1024;
+
+/// Anthropic Messages at api.anthropic.com (`kind = "anthropic"`).
+pub struct AnthropicWire;
+
+/// The `anthropic` kind's wire.
+pub static WIRE: AnthropicWire = AnthropicWire;
+
+impl Wire for AnthropicWire {
+    fn name(&self) -> &'static str {
+        "anthropic"
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Anthropic
+    }
+
+    fn quirks(&self) -> Quirks {
+        Quirks {
+            auth: Auth::ApiKey { required: false },
+            api_version: false,
+            always_streamed: true,
+            embeddings: false,
+            service_tiers: &["auto", "standard_only"],
+        }
+    }
+
+    fn request(&self, call: &Call<'_>, dropped: &mut Dropped) -> Result<WireRequest, Failure> {
+        let mut headers = auth_headers(call.key);
+        headers.extend(passthrough_headers(call.chat, Host::FirstParty, dropped));
+        Ok(WireRequest::json(
+            endpoint(&call.endpoint.base_url),
+            headers,
+            build_body(call.chat, Host::FirstParty, dropped),
+        ))
+    }
+
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(AnthropicDecoder::new())
+    }
+}
 
 /// The messages URL under `base_url` (e.g. `https://api.anthropic.com/v1`).
 pub fn endpoint(base_url: &str) -> String {
@@ -552,13 +593,7 @@ impl AnthropicDecoder {
             "content_block_stop" => self.on_block_stop(&v, out),
             "message_delta" => return self.on_message_delta(&v),
             "message_stop" => self.stopped = true,
-            "error" => {
-                return Err(classify_error_object(
-                    ProviderKind::Anthropic,
-                    &v,
-                    Some(200),
-                ))
-            }
+            "error" => return Err(classify_error_object(&v, Some(200))),
             _ => {}
         }
         Ok(())
@@ -870,7 +905,7 @@ fn tool_fragment(index: u32, arguments: &str) -> Chunk {
 /// An `error` payload that may not be JSON.
 fn error_payload_failure(raw: &str) -> Failure {
     match serde_json::from_str::<Value>(raw) {
-        Ok(v) => classify_error_object(ProviderKind::Anthropic, &v, Some(200)),
+        Ok(v) => classify_error_object(&v, Some(200)),
         Err(_) => in_body(
             OutcomeClass::ServerError,
             "upstream sent a non-JSON error event",

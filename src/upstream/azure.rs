@@ -9,7 +9,69 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
-use crate::upstream::ChatRequest;
+use crate::policy::outcome::Failure;
+use crate::upstream::wire::{Call, Quirks, Refused, Wire, WireRequest};
+use crate::upstream::{classify, StreamDecoder};
+use crate::upstream::{openai, ChatRequest, Chunk, Completion, Dialect, Dropped, FinishReason};
+
+/// Azure OpenAI (`kind = "azure_openai"`): OpenAI's wire at a deployment.
+pub struct AzureWire;
+
+/// The `azure_openai` kind's wire.
+pub static WIRE: AzureWire = AzureWire;
+
+impl Wire for AzureWire {
+    fn name(&self) -> &'static str {
+        "azure_openai"
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Openai
+    }
+
+    fn quirks(&self) -> Quirks {
+        Quirks {
+            api_version: true,
+            embeddings: false,
+            service_tiers: &[],
+            ..openai::WIRE.quirks()
+        }
+    }
+
+    fn request(&self, call: &Call<'_>, dropped: &mut Dropped) -> Result<WireRequest, Failure> {
+        let ep = call.endpoint;
+        Ok(WireRequest::json(
+            endpoint(
+                &ep.base_url,
+                &call.chat.model,
+                ep.api_version.as_deref().unwrap_or_default(),
+            ),
+            auth_headers(call.key),
+            build_body(call.chat, dropped),
+        ))
+    }
+
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        openai::WIRE.decoder()
+    }
+
+    fn decode_whole(&self, body: &[u8]) -> Result<(Vec<Chunk>, Completion), Failure> {
+        openai::WIRE.decode_whole(body)
+    }
+
+    /// The content filter's block is an answer, not a failure.
+    fn refused(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> Refused {
+        if is_content_filter(status, body) {
+            return Refused::Answered(Completion {
+                finish_reason: FinishReason::ContentFilter,
+                usage: None,
+                service_tier: None,
+                reasoning: Vec::new(),
+            });
+        }
+        Refused::Failed(classify::classify_http(status, headers, body))
+    }
+}
 
 /// The deployment's chat completions URL; the deployment is percent-encoded.
 pub fn endpoint(base_url: &str, deployment: &str, api_version: &str) -> String {
@@ -23,8 +85,8 @@ pub fn endpoint(base_url: &str, deployment: &str, api_version: &str) -> String {
 }
 
 /// OpenAI's body without `model` (the deployment names it).
-pub fn build_body(req: &ChatRequest, dropped: &mut crate::upstream::Dropped) -> Value {
-    let mut body = crate::upstream::openai::build_body(req, dropped);
+pub fn build_body(req: &ChatRequest, dropped: &mut Dropped) -> Value {
+    let mut body = openai::build_body(req, dropped);
     if let Some(o) = body.as_object_mut() {
         o.remove("model");
     }

@@ -19,7 +19,8 @@ use serde_json::Value;
 
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::upstream::sse::SseEvent;
-use crate::upstream::ChatRequest;
+use crate::upstream::wire::{Auth, Body, Call, Framer, Quirks, Refused, Wire, WireRequest};
+use crate::upstream::{anthropic, classify, ChatRequest, Dialect, Dropped, StreamDecoder};
 
 /// AWS credentials, from the standard environment variables.
 #[derive(Clone)]
@@ -32,6 +33,82 @@ pub struct AwsCredentials {
 impl std::fmt::Debug for AwsCredentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("AwsCredentials(***)")
+    }
+}
+
+/// Anthropic Messages on Bedrock (`kind = "bedrock_anthropic"`).
+pub struct BedrockWire;
+
+/// The `bedrock_anthropic` kind's wire.
+pub static WIRE: BedrockWire = BedrockWire;
+
+impl Wire for BedrockWire {
+    fn name(&self) -> &'static str {
+        "bedrock_anthropic"
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Anthropic
+    }
+
+    fn quirks(&self) -> Quirks {
+        Quirks {
+            auth: Auth::AwsSigV4,
+            service_tiers: &[],
+            ..anthropic::WIRE.quirks()
+        }
+    }
+
+    /// The exact body bytes are signed (SigV4), so they are serialised
+    /// here, not by the HTTP client.
+    fn request(&self, call: &Call<'_>, dropped: &mut Dropped) -> Result<WireRequest, Failure> {
+        let ep = call.endpoint;
+        let url = endpoint(&ep.base_url, &call.chat.model);
+        let body = serde_json::to_vec(&build_body(call.chat, dropped)).unwrap_or_default();
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            http::header::ACCEPT,
+            HeaderValue::from_static("application/vnd.amazon.eventstream"),
+        );
+        let (Some(creds), Some(region)) = (ep.aws.as_ref(), ep.region.as_deref()) else {
+            return Err(Failure::new(
+                OutcomeClass::Auth,
+                "no AWS credentials or region",
+            ));
+        };
+        let signed = sign(&url, &headers, &body, region, creds, call.now)
+            .map_err(|e| Failure::new(OutcomeClass::Auth, e))?;
+        headers.extend(signed);
+        Ok(WireRequest {
+            url,
+            headers,
+            body: Body::Bytes(body),
+        })
+    }
+
+    fn framer(&self) -> Box<dyn Framer> {
+        Box::new(Frames::default())
+    }
+
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        anthropic::WIRE.decoder()
+    }
+
+    /// Bedrock names its error in a header; the name is the class.
+    fn refused(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> Refused {
+        let mut failure = classify::classify_http(status, headers, body);
+        let named = headers
+            .get("x-amzn-errortype")
+            .and_then(|v| v.to_str().ok())
+            .and_then(class_of);
+        if let Some(class) = named {
+            failure.class = class;
+        }
+        Refused::Failed(failure)
     }
 }
 
@@ -49,12 +126,8 @@ pub fn endpoint(base_url: &str, model: &str) -> String {
 }
 
 /// Anthropic's body with Bedrock's version and without `model` or `stream`.
-pub fn build_body(req: &ChatRequest, dropped: &mut crate::upstream::Dropped) -> Value {
-    let mut body = crate::upstream::anthropic::build_body(
-        req,
-        crate::upstream::anthropic::Host::Cloud,
-        dropped,
-    );
+pub fn build_body(req: &ChatRequest, dropped: &mut Dropped) -> Value {
+    let mut body = anthropic::build_body(req, anthropic::Host::Cloud, dropped);
     if let Some(o) = body.as_object_mut() {
         o.remove("model");
         o.remove("stream");
@@ -176,6 +249,16 @@ fn header<'a>(m: &'a Message, name: &str) -> Option<&'a str> {
             FrameValue::String(s) => Some(s.as_str()),
             _ => None,
         })
+}
+
+impl Framer for Frames {
+    fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), Failure> {
+        Frames::feed(self, bytes, out)
+    }
+
+    fn finish(&mut self, _out: &mut Vec<SseEvent>) -> Result<(), Failure> {
+        Frames::finish(self)
+    }
 }
 
 impl Frames {

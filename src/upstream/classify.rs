@@ -10,7 +10,6 @@ use http::HeaderMap;
 use serde_json::Value;
 
 use crate::policy::outcome::{Failure, OutcomeClass};
-use crate::upstream::ProviderKind;
 
 /// Longest upstream message copied into a [`Failure`] (in characters).
 const MAX_MESSAGE_CHARS: usize = 300;
@@ -286,18 +285,12 @@ fn message_for(class: OutcomeClass, f: &ErrorFields, status: Option<u16>) -> Str
 }
 
 /// Classifies a non-success HTTP response (status, headers and body as received).
-pub fn classify_http(kind: ProviderKind, status: u16, headers: &HeaderMap, body: &[u8]) -> Failure {
-    classify_http_at(kind, status, headers, body, SystemTime::now())
+pub fn classify_http(status: u16, headers: &HeaderMap, body: &[u8]) -> Failure {
+    classify_http_at(status, headers, body, SystemTime::now())
 }
 
 /// [`classify_http`] with the clock injected (for HTTP-date `retry-after`).
-pub fn classify_http_at(
-    _kind: ProviderKind,
-    status: u16,
-    headers: &HeaderMap,
-    body: &[u8],
-    now: SystemTime,
-) -> Failure {
+pub fn classify_http_at(status: u16, headers: &HeaderMap, body: &[u8], now: SystemTime) -> Failure {
     let fields = serde_json::from_slice::<Value>(body)
         .map(|v| ErrorFields::parse(&v))
         .unwrap_or_default();
@@ -329,7 +322,7 @@ pub fn classify_http_at(
 /// Classifies an error object found inside a response body (a mid-stream SSE
 /// frame, a 200 JSON error, a llama.cpp `error:` field). `http_status` is the
 /// response status (200 for in-stream errors).
-pub fn classify_error_object(_kind: ProviderKind, v: &Value, http_status: Option<u16>) -> Failure {
+pub fn classify_error_object(v: &Value, http_status: Option<u16>) -> Failure {
     let fields = ErrorFields::parse(v);
     let class = if is_too_large(&fields) && !is_quota(&fields) {
         OutcomeClass::TooLarge
@@ -580,13 +573,7 @@ mod tests {
     }
 
     fn http(status: u16, body: &str) -> Failure {
-        classify_http_at(
-            ProviderKind::Openai,
-            status,
-            &HeaderMap::new(),
-            body.as_bytes(),
-            now(),
-        )
+        classify_http_at(status, &HeaderMap::new(), body.as_bytes(), now())
     }
 
     #[test]
@@ -677,14 +664,14 @@ mod tests {
             ("x-should-retry", "false"),
             ("x-request-id", "req_abc"),
         ]);
-        let f = classify_http_at(ProviderKind::Openai, 503, &h, b"", now());
+        let f = classify_http_at(503, &h, b"", now());
         assert_eq!(f.retry_after, Some(Duration::from_secs(3)));
         assert_eq!(f.should_retry, Some(false));
         assert!(!f.retry_same_target());
         assert_eq!(f.upstream_request_id.as_deref(), Some("req_abc"));
 
         let h = headers(&[("x-should-retry", "true"), ("request-id", "req_anth")]);
-        let f = classify_http_at(ProviderKind::Anthropic, 400, &h, b"", now());
+        let f = classify_http_at(400, &h, b"", now());
         assert_eq!(f.class, OutcomeClass::Invalid);
         assert!(f.retry_same_target());
         assert_eq!(f.upstream_request_id.as_deref(), Some("req_anth"));
@@ -694,13 +681,12 @@ mod tests {
     fn http_408_is_retryable_unless_the_header_says_no() {
         assert!(http(408, "").retry_same_target());
         let h = headers(&[("x-should-retry", "false")]);
-        let f = classify_http_at(ProviderKind::Openai, 408, &h, b"", now());
+        let f = classify_http_at(408, &h, b"", now());
         assert!(!f.retry_same_target());
     }
 
     #[test]
     fn error_object_table() {
-        let o = ProviderKind::Openai;
         let cases: &[(Value, OutcomeClass)] = &[
             (
                 json!({"error":{"message":"boom","type":"server_error","param":null,"code":null}}),
@@ -785,7 +771,7 @@ mod tests {
             (json!({}), OutcomeClass::ServerError),
         ];
         for (v, want) in cases {
-            let f = classify_error_object(o, v, Some(200));
+            let f = classify_error_object(v, Some(200));
             assert_eq!(f.class, *want, "{v}");
             assert_eq!(f.http_status, Some(200));
         }
@@ -793,7 +779,7 @@ mod tests {
 
     #[test]
     fn error_object_without_names_falls_back_to_http_status() {
-        let f = classify_error_object(ProviderKind::Openai, &json!({"error":"nope"}), Some(404));
+        let f = classify_error_object(&json!({"error":"nope"}), Some(404));
         assert_eq!(f.class, OutcomeClass::NotFound);
     }
 
@@ -911,16 +897,16 @@ mod tests {
         );
         // A header wins over RetryInfo.
         let h = headers(&[("retry-after", "2")]);
-        let f = classify_http_at(ProviderKind::Gemini, 429, &h, per_minute.as_bytes(), now());
+        let f = classify_http_at(429, &h, per_minute.as_bytes(), now());
         assert_eq!(f.retry_after, Some(Duration::from_secs(2)));
         // The same shapes inside a stream.
         let v: Value = serde_json::from_str(&per_minute).unwrap();
-        let f = classify_error_object(ProviderKind::Gemini, &v, Some(200));
+        let f = classify_error_object(&v, Some(200));
         assert_eq!(f.class, OutcomeClass::RateLimited);
         assert_eq!(f.retry_after, Some(Duration::from_secs(19)));
         let v: Value = serde_json::from_str(&google(503, "UNAVAILABLE", none)).unwrap();
         assert_eq!(
-            classify_error_object(ProviderKind::Gemini, &v, Some(200)).class,
+            classify_error_object(&v, Some(200)).class,
             OutcomeClass::Overloaded
         );
     }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::ProviderKind;
+use super::{Auth, ProviderKind};
 use crate::config::ProviderConfig;
 
 /// An API key: never printed, never logged.
@@ -138,35 +138,10 @@ impl Endpoint {
                 Some(super::keys::KeyPool::new(keys, cfg.cooldown.clone()))
             }
         };
-        let aws = match cfg.kind {
-            ProviderKind::BedrockAnthropic => {
-                let var = |name: &'static str| {
-                    std::env::var(name)
-                        .ok()
-                        .filter(|v| !v.is_empty())
-                        .ok_or(EndpointError::MissingAws(name))
-                };
-                Some(super::bedrock::AwsCredentials {
-                    access_key_id: var("AWS_ACCESS_KEY_ID")?,
-                    secret_access_key: Secret::new(var("AWS_SECRET_ACCESS_KEY")?),
-                    session_token: var("AWS_SESSION_TOKEN").ok().map(Secret::new),
-                })
-            }
-            _ => None,
-        };
-        let vertex = match cfg.kind {
-            kind if kind.google_service_account() => {
-                let env = cfg.vertex_credentials_env();
-                let path = std::env::var_os(env).ok_or_else(|| {
-                    EndpointError::Vertex(format!(
-                        "environment variable {env} (credentials_file_env) is not set"
-                    ))
-                })?;
-                let auth = super::vertex::VertexAuth::from_file(std::path::Path::new(&path))
-                    .map_err(EndpointError::Vertex)?;
-                Some(std::sync::Arc::new(auth))
-            }
-            _ => None,
+        let (aws, vertex) = match cfg.kind.quirks().auth {
+            Auth::ApiKey { .. } => (None, None),
+            Auth::AwsSigV4 => (Some(aws_credentials()?), None),
+            Auth::GoogleServiceAccount => (None, Some(google_auth(cfg)?)),
         };
         // One retry layer only: reqwest never retries on its own, and we neither
         // follow redirects nor decompress (bytes pass through as sent).
@@ -193,4 +168,34 @@ impl Endpoint {
             http,
         })
     }
+}
+
+/// SigV4 credentials from the standard AWS environment variables.
+fn aws_credentials() -> Result<super::bedrock::AwsCredentials, EndpointError> {
+    let var = |name: &'static str| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .ok_or(EndpointError::MissingAws(name))
+    };
+    Ok(super::bedrock::AwsCredentials {
+        access_key_id: var("AWS_ACCESS_KEY_ID")?,
+        secret_access_key: Secret::new(var("AWS_SECRET_ACCESS_KEY")?),
+        session_token: var("AWS_SESSION_TOKEN").ok().map(Secret::new),
+    })
+}
+
+/// The service account named by the provider's `credentials_file_env`.
+fn google_auth(
+    cfg: &ProviderConfig,
+) -> Result<std::sync::Arc<super::vertex::VertexAuth>, EndpointError> {
+    let env = cfg.vertex_credentials_env();
+    let path = std::env::var_os(env).ok_or_else(|| {
+        EndpointError::Vertex(format!(
+            "environment variable {env} (credentials_file_env) is not set"
+        ))
+    })?;
+    let auth = super::vertex::VertexAuth::from_file(std::path::Path::new(&path))
+        .map_err(EndpointError::Vertex)?;
+    Ok(std::sync::Arc::new(auth))
 }

@@ -21,9 +21,10 @@ use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::upstream::classify::{classify_error_object, in_body};
 use crate::upstream::openai::{f32_json, merge_absent, u32_field};
 use crate::upstream::sse::SseEvent;
+use crate::upstream::wire::{Auth, Call, Quirks, Wire, WireRequest};
 use crate::upstream::{
-    ChatMessage, ChatRequest, Chunk, Completion, Dialect, Dropped, FinishReason, ProviderKind,
-    StreamDecoder, Usage,
+    ChatMessage, ChatRequest, Chunk, Completion, Dialect, Dropped, FinishReason, StreamDecoder,
+    Usage,
 };
 
 /// Where the body goes: the URL, the auth and which file URIs Google fetches differ.
@@ -35,13 +36,66 @@ pub enum Host {
     Vertex,
 }
 
-impl Host {
-    pub fn of(kind: ProviderKind) -> Host {
-        if kind == ProviderKind::VertexGemini {
-            Host::Vertex
-        } else {
-            Host::AiStudio
+/// Gemini on one host (`kind = "gemini"` or `"vertex_gemini"`).
+pub struct GeminiWire {
+    pub host: Host,
+}
+
+/// The `gemini` kind's wire: AI Studio.
+pub static AI_STUDIO: GeminiWire = GeminiWire {
+    host: Host::AiStudio,
+};
+
+/// The `vertex_gemini` kind's wire.
+pub static VERTEX: GeminiWire = GeminiWire { host: Host::Vertex };
+
+impl Wire for GeminiWire {
+    fn name(&self) -> &'static str {
+        match self.host {
+            Host::AiStudio => "gemini",
+            Host::Vertex => "vertex_gemini",
         }
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Gemini
+    }
+
+    fn quirks(&self) -> Quirks {
+        Quirks {
+            auth: match self.host {
+                Host::AiStudio => Auth::ApiKey { required: true },
+                Host::Vertex => Auth::GoogleServiceAccount,
+            },
+            api_version: false,
+            always_streamed: true,
+            embeddings: false,
+            service_tiers: &[],
+        }
+    }
+
+    fn request(&self, call: &Call<'_>, dropped: &mut Dropped) -> Result<WireRequest, Failure> {
+        let ep = call.endpoint;
+        let headers = match self.host {
+            Host::AiStudio => auth_headers(call.key),
+            // The token rides as a bearer, like OpenAI's key.
+            Host::Vertex => crate::upstream::openai::auth_headers(call.bearer),
+        };
+        Ok(WireRequest::json(
+            endpoint(
+                self.host,
+                &ep.base_url,
+                ep.project.as_deref().unwrap_or_default(),
+                ep.region.as_deref().unwrap_or_default(),
+                &call.chat.model,
+            ),
+            headers,
+            build_body(call.chat, self.host, dropped),
+        ))
+    }
+
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(GeminiDecoder::new())
     }
 }
 
@@ -474,7 +528,7 @@ impl GeminiDecoder {
         let v: Value = serde_json::from_str(&ev.data)
             .map_err(|_| in_body(OutcomeClass::Protocol, "malformed JSON in stream event"))?;
         if v.get("error").is_some_and(Value::is_object) {
-            return Err(classify_error_object(ProviderKind::Gemini, &v, Some(200)));
+            return Err(classify_error_object(&v, Some(200)));
         }
         if let Some(id) = v.get("responseId").and_then(Value::as_str) {
             self.response_id = Some(id.to_owned());
@@ -678,7 +732,7 @@ fn map_finish_reason(reason: &str) -> Result<FinishReason, Failure> {
 /// A non-standard `error:` field, which may not be JSON.
 fn error_payload_failure(raw: &str) -> Failure {
     match serde_json::from_str::<Value>(raw) {
-        Ok(v) => classify_error_object(ProviderKind::Gemini, &v, Some(200)),
+        Ok(v) => classify_error_object(&v, Some(200)),
         Err(_) => in_body(
             OutcomeClass::ServerError,
             "upstream sent a non-JSON error event",
@@ -750,8 +804,8 @@ mod tests {
             endpoint(Host::Vertex, "https://aiplatform.googleapis.com", "my-project", "global", "gemini-2.5-flash@001"),
             "https://aiplatform.googleapis.com/v1/projects/my-project/locations/global/publishers/google/models/gemini-2.5-flash%40001:streamGenerateContent?alt=sse"
         );
-        assert_eq!(Host::of(ProviderKind::Gemini), Host::AiStudio);
-        assert_eq!(Host::of(ProviderKind::VertexGemini), Host::Vertex);
+        assert_eq!(AI_STUDIO.host, Host::AiStudio);
+        assert_eq!(VERTEX.host, Host::Vertex);
         let h = auth_headers(Some("AIza-test"));
         let key = h.get("x-goog-api-key").unwrap();
         assert_eq!(key.to_str().unwrap(), "AIza-test");

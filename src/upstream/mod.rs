@@ -1,7 +1,9 @@
 //! Upstream wire adapters: building provider requests and decoding their
 //! responses into one normalised event stream, with strict end-of-stream checks.
-//! Knows nothing of actors or gRPC; every failure comes back as a classified
-//! [`Failure`](crate::policy::outcome::Failure).
+//! Each provider kind is one [`Wire`] (its adapter file implements it) and
+//! [`ProviderKind::wire`] is the one place a kind maps to it: a new kind is
+//! its file plus its arm there. Knows nothing of actors or gRPC; every
+//! failure comes back as a classified [`Failure`](crate::policy::outcome::Failure).
 
 pub mod anthropic;
 pub mod azure;
@@ -18,8 +20,10 @@ pub mod openai;
 mod openai_frame;
 pub mod sse;
 pub mod vertex;
+pub mod wire;
 
 use crate::policy::outcome::Failure;
+pub use wire::{Auth, Quirks, Wire};
 
 /// Everything but RFC 3986's unreserved characters.
 const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
@@ -33,7 +37,7 @@ pub(crate) fn encode_path_segment(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, PATH_SEGMENT).to_string()
 }
 
-/// The wire format a provider speaks.
+/// A provider's `kind` in config; [`ProviderKind::wire`] says how it speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
@@ -58,56 +62,68 @@ pub enum ProviderKind {
 }
 
 impl ProviderKind {
-    pub fn as_str(self) -> &'static str {
+    /// Every kind, in declaration order.
+    pub const ALL: [ProviderKind; 7] = [
+        ProviderKind::Openai,
+        ProviderKind::Anthropic,
+        ProviderKind::AzureOpenai,
+        ProviderKind::BedrockAnthropic,
+        ProviderKind::VertexAnthropic,
+        ProviderKind::Gemini,
+        ProviderKind::VertexGemini,
+    ];
+
+    /// The wire this kind speaks: the one place a kind maps to its dialect,
+    /// host and quirks. A new kind is its adapter file and one arm here.
+    pub fn wire(self) -> &'static dyn Wire {
         match self {
-            ProviderKind::Openai => "openai",
-            ProviderKind::Anthropic => "anthropic",
-            ProviderKind::AzureOpenai => "azure_openai",
-            ProviderKind::BedrockAnthropic => "bedrock_anthropic",
-            ProviderKind::VertexAnthropic => "vertex_anthropic",
-            ProviderKind::Gemini => "gemini",
-            ProviderKind::VertexGemini => "vertex_gemini",
+            ProviderKind::Openai => &openai::WIRE,
+            ProviderKind::Anthropic => &anthropic::WIRE,
+            ProviderKind::AzureOpenai => &azure::WIRE,
+            ProviderKind::BedrockAnthropic => &bedrock::WIRE,
+            ProviderKind::VertexAnthropic => &vertex::WIRE,
+            ProviderKind::Gemini => &gemini::AI_STUDIO,
+            ProviderKind::VertexGemini => &gemini::VERTEX,
         }
+    }
+
+    /// The config name (`kind = "…"`).
+    pub fn as_str(self) -> &'static str {
+        self.wire().name()
+    }
+
+    /// What the kind declares (auth, host fields, streaming, tiers).
+    pub fn quirks(self) -> Quirks {
+        self.wire().quirks()
     }
 
     /// Authenticates with a Google service account's OAuth2 token (and
     /// takes a `project` and a `region`).
     pub fn google_service_account(self) -> bool {
-        matches!(
-            self,
-            ProviderKind::VertexAnthropic | ProviderKind::VertexGemini
-        )
+        self.quirks().google_service_account()
     }
 
     /// A cloud host of another company's models: takes a `region`, and
     /// authenticates without API keys (SigV4 or a service account).
     pub fn hosted(self) -> bool {
-        self == ProviderKind::BedrockAnthropic || self.google_service_account()
+        self.quirks().hosted()
     }
 
     /// Always called streaming, whatever the caller asked (the
     /// non-streaming path is OpenAI's).
     pub fn always_streamed(self) -> bool {
-        !matches!(self, ProviderKind::Openai | ProviderKind::AzureOpenai)
+        self.quirks().always_streamed
+    }
+
+    /// The wire family this kind speaks.
+    pub fn dialect(self) -> Dialect {
+        self.wire().dialect()
     }
 }
 
 pub use crate::chat::{
     ChatMessage, ChatRequest, Chunk, Completion, Dialect, FinishReason, ToolCall, ToolSpec, Usage,
 };
-
-impl ProviderKind {
-    /// The wire family this kind speaks.
-    pub fn dialect(self) -> Dialect {
-        match self {
-            ProviderKind::Openai | ProviderKind::AzureOpenai => Dialect::Openai,
-            ProviderKind::Anthropic
-            | ProviderKind::BedrockAnthropic
-            | ProviderKind::VertexAnthropic => Dialect::Anthropic,
-            ProviderKind::Gemini | ProviderKind::VertexGemini => Dialect::Gemini,
-        }
-    }
-}
 
 /// What an adapter could not put on its wire, by name, for the caller's
 /// `x-switchyard-dropped` (never silent). Names are stable: `cache_control`,

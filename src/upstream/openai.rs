@@ -1,6 +1,7 @@
 //! OpenAI Chat Completions adapter, also used for vLLM, llama.cpp and Ollama:
-//! request body, auth headers, and a strict decoder that enforces the completion
-//! predicate (reference A.1) and the compat-server normalisation rules (A.4 a-g).
+//! its `Wire`, request body, auth headers, and a strict decoder that enforces
+//! the completion predicate (reference A.1) and the compat-server
+//! normalisation rules (A.4 a-g).
 //! Pure functions over values and bytes: no I/O, and the API key is never logged
 //! or kept anywhere but the sensitive header value handed back.
 
@@ -14,10 +15,53 @@ use crate::chat::{MediaSource, Part, PartKind, ToolChoice};
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::upstream::classify::{classify_error_object, in_body};
 use crate::upstream::sse::SseEvent;
+use crate::upstream::wire::{Auth, Call, Quirks, Wire, WireRequest};
 use crate::upstream::{
-    ChatMessage, ChatRequest, Chunk, Completion, Dialect, Dropped, FinishReason, ProviderKind,
-    StreamDecoder, Usage,
+    ChatMessage, ChatRequest, Chunk, Completion, Dialect, Dropped, FinishReason, StreamDecoder,
+    Usage,
 };
+
+/// OpenAI Chat Completions (`kind = "openai"`; vLLM, llama.cpp, Ollama).
+pub struct OpenAiWire;
+
+/// The `openai` kind's wire.
+pub static WIRE: OpenAiWire = OpenAiWire;
+
+impl Wire for OpenAiWire {
+    fn name(&self) -> &'static str {
+        "openai"
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Openai
+    }
+
+    fn quirks(&self) -> Quirks {
+        Quirks {
+            auth: Auth::ApiKey { required: false },
+            api_version: false,
+            always_streamed: false,
+            embeddings: true,
+            service_tiers: &["auto", "default", "flex", "priority"],
+        }
+    }
+
+    fn request(&self, call: &Call<'_>, dropped: &mut Dropped) -> Result<WireRequest, Failure> {
+        Ok(WireRequest::json(
+            endpoint(&call.endpoint.base_url),
+            auth_headers(call.key),
+            build_body(call.chat, dropped),
+        ))
+    }
+
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(OpenAiDecoder::new())
+    }
+
+    fn decode_whole(&self, body: &[u8]) -> Result<(Vec<Chunk>, Completion), Failure> {
+        decode_non_streaming(body)
+    }
+}
 
 /// The chat completions URL under `base_url` (e.g. `https://api.openai.com/v1`).
 pub fn endpoint(base_url: &str) -> String {
@@ -368,7 +412,7 @@ impl OpenAiDecoder {
             ));
         }
         if is_error_object(&v) {
-            return Err(classify_error_object(ProviderKind::Openai, &v, Some(200)));
+            return Err(classify_error_object(&v, Some(200)));
         }
         if let Some(u) = parse_usage(v.get("usage")) {
             self.usage = Some(u);
@@ -666,7 +710,7 @@ fn is_error_object(v: &Value) -> bool {
 /// A non-standard `error:` field or `event: error` payload (llama.cpp legacy).
 fn error_field_failure(raw: &str) -> Failure {
     match serde_json::from_str::<Value>(raw) {
-        Ok(v) => classify_error_object(ProviderKind::Openai, &v, Some(200)),
+        Ok(v) => classify_error_object(&v, Some(200)),
         Err(_) => in_body(
             OutcomeClass::ServerError,
             "upstream sent a non-JSON error field",
@@ -750,7 +794,7 @@ pub fn decode_non_streaming(body: &[u8]) -> Result<(Vec<Chunk>, Completion), Fai
         ));
     }
     if is_error_object(&v) {
-        return Err(classify_error_object(ProviderKind::Openai, &v, Some(200)));
+        return Err(classify_error_object(&v, Some(200)));
     }
     let choice = v
         .get("choices")

@@ -20,7 +20,8 @@ use tokio::time::Instant;
 
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::upstream::endpoint::Secret;
-use crate::upstream::ChatRequest;
+use crate::upstream::wire::{Auth, Call, Quirks, Wire, WireRequest};
+use crate::upstream::{anthropic, openai, ChatRequest, Dialect, Dropped, StreamDecoder};
 
 const SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
 /// A token is renewed this long before Google says it expires.
@@ -193,6 +194,55 @@ impl VertexAuth {
     }
 }
 
+/// Anthropic Messages on Vertex AI (`kind = "vertex_anthropic"`).
+pub struct VertexAnthropicWire;
+
+/// The `vertex_anthropic` kind's wire.
+pub static WIRE: VertexAnthropicWire = VertexAnthropicWire;
+
+impl Wire for VertexAnthropicWire {
+    fn name(&self) -> &'static str {
+        "vertex_anthropic"
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Anthropic
+    }
+
+    fn quirks(&self) -> Quirks {
+        Quirks {
+            auth: Auth::GoogleServiceAccount,
+            service_tiers: &[],
+            ..anthropic::WIRE.quirks()
+        }
+    }
+
+    fn request(&self, call: &Call<'_>, dropped: &mut Dropped) -> Result<WireRequest, Failure> {
+        let ep = call.endpoint;
+        // The token rides as a bearer, like OpenAI's key.
+        let mut headers = openai::auth_headers(call.bearer);
+        headers.extend(anthropic::passthrough_headers(
+            call.chat,
+            anthropic::Host::Cloud,
+            dropped,
+        ));
+        Ok(WireRequest::json(
+            endpoint(
+                &ep.base_url,
+                ep.project.as_deref().unwrap_or_default(),
+                ep.region.as_deref().unwrap_or_default(),
+                &call.chat.model,
+            ),
+            headers,
+            build_body(call.chat, dropped),
+        ))
+    }
+
+    fn decoder(&self) -> Box<dyn StreamDecoder> {
+        anthropic::WIRE.decoder()
+    }
+}
+
 /// The streaming predict URL.
 pub fn endpoint(base_url: &str, project: &str, region: &str, model: &str) -> String {
     let enc = crate::upstream::encode_path_segment;
@@ -206,12 +256,8 @@ pub fn endpoint(base_url: &str, project: &str, region: &str, model: &str) -> Str
 }
 
 /// Anthropic's body with Vertex's version and without `model`.
-pub fn build_body(req: &ChatRequest, dropped: &mut crate::upstream::Dropped) -> Value {
-    let mut body = crate::upstream::anthropic::build_body(
-        req,
-        crate::upstream::anthropic::Host::Cloud,
-        dropped,
-    );
+pub fn build_body(req: &ChatRequest, dropped: &mut Dropped) -> Value {
+    let mut body = anthropic::build_body(req, anthropic::Host::Cloud, dropped);
     if let Some(o) = body.as_object_mut() {
         o.remove("model");
         o.insert("stream".into(), Value::Bool(true));
