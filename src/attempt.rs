@@ -15,6 +15,7 @@ use crate::chat::FinishReason;
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::sink::EventSink;
 use crate::upstream::endpoint::{Endpoint, Secret};
+use crate::upstream::keys::Lease;
 use crate::upstream::wire::{Body, Call, Refused, Wire};
 use crate::upstream::{classify, ChatRequest, Completion, Dropped};
 
@@ -193,67 +194,84 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
     let rt = input.endpoint;
     let wire = rt.kind.wire();
     let first_limit = (meta.started + rt.first_token_timeout).min(input.deadline);
-    // Vertex: the cached OAuth token (fetched once for all requests).
-    let bearer = match &rt.vertex {
-        None => None,
-        Some(auth) => {
-            let token = tokio::select! {
-                _ = sink.closed() => return AttemptEnd::ClientGone,
-                t = auth.token(&rt.http, first_limit) => t,
-            };
-            match token {
-                Ok(t) => Some(t),
-                Err(f) => return AttemptEnd::Failed(passed_on(f, rt, meta)),
-            }
-        }
+    let bearer = match google_token(rt, sink, meta, first_limit).await {
+        Ok(bearer) => bearer,
+        Err(end) => return end,
     };
-    // With several keys, a key-local refusal moves the call to another key.
+    // The key's lease lives as long as the stream.
+    let (response, _lease) = match send(input, wire, bearer.as_ref(), sink, meta, first_limit).await
+    {
+        Ok(sent) => sent,
+        Err(end) => return end,
+    };
+    // Anthropic and Gemini are always streamed (Anthropic's SDKs refuse long
+    // non-streamed calls); the non-streaming path is OpenAI's.
+    let end = if input.chat.stream || wire.quirks().always_streamed {
+        stream_body(input, wire, response, sink, meta, first_limit).await
+    } else {
+        whole_body(input, wire, response, sink, meta, first_limit).await
+    };
+    match end {
+        AttemptEnd::Failed(f) => AttemptEnd::Failed(passed_on(f, rt, meta)),
+        other => other,
+    }
+}
+
+/// A Google service account's cached OAuth token (fetched once for all
+/// requests); `None` for every other way of signing in.
+async fn google_token(
+    rt: &Endpoint,
+    sink: &mut EventSink,
+    meta: &Meta,
+    first_limit: Instant,
+) -> Result<Option<Secret>, AttemptEnd> {
+    let Some(auth) = &rt.vertex else {
+        return Ok(None);
+    };
+    let token = tokio::select! {
+        _ = sink.closed() => return Err(AttemptEnd::ClientGone),
+        t = auth.token(&rt.http, first_limit) => t,
+    };
+    match token {
+        Ok(t) => Ok(Some(t)),
+        Err(f) => Err(AttemptEnd::Failed(passed_on(f, rt, meta))),
+    }
+}
+
+/// Sends until an upstream answers 2xx: with several keys, a key-local
+/// refusal moves the call to another key. `Err` is how the attempt ended.
+async fn send(
+    input: &AttemptInput<'_>,
+    wire: &dyn Wire,
+    bearer: Option<&Secret>,
+    sink: &mut EventSink,
+    meta: &mut Meta,
+    first_limit: Instant,
+) -> Result<(reqwest::Response, Option<Lease>), AttemptEnd> {
+    let rt = input.endpoint;
     let mut tried = Vec::new();
-    let (response, _lease) = loop {
+    loop {
         let lease = match &rt.keys {
             None => None,
             Some(pool) => match pool.pick_preferring(Instant::now(), &tried, input.key) {
                 Ok(lease) => Some(lease),
-                Err(f) => return AttemptEnd::Failed(passed_on(f, rt, meta)),
+                Err(f) => return Err(AttemptEnd::Failed(passed_on(f, rt, meta))),
             },
         };
         let key = match (&lease, &rt.keys) {
             (Some(l), Some(pool)) => Some(&pool.keys[l.index].secret),
             _ => rt.api_key.as_ref(),
         };
-        let mut dropped = Dropped::default();
-        let request = match build_request(input, wire, bearer.as_ref(), key, &mut dropped) {
-            Ok(r) => r,
-            Err(f) => return AttemptEnd::Failed(f),
-        };
-        if !dropped.is_empty() {
-            sink.set_dropped(dropped.into_names());
-        }
-        let response = tokio::select! {
-            _ = sink.closed() => return AttemptEnd::ClientGone,
-            r = timeout_at(first_limit, request.send()) => r,
-        };
-        let response = match response {
-            Err(_) => {
-                return timed_out(expired(
-                    first_limit,
-                    input.deadline,
-                    "no response headers before the first-token timeout",
-                ))
-            }
-            Ok(Err(e)) => return AttemptEnd::Failed(classify::classify_transport(&e)),
-            Ok(Ok(r)) => r,
-        };
+        let response = send_once(input, wire, bearer, key, sink, first_limit).await?;
         meta.upstream_request_id = request_id(response.headers()).map(|id| rt.upstream_id(&id));
-        let status = response.status();
-        if status.is_success() {
+        if response.status().is_success() {
             if let (Some(l), Some(pool)) = (&lease, &rt.keys) {
                 meta.key = Some(pool.keys[l.index].name.clone());
             }
-            break (response, lease);
+            return Ok((response, lease));
         }
         let failure = match failed_response(wire, response, sink, first_limit).await {
-            Ok(end) => return end,
+            Ok(end) => return Err(end),
             Err(f) => f,
         };
         if let (Some(l), Some(pool)) = (&lease, &rt.keys) {
@@ -267,18 +285,37 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
                 continue;
             }
         }
-        return AttemptEnd::Failed(passed_on(failure, rt, meta));
+        return Err(AttemptEnd::Failed(passed_on(failure, rt, meta)));
+    }
+}
+
+/// One request with one key, up to its response headers.
+async fn send_once(
+    input: &AttemptInput<'_>,
+    wire: &dyn Wire,
+    bearer: Option<&Secret>,
+    key: Option<&Secret>,
+    sink: &mut EventSink,
+    first_limit: Instant,
+) -> Result<reqwest::Response, AttemptEnd> {
+    let mut dropped = Dropped::default();
+    let request =
+        build_request(input, wire, bearer, key, &mut dropped).map_err(AttemptEnd::Failed)?;
+    if !dropped.is_empty() {
+        sink.set_dropped(dropped.into_names());
+    }
+    let response = tokio::select! {
+        _ = sink.closed() => return Err(AttemptEnd::ClientGone),
+        r = timeout_at(first_limit, request.send()) => r,
     };
-    // Anthropic and Gemini are always streamed (Anthropic's SDKs refuse long
-    // non-streamed calls); the non-streaming path is OpenAI's.
-    let end = if input.chat.stream || wire.quirks().always_streamed {
-        stream_body(input, wire, response, sink, meta, first_limit).await
-    } else {
-        whole_body(input, wire, response, sink, meta, first_limit).await
-    };
-    match end {
-        AttemptEnd::Failed(f) => AttemptEnd::Failed(passed_on(f, rt, meta)),
-        other => other,
+    match response {
+        Err(_) => Err(timed_out(expired(
+            first_limit,
+            input.deadline,
+            "no response headers before the first-token timeout",
+        ))),
+        Ok(Err(e)) => Err(AttemptEnd::Failed(classify::classify_transport(&e))),
+        Ok(Ok(r)) => Ok(r),
     }
 }
 
