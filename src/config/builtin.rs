@@ -115,6 +115,7 @@ impl Config {
             state: StateConfig::default(),
             golden: None,
             responses: ResponsesConfig::default(),
+            resume: ResumeConfig::default(),
             providers,
             routes: vec![
                 builtin_route(

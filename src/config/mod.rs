@@ -19,6 +19,7 @@ mod builtin;
 pub mod duration;
 mod price;
 mod provider;
+mod resume;
 mod route;
 #[cfg(test)]
 mod tests;
@@ -26,6 +27,7 @@ mod validate;
 
 pub use price::*;
 pub use provider::*;
+pub use resume::ResumeConfig;
 pub use route::*;
 
 pub use crate::policy::backoff::Backoff;
@@ -93,6 +95,9 @@ pub struct Config {
     /// Stored Responses (`previous_response_id`, `GET /v1/responses/{id}`).
     #[serde(default)]
     pub responses: ResponsesConfig,
+    /// The resume journal of streamed completions.
+    #[serde(default)]
+    pub resume: ResumeConfig,
 }
 
 /// `[responses]`: how long stored Responses API responses are kept and how

@@ -1,5 +1,5 @@
 //! What serde cannot check: a validator per section (`[server]`, `[state]`,
-//! `[queue]`, `[responses]`, policies, each route, each provider and its
+//! `[queue]`, `[responses]`, `[resume]`, policies, each route, each provider and its
 //! models), each error naming the dotted path of the bad value.
 use super::*;
 use crate::upstream::Auth;
@@ -93,6 +93,44 @@ impl Config {
         Ok(())
     }
 
+    /// `[resume]`: a lifetime and byte bounds that can hold a real stream
+    /// and are not typos.
+    fn validate_resume(&self) -> Result<(), ConfigError> {
+        use super::resume::{MAX_BYTES_PER_STREAM, MAX_TOTAL_BYTES, MAX_TTL, MIN_BYTES};
+        let r = &self.resume;
+        if r.ttl < Duration::from_secs(1) || r.ttl > MAX_TTL {
+            return Err(ConfigError::new(
+                "resume.ttl",
+                format!("{:?} must be between 1s and 24h", r.ttl),
+            ));
+        }
+        for (field, n, max) in [
+            (
+                "resume.max_bytes_per_stream",
+                r.max_bytes_per_stream,
+                MAX_BYTES_PER_STREAM,
+            ),
+            ("resume.max_total_bytes", r.max_total_bytes, MAX_TOTAL_BYTES),
+        ] {
+            if !(MIN_BYTES..=max).contains(&n) {
+                return Err(ConfigError::new(
+                    field,
+                    format!("{n} must be between {MIN_BYTES} and {max}"),
+                ));
+            }
+        }
+        if r.max_total_bytes < r.max_bytes_per_stream {
+            return Err(ConfigError::new(
+                "resume.max_total_bytes",
+                format!(
+                    "{} is below resume.max_bytes_per_stream ({}): the largest journal could never be kept",
+                    r.max_total_bytes, r.max_bytes_per_stream
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Semantic checks serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         // An empty or comment-only file parses into defaults: serving it
@@ -113,6 +151,7 @@ impl Config {
         self.validate_state()?;
         self.validate_queue()?;
         self.validate_responses()?;
+        self.validate_resume()?;
         for (i, p) in self.providers.iter().enumerate() {
             validate_provider(i, p)?;
             validate_embedding_models(i, p)?;

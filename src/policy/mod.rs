@@ -6,6 +6,7 @@ pub mod backoff;
 pub mod breaker;
 pub mod budget;
 pub mod clock;
+pub mod continuation;
 pub mod cooldown;
 pub mod health;
 pub mod next;

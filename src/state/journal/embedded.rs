@@ -1,0 +1,601 @@
+//! Stream journals in one process: a map from token to journal behind one
+//! mutex (`Book`, every call given `now`), an expiry index, and a `watch`
+//! per journal that wakes its readers on an append, a finish or a drop.
+//! Every journal counts `OVERHEAD` bytes plus its events against
+//! `resume.max_total_bytes` (so tombstones of expired ones are bounded too);
+//! nothing here awaits while holding the lock.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio::time::{Duration, Instant};
+
+use super::{
+    Appended, Batch, Bound, Bounds, Claim, Entry, JournalError, Owner, ResumeToken, Tail, MAX_BATCH,
+};
+
+/// Bytes a journal costs before its events (its entry, index and names).
+pub const OVERHEAD: u64 = 256;
+
+/// The in-process journals; share behind an `Arc`.
+pub struct EmbeddedJournal {
+    book: Mutex<Book>,
+}
+
+impl EmbeddedJournal {
+    pub fn new(bounds: Bounds) -> EmbeddedJournal {
+        EmbeddedJournal {
+            book: Mutex::new(Book::new(bounds)),
+        }
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn open(&self, tenant: &str, owner: &Owner) -> Result<ResumeToken, JournalError> {
+        self.book().open(tenant, owner, Instant::now())
+    }
+
+    pub fn append(
+        &self,
+        token: &ResumeToken,
+        owner: &Owner,
+        seq: u64,
+        event: Bytes,
+    ) -> Result<Appended, JournalError> {
+        self.book().append(token, owner, seq, event, Instant::now())
+    }
+
+    pub fn finish(&self, token: &ResumeToken, owner: &Owner) -> Result<(), JournalError> {
+        self.book().finish(token, owner, Instant::now())
+    }
+
+    pub fn renew(&self, token: &ResumeToken, owner: &Owner) -> Result<(), JournalError> {
+        self.book().renew(token, owner, Instant::now())
+    }
+
+    pub fn claim(
+        &self,
+        tenant: &str,
+        token: &ResumeToken,
+        owner: &Owner,
+    ) -> Result<Claim, JournalError> {
+        self.book().claim(tenant, token, owner, Instant::now())
+    }
+
+    /// Events after `after_seq`; when there are none and the owner holds
+    /// its lease, waits up to `wait` for a change and reads once more.
+    pub async fn read(
+        &self,
+        tenant: &str,
+        token: &ResumeToken,
+        after_seq: u64,
+        wait: Duration,
+    ) -> Result<Batch, JournalError> {
+        let (batch, mut changes) = self.book().read(tenant, token, after_seq, Instant::now())?;
+        if !batch.events.is_empty() || batch.tail != Tail::Live || wait.is_zero() {
+            return Ok(batch);
+        }
+        // A dropped sender (the journal was purged) ends the wait at once.
+        let _ = tokio::time::timeout(wait, changes.changed()).await;
+        let (batch, _) = self.book().read(tenant, token, after_seq, Instant::now())?;
+        Ok(batch)
+    }
+
+    /// Bytes held by every journal (events plus `OVERHEAD` each).
+    pub fn total_bytes(&self) -> u64 {
+        self.book().total
+    }
+}
+
+/// Every journal of the process, with the clock passed in.
+struct Book {
+    bounds: Bounds,
+    journals: HashMap<ResumeToken, Slot>,
+    /// (when the slot next changes: expiry, or a tombstone's end; its token).
+    expiry: BTreeSet<(Instant, String)>,
+    /// Bytes held: events plus `OVERHEAD` per slot.
+    total: u64,
+}
+
+/// One journal, or its tombstone once expired.
+struct Slot {
+    tenant: String,
+    /// `ttl` after the last write.
+    expires_at: Instant,
+    /// None once expired: the tombstone answers `Expired` until
+    /// `expires_at + ttl`.
+    stream: Option<Stream>,
+}
+
+struct Stream {
+    owner: Owner,
+    lease_until: Instant,
+    finished: bool,
+    /// The bound passed, once the journal is not resumable (and empty).
+    dropped: Option<Bound>,
+    /// `events[i].seq == i + 1`.
+    events: Vec<Entry>,
+    bytes: u64,
+    /// Bumped on every change, waking readers.
+    changes: watch::Sender<u64>,
+}
+
+impl Stream {
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    fn last_seq(&self) -> u64 {
+        self.events.len() as u64
+    }
+}
+
+impl Book {
+    fn new(bounds: Bounds) -> Book {
+        Book {
+            bounds,
+            journals: HashMap::new(),
+            expiry: BTreeSet::new(),
+            total: 0,
+        }
+    }
+
+    /// Turns expired journals into tombstones and forgets old tombstones.
+    fn purge(&mut self, now: Instant) {
+        while let Some((at, token)) = self.expiry.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.expiry.remove(&(at, token.clone()));
+            let key = ResumeToken(token.clone());
+            let Some(slot) = self.journals.get_mut(&key) else {
+                continue;
+            };
+            if let Some(stream) = slot.stream.take() {
+                self.total -= stream.bytes;
+                self.expiry
+                    .insert((slot.expires_at + self.bounds.ttl, token));
+            } else {
+                self.journals.remove(&key);
+                self.total -= OVERHEAD;
+            }
+        }
+    }
+
+    /// Moves a slot's expiry to `ttl` after now.
+    fn touch(&mut self, token: &ResumeToken, now: Instant) {
+        let ttl = self.bounds.ttl;
+        if let Some(slot) = self.journals.get_mut(token) {
+            self.expiry.remove(&(slot.expires_at, token.0.clone()));
+            slot.expires_at = now + ttl;
+            self.expiry.insert((slot.expires_at, token.0.clone()));
+        }
+    }
+
+    fn open(
+        &mut self,
+        tenant: &str,
+        owner: &Owner,
+        now: Instant,
+    ) -> Result<ResumeToken, JournalError> {
+        self.purge(now);
+        if self.total + OVERHEAD > self.bounds.max_total_bytes {
+            return Err(JournalError::NotResumable(Bound::Total));
+        }
+        let token = ResumeToken::generate();
+        let (changes, _) = watch::channel(0);
+        let stream = Stream {
+            owner: owner.clone(),
+            lease_until: now + self.bounds.lease,
+            finished: false,
+            dropped: None,
+            events: Vec::new(),
+            bytes: 0,
+            changes,
+        };
+        let expires_at = now + self.bounds.ttl;
+        self.journals.insert(
+            token.clone(),
+            Slot {
+                tenant: tenant.to_string(),
+                expires_at,
+                stream: Some(stream),
+            },
+        );
+        self.expiry.insert((expires_at, token.0.clone()));
+        self.total += OVERHEAD;
+        Ok(token)
+    }
+
+    /// The owner's live journal.
+    fn owned(&mut self, token: &ResumeToken, owner: &Owner) -> Result<&mut Stream, JournalError> {
+        let slot = self.journals.get_mut(token).ok_or(JournalError::NotFound)?;
+        let stream = slot.stream.as_mut().ok_or(JournalError::Expired)?;
+        if stream.owner != *owner {
+            return Err(JournalError::Fenced);
+        }
+        Ok(stream)
+    }
+
+    /// The tenant's live journal.
+    fn of_tenant(
+        &mut self,
+        tenant: &str,
+        token: &ResumeToken,
+    ) -> Result<&mut Stream, JournalError> {
+        let slot = self.journals.get_mut(token).ok_or(JournalError::NotFound)?;
+        if slot.tenant != tenant {
+            return Err(JournalError::NotFound);
+        }
+        slot.stream.as_mut().ok_or(JournalError::Expired)
+    }
+
+    fn append(
+        &mut self,
+        token: &ResumeToken,
+        owner: &Owner,
+        seq: u64,
+        event: Bytes,
+        now: Instant,
+    ) -> Result<Appended, JournalError> {
+        self.purge(now);
+        let (per_stream, max_total, total) = (
+            self.bounds.max_bytes_per_stream,
+            self.bounds.max_total_bytes,
+            self.total,
+        );
+        let stream = self.owned(token, owner)?;
+        if stream.finished {
+            return Err(JournalError::Finished);
+        }
+        if let Some(bound) = stream.dropped {
+            return Ok(Appended::NotResumable(bound));
+        }
+        let expected = stream.last_seq() + 1;
+        if seq != expected {
+            return Err(JournalError::OutOfOrder { expected, got: seq });
+        }
+        let size = event.len() as u64;
+        let passed = if stream.bytes + size > per_stream {
+            Some(Bound::PerStream)
+        } else if total + size > max_total {
+            Some(Bound::Total)
+        } else {
+            None
+        };
+        if let Some(bound) = passed {
+            let freed = stream.bytes;
+            stream.events = Vec::new();
+            stream.bytes = 0;
+            stream.dropped = Some(bound);
+            stream.changed();
+            self.total -= freed;
+            self.touch(token, now);
+            return Ok(Appended::NotResumable(bound));
+        }
+        stream.events.push(Entry { seq, event });
+        stream.bytes += size;
+        stream.changed();
+        self.total += size;
+        self.touch(token, now);
+        Ok(Appended::Stored)
+    }
+
+    fn finish(
+        &mut self,
+        token: &ResumeToken,
+        owner: &Owner,
+        now: Instant,
+    ) -> Result<(), JournalError> {
+        self.purge(now);
+        let stream = self.owned(token, owner)?;
+        stream.finished = true;
+        stream.changed();
+        self.touch(token, now);
+        Ok(())
+    }
+
+    fn renew(
+        &mut self,
+        token: &ResumeToken,
+        owner: &Owner,
+        now: Instant,
+    ) -> Result<(), JournalError> {
+        self.purge(now);
+        let lease = self.bounds.lease;
+        self.owned(token, owner)?.lease_until = now + lease;
+        Ok(())
+    }
+
+    fn claim(
+        &mut self,
+        tenant: &str,
+        token: &ResumeToken,
+        owner: &Owner,
+        now: Instant,
+    ) -> Result<Claim, JournalError> {
+        self.purge(now);
+        let lease = self.bounds.lease;
+        let stream = self.of_tenant(tenant, token)?;
+        if let Some(bound) = stream.dropped {
+            return Err(JournalError::NotResumable(bound));
+        }
+        if stream.finished {
+            return Ok(Claim::Finished);
+        }
+        if stream.owner != *owner && stream.lease_until > now {
+            return Ok(Claim::Held);
+        }
+        stream.owner = owner.clone();
+        stream.lease_until = now + lease;
+        Ok(Claim::Taken {
+            last_seq: stream.last_seq(),
+        })
+    }
+
+    /// A batch after `after_seq` and a receiver that sees later changes.
+    fn read(
+        &mut self,
+        tenant: &str,
+        token: &ResumeToken,
+        after_seq: u64,
+        now: Instant,
+    ) -> Result<(Batch, watch::Receiver<u64>), JournalError> {
+        self.purge(now);
+        let stream = self.of_tenant(tenant, token)?;
+        if let Some(bound) = stream.dropped {
+            return Err(JournalError::NotResumable(bound));
+        }
+        let changes = stream.changes.subscribe();
+        let from = (after_seq as usize).min(stream.events.len());
+        let to = (from + MAX_BATCH).min(stream.events.len());
+        let tail = if stream.finished {
+            Tail::Finished
+        } else if stream.lease_until <= now {
+            Tail::Orphaned
+        } else {
+            Tail::Live
+        };
+        let batch = Batch {
+            events: stream.events[from..to].to_vec(),
+            tail,
+            last_seq: stream.last_seq(),
+        };
+        Ok((batch, changes))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(20);
+    const TTL: Duration = Duration::from_secs(600);
+
+    fn journal(per_stream: u64, total: u64) -> EmbeddedJournal {
+        EmbeddedJournal::new(Bounds {
+            ttl: TTL,
+            max_bytes_per_stream: per_stream,
+            max_total_bytes: total,
+            lease: LEASE,
+        })
+    }
+
+    fn ev(n: usize) -> Bytes {
+        Bytes::from(vec![b'x'; n])
+    }
+
+    async fn all(j: &EmbeddedJournal, tenant: &str, t: &ResumeToken, after: u64) -> Batch {
+        j.read(tenant, t, after, Duration::ZERO).await.unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_are_read_back_in_order_after_a_position_and_end_when_finished() {
+        let j = journal(1000, 100_000);
+        let o = Owner::generate();
+        let t = j.open("a", &o).unwrap();
+        for seq in 1..=5 {
+            assert_eq!(
+                j.append(&t, &o, seq, Bytes::from(format!("e{seq}")))
+                    .unwrap(),
+                Appended::Stored
+            );
+        }
+        let b = all(&j, "a", &t, 2).await;
+        let seqs: Vec<u64> = b.events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![3, 4, 5]);
+        assert_eq!(b.events[0].event, Bytes::from_static(b"e3"));
+        assert_eq!((b.tail, b.last_seq), (Tail::Live, 5));
+        assert_eq!(
+            j.append(&t, &o, 7, ev(1)).unwrap_err(),
+            JournalError::OutOfOrder {
+                expected: 6,
+                got: 7
+            }
+        );
+        j.finish(&t, &o).unwrap();
+        let b = all(&j, "a", &t, 2).await;
+        assert!(b.ends_stream(2));
+        assert_eq!(
+            j.append(&t, &o, 6, ev(1)).unwrap_err(),
+            JournalError::Finished
+        );
+        assert_eq!(j.total_bytes(), OVERHEAD + 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_tenant_gets_not_found_never_the_stream() {
+        let j = journal(1000, 100_000);
+        let o = Owner::generate();
+        let t = j.open("a", &o).unwrap();
+        j.append(&t, &o, 1, ev(3)).unwrap();
+        assert_eq!(
+            j.read("b", &t, 0, Duration::ZERO).await.unwrap_err(),
+            JournalError::NotFound
+        );
+        assert_eq!(
+            j.claim("b", &t, &Owner::generate()).unwrap_err(),
+            JournalError::NotFound
+        );
+        let unknown = ResumeToken::generate();
+        assert_eq!(
+            j.read("a", &unknown, 0, Duration::ZERO).await.unwrap_err(),
+            JournalError::NotFound
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_journal_expires_ttl_after_its_last_write_then_is_forgotten() {
+        let j = journal(1000, 100_000);
+        let o = Owner::generate();
+        let t = j.open("a", &o).unwrap();
+        tokio::time::advance(TTL - Duration::from_secs(1)).await;
+        j.append(&t, &o, 1, ev(10)).unwrap();
+        // The append moved the expiry: a full ttl from it, less a second, it lives.
+        tokio::time::advance(TTL - Duration::from_secs(1)).await;
+        assert_eq!(all(&j, "a", &t, 0).await.events.len(), 1);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            j.read("a", &t, 0, Duration::ZERO).await.unwrap_err(),
+            JournalError::Expired
+        );
+        assert_eq!(j.total_bytes(), OVERHEAD, "the events are freed");
+        // Another tenant still learns nothing, not even that it expired.
+        assert_eq!(
+            j.read("b", &t, 0, Duration::ZERO).await.unwrap_err(),
+            JournalError::NotFound
+        );
+        tokio::time::advance(TTL - Duration::from_secs(1)).await;
+        assert_eq!(
+            j.read("a", &t, 0, Duration::ZERO).await.unwrap_err(),
+            JournalError::Expired
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            j.read("a", &t, 0, Duration::ZERO).await.unwrap_err(),
+            JournalError::NotFound
+        );
+        assert_eq!(j.total_bytes(), 0, "the tombstone is gone");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_the_stream_bound_the_append_says_so_and_later_ones_are_refused() {
+        let j = journal(100, 100_000);
+        let o = Owner::generate();
+        let t = j.open("a", &o).unwrap();
+        assert_eq!(j.append(&t, &o, 1, ev(60)).unwrap(), Appended::Stored);
+        assert_eq!(j.append(&t, &o, 2, ev(40)).unwrap(), Appended::Stored);
+        assert_eq!(j.total_bytes(), OVERHEAD + 100, "exactly at the bound");
+        assert_eq!(
+            j.append(&t, &o, 3, ev(1)).unwrap(),
+            Appended::NotResumable(Bound::PerStream)
+        );
+        assert_eq!(j.total_bytes(), OVERHEAD, "its events are dropped");
+        assert_eq!(
+            j.append(&t, &o, 4, ev(1)).unwrap(),
+            Appended::NotResumable(Bound::PerStream),
+            "refused without a sequence check or storing"
+        );
+        assert_eq!(j.total_bytes(), OVERHEAD);
+        assert_eq!(
+            j.read("a", &t, 0, Duration::ZERO).await.unwrap_err(),
+            JournalError::NotResumable(Bound::PerStream)
+        );
+        assert_eq!(
+            j.claim("a", &t, &Owner::generate()).unwrap_err(),
+            JournalError::NotResumable(Bound::PerStream)
+        );
+        j.finish(&t, &o).unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_the_total_bound_the_stream_that_crosses_it_is_not_resumable() {
+        // Room for two journals' overhead and 100 bytes of events.
+        let j = journal(1000, 2 * OVERHEAD + 100);
+        let o = Owner::generate();
+        let a = j.open("a", &o).unwrap();
+        let b = j.open("a", &o).unwrap();
+        assert_eq!(
+            j.open("a", &o).unwrap_err(),
+            JournalError::NotResumable(Bound::Total),
+            "no room for a third"
+        );
+        assert_eq!(j.append(&a, &o, 1, ev(70)).unwrap(), Appended::Stored);
+        assert_eq!(j.append(&b, &o, 1, ev(30)).unwrap(), Appended::Stored);
+        assert_eq!(
+            j.append(&b, &o, 2, ev(1)).unwrap(),
+            Appended::NotResumable(Bound::Total)
+        );
+        assert_eq!(j.total_bytes(), 2 * OVERHEAD + 70);
+        assert_eq!(all(&j, "a", &a, 0).await.events.len(), 1, "a is intact");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_tail_wait_wakes_on_an_append_and_is_bounded() {
+        let j = Arc::new(journal(1000, 100_000));
+        let o = Owner::generate();
+        let t = j.open("a", &o).unwrap();
+        let start = Instant::now();
+        let reader = {
+            let (j, t) = (j.clone(), t.clone());
+            tokio::spawn(async move { j.read("a", &t, 0, Duration::from_secs(30)).await })
+        };
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        j.append(&t, &o, 1, ev(1)).unwrap();
+        let b = reader.await.unwrap().unwrap();
+        assert_eq!(b.events.len(), 1);
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(2),
+            "woken by the append"
+        );
+        // Nothing comes: the wait ends at its bound with an empty batch.
+        let start = Instant::now();
+        let b = j.read("a", &t, 1, Duration::from_secs(5)).await.unwrap();
+        assert!(b.events.is_empty());
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        // A finish wakes a waiting reader too.
+        let reader = {
+            let (j, t) = (j.clone(), t.clone());
+            tokio::spawn(async move { j.read("a", &t, 1, Duration::from_secs(30)).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        j.finish(&t, &o).unwrap();
+        assert!(reader.await.unwrap().unwrap().ends_stream(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lapsed_lease_lets_a_survivor_take_over_and_fences_the_old_owner() {
+        let j = journal(1000, 100_000);
+        let (old, new) = (Owner::generate(), Owner::generate());
+        let t = j.open("a", &old).unwrap();
+        j.append(&t, &old, 1, ev(1)).unwrap();
+        tokio::time::advance(LEASE - Duration::from_secs(1)).await;
+        assert_eq!(j.claim("a", &t, &new).unwrap(), Claim::Held);
+        j.renew(&t, &old).unwrap();
+        tokio::time::advance(LEASE - Duration::from_secs(1)).await;
+        assert_eq!(j.claim("a", &t, &new).unwrap(), Claim::Held, "renewed");
+        assert_eq!(all(&j, "a", &t, 1).await.tail, Tail::Live);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(all(&j, "a", &t, 1).await.tail, Tail::Orphaned);
+        assert_eq!(
+            j.claim("a", &t, &new).unwrap(),
+            Claim::Taken { last_seq: 1 }
+        );
+        assert_eq!(
+            j.append(&t, &old, 2, ev(1)).unwrap_err(),
+            JournalError::Fenced
+        );
+        assert_eq!(j.renew(&t, &old).unwrap_err(), JournalError::Fenced);
+        assert_eq!(j.append(&t, &new, 2, ev(1)).unwrap(), Appended::Stored);
+        j.finish(&t, &new).unwrap();
+        assert_eq!(j.claim("a", &t, &old).unwrap(), Claim::Finished);
+    }
+}

@@ -1,0 +1,429 @@
+//! The resume journal of streamed completions, in one home: this face
+//! (`Journal`, its `Reader` and the vocabulary both backends speak), the
+//! in-process journal (`embedded`: bounded by `resume.max_total_bytes`, a
+//! `watch` per stream for the live tail) and the fleet's on Redis (`redis`:
+//! a Redis Stream per request and a small metadata hash, one Lua script per
+//! mutation, the tail read with `XREAD BLOCK`).
+//!
+//! A journal holds one stream's events as opaque encoded bytes, numbered
+//! from 1 in order, under a random `ResumeToken` bound to its tenant:
+//! another tenant's token is `NotFound`, never the stream; a token past its
+//! lifetime (`resume.ttl` after the last write) is `Expired` for as long
+//! again, then `NotFound`. Past `resume.max_bytes_per_stream` (or, embedded,
+//! `resume.max_total_bytes`) the append that crossed the bound says so, the
+//! journal drops its events and is not resumable from then on (later
+//! appends are refused without storing anything); nothing is cut silently.
+//!
+//! The generation writing a journal is its `Owner`, holding a lease
+//! (`state.lease`) it renews; a lapsed lease (the replica died) lets a
+//! resume on another replica `claim` the journal and continue the stream,
+//! and the old owner's late appends are then `Fenced`. On Redis the lease
+//! is clocked by Redis `TIME`. Redis failures are `Unavailable`, counted
+//! under `switchyard_state_errors_total{function="journal"}`; what the
+//! request task does then (stream on, unresumable) is its decision.
+//!
+//! Not wired yet: the stream tee appends, the doors resume (issue 28).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+
+use crate::config::ResumeConfig;
+use crate::state::redis::Redis;
+use crate::state::StateFaults;
+use crate::state::StateError;
+
+pub mod embedded;
+mod redis;
+
+pub use self::redis::RedisJournal;
+pub use embedded::EmbeddedJournal;
+
+/// Most events one read returns.
+pub const MAX_BATCH: usize = 256;
+/// The longest one read waits for the live tail.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// A journal's lifetime and bounds, and the owner's lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// A journal lives this long after its last write (and answers
+    /// `Expired` for as long again).
+    pub ttl: Duration,
+    pub max_bytes_per_stream: u64,
+    /// Every journal of the process together (embedded only).
+    pub max_total_bytes: u64,
+    /// An owner that stops renewing loses the journal this long after its
+    /// last renewal.
+    pub lease: Duration,
+}
+
+impl Bounds {
+    pub fn of(resume: &ResumeConfig, lease: Duration) -> Bounds {
+        Bounds {
+            ttl: resume.ttl,
+            max_bytes_per_stream: resume.max_bytes_per_stream as u64,
+            max_total_bytes: resume.max_total_bytes as u64,
+            lease,
+        }
+    }
+}
+
+/// The bound a journal passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// `resume.max_bytes_per_stream`.
+    PerStream,
+    /// `resume.max_total_bytes` (embedded).
+    Total,
+}
+
+impl Bound {
+    /// The config key that sets it.
+    pub fn key(self) -> &'static str {
+        match self {
+            Bound::PerStream => "resume.max_bytes_per_stream",
+            Bound::Total => "resume.max_total_bytes",
+        }
+    }
+}
+
+/// Names one stream's journal: 128 random bits, URL-safe base64 (22
+/// characters), carrying nothing else. It is a capability: never logged.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ResumeToken(String);
+
+/// Characters of a token.
+const TOKEN_LEN: usize = 22;
+
+impl ResumeToken {
+    pub fn generate() -> ResumeToken {
+        let bits: [u8; 16] = rand::random();
+        ResumeToken(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bits))
+    }
+
+    /// A token a caller sent, if it has a token's shape.
+    pub fn parse(text: &str) -> Option<ResumeToken> {
+        let shaped = text.len() == TOKEN_LEN
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            && base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(text)
+                .is_ok_and(|b| b.len() == 16);
+        shaped.then(|| ResumeToken(text.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ResumeToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ResumeToken(..)")
+    }
+}
+
+/// The generation writing a journal: one per request task, a new one per
+/// takeover.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner(String);
+
+impl Owner {
+    pub fn generate() -> Owner {
+        Owner(crate::state::token())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One journaled event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub seq: u64,
+    /// The event as the tee encoded it.
+    pub event: Bytes,
+}
+
+/// What an append did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    Stored,
+    /// Not stored: the journal passed (now, or before) this bound and is
+    /// not resumable; tell the caller `Finished.resumable = false`.
+    NotResumable(Bound),
+}
+
+/// The journal's state as a reader sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tail {
+    /// Its owner holds the lease: more events may come.
+    Live,
+    /// Not finished and its owner's lease lapsed: `claim` it to continue.
+    Orphaned,
+    /// Its owner finished it: no event follows `last_seq`.
+    Finished,
+}
+
+/// One read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// Events after the position read from, in order, at most `MAX_BATCH`.
+    pub events: Vec<Entry>,
+    pub tail: Tail,
+    /// The last event the journal holds.
+    pub last_seq: u64,
+}
+
+impl Batch {
+    /// The events read reach the end of a finished stream.
+    pub fn ends_stream(&self, after_seq: u64) -> bool {
+        let reached = self.events.last().map_or(after_seq, |e| e.seq);
+        self.tail == Tail::Finished && reached >= self.last_seq
+    }
+}
+
+/// What a takeover found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The journal is the claimer's now; the stream continues after `last_seq`.
+    Taken { last_seq: u64 },
+    /// Another owner's lease is live: read the tail instead.
+    Held,
+    /// Finished: nothing to continue, read it.
+    Finished,
+}
+
+/// Why a journal call was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JournalError {
+    /// No such token for this tenant (or it expired long ago).
+    #[error("no such resume token")]
+    NotFound,
+    /// The token's journal lived out `resume.ttl` (RESUME_EXPIRED).
+    #[error("the resume token expired")]
+    Expired,
+    /// The journal passed a bound and holds nothing to resume.
+    #[error("the stream is not resumable: it passed {}", .0.key())]
+    NotResumable(Bound),
+    /// Another owner took the journal over.
+    #[error("the journal has another owner")]
+    Fenced,
+    #[error("event {got} out of order: the next is {expected}")]
+    OutOfOrder { expected: u64, got: u64 },
+    /// Appended to after its owner finished it.
+    #[error("the journal is finished")]
+    Finished,
+    #[error(transparent)]
+    Unavailable(#[from] StateError),
+}
+
+/// Stream journals: in process, or shared by the fleet on Redis.
+#[derive(Clone)]
+pub enum Journal {
+    Embedded(Arc<EmbeddedJournal>),
+    Redis {
+        journal: RedisJournal,
+        faults: Arc<StateFaults>,
+    },
+}
+
+impl Journal {
+    pub fn embedded(bounds: Bounds) -> Journal {
+        Journal::Embedded(Arc::new(EmbeddedJournal::new(bounds)))
+    }
+
+    pub fn redis(redis: Redis, faults: Arc<StateFaults>, bounds: Bounds) -> Journal {
+        Journal::Redis {
+            journal: RedisJournal::new(redis, bounds),
+            faults,
+        }
+    }
+
+    /// A Redis failure, counted and logged.
+    fn fault(faults: &StateFaults, e: JournalError, consequence: &str) -> JournalError {
+        if let JournalError::Unavailable(err) = &e {
+            faults.record("journal", err, consequence);
+        }
+        e
+    }
+
+    /// A new journal owned by `owner` for `tenant`; `NotResumable(Total)`
+    /// when the process has no room for one more (stream it unresumable).
+    pub async fn open(&self, tenant: &str, owner: &Owner) -> Result<ResumeToken, JournalError> {
+        match self {
+            Journal::Embedded(j) => j.open(tenant, owner),
+            Journal::Redis { journal, faults } => journal
+                .open(tenant, owner)
+                .await
+                .map_err(|e| Self::fault(faults, e, "the stream is not resumable")),
+        }
+    }
+
+    /// Appends event `seq` (the next one) by its owner.
+    pub async fn append(
+        &self,
+        token: &ResumeToken,
+        owner: &Owner,
+        seq: u64,
+        event: Bytes,
+    ) -> Result<Appended, JournalError> {
+        match self {
+            Journal::Embedded(j) => j.append(token, owner, seq, event),
+            Journal::Redis { journal, faults } => journal
+                .append(token, owner, seq, &event)
+                .await
+                .map_err(|e| Self::fault(faults, e, "the stream is not resumable")),
+        }
+    }
+
+    /// Marks the stream finished by its owner (readers end after its last event).
+    pub async fn finish(&self, token: &ResumeToken, owner: &Owner) -> Result<(), JournalError> {
+        match self {
+            Journal::Embedded(j) => j.finish(token, owner),
+            Journal::Redis { journal, faults } => journal
+                .finish(token, owner)
+                .await
+                .map_err(|e| Self::fault(faults, e, "a resume waits for the lease to lapse")),
+        }
+    }
+
+    /// Extends the owner's lease; `Fenced` once another owner took over.
+    pub async fn renew(&self, token: &ResumeToken, owner: &Owner) -> Result<(), JournalError> {
+        match self {
+            Journal::Embedded(j) => j.renew(token, owner),
+            Journal::Redis { journal, faults } => journal
+                .renew(token, owner)
+                .await
+                .map_err(|e| Self::fault(faults, e, "the lease may lapse")),
+        }
+    }
+
+    /// Takes the journal over for `owner` when its lease lapsed.
+    pub async fn claim(
+        &self,
+        tenant: &str,
+        token: &ResumeToken,
+        owner: &Owner,
+    ) -> Result<Claim, JournalError> {
+        match self {
+            Journal::Embedded(j) => j.claim(tenant, token, owner),
+            Journal::Redis { journal, faults } => journal
+                .claim(tenant, token, owner)
+                .await
+                .map_err(|e| Self::fault(faults, e, "the stream cannot be taken over")),
+        }
+    }
+
+    /// A reader of the tenant's journal from after `after_seq`: checks the
+    /// token now, so a wrong one is refused before anything is streamed.
+    pub async fn reader(
+        &self,
+        tenant: &str,
+        token: &ResumeToken,
+        after_seq: u64,
+    ) -> Result<Reader, JournalError> {
+        let mut reader = Reader {
+            journal: self.clone(),
+            tenant: tenant.to_string(),
+            token: token.clone(),
+            position: after_seq,
+            tail: None,
+            pending: None,
+        };
+        let first = reader.read(Duration::ZERO).await?;
+        reader.pending = Some(first);
+        Ok(reader)
+    }
+}
+
+/// Reads one journal in order: what it holds, then the live tail.
+pub struct Reader {
+    journal: Journal,
+    tenant: String,
+    token: ResumeToken,
+    /// The last event returned.
+    position: u64,
+    /// The Redis connection the tail waits on (its own: `XREAD BLOCK`
+    /// would stall every call sharing a connection).
+    tail: Option<self::redis::Tailer>,
+    /// The batch read when the reader was made.
+    pending: Option<Batch>,
+}
+
+impl Reader {
+    /// The last event returned so far.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// The next events; when there are none yet, waits up to `wait` (at
+    /// most `MAX_WAIT`) for the owner to append or finish.
+    pub async fn next(&mut self, wait: Duration) -> Result<Batch, JournalError> {
+        let batch = match self.pending.take() {
+            Some(b) if !b.events.is_empty() || b.tail != Tail::Live => b,
+            _ => self.read(wait.min(MAX_WAIT)).await?,
+        };
+        if let Some(last) = batch.events.last() {
+            self.position = last.seq;
+        }
+        Ok(batch)
+    }
+
+    async fn read(&mut self, wait: Duration) -> Result<Batch, JournalError> {
+        match &self.journal {
+            Journal::Embedded(j) => j.read(&self.tenant, &self.token, self.position, wait).await,
+            Journal::Redis { journal, faults } => journal
+                .read(
+                    &self.tenant,
+                    &self.token,
+                    self.position,
+                    wait,
+                    &mut self.tail,
+                )
+                .await
+                .map_err(|e| Journal::fault(faults, e, "the stream cannot be resumed")),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_128_random_url_safe_bits_and_parse_back() {
+        let a = ResumeToken::generate();
+        let b = ResumeToken::generate();
+        assert_ne!(a, b);
+        assert_eq!(a.as_str().len(), 22);
+        assert_eq!(ResumeToken::parse(a.as_str()), Some(a.clone()));
+        assert_eq!(ResumeToken::parse(""), None);
+        assert_eq!(ResumeToken::parse(&format!("{}x", a.as_str())), None);
+        assert_eq!(ResumeToken::parse("aaaaaaaaaaaaaaaaaaaa/+"), None);
+        assert_eq!(format!("{a:?}"), "ResumeToken(..)", "never printed");
+    }
+
+    #[test]
+    fn a_batch_ends_the_stream_only_at_the_last_event_of_a_finished_one() {
+        let e = |seq| Entry {
+            seq,
+            event: Bytes::from_static(b"x"),
+        };
+        let b = |events, tail| Batch {
+            events,
+            tail,
+            last_seq: 3,
+        };
+        assert!(b(vec![e(2), e(3)], Tail::Finished).ends_stream(1));
+        assert!(!b(vec![e(2)], Tail::Finished).ends_stream(1));
+        assert!(b(vec![], Tail::Finished).ends_stream(3));
+        assert!(!b(vec![e(2), e(3)], Tail::Live).ends_stream(1));
+    }
+}
