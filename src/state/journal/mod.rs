@@ -32,8 +32,8 @@ use bytes::Bytes;
 
 use crate::config::ResumeConfig;
 use crate::state::redis::Redis;
-use crate::state::StateFaults;
 use crate::state::StateError;
+use crate::state::StateFaults;
 
 pub mod embedded;
 mod redis;

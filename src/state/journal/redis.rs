@@ -711,6 +711,66 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn redis_the_tail_wait_wakes_on_an_append_and_is_bounded() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let b = bounds(Duration::from_secs(60), Duration::from_secs(20));
+        let owner_side = RedisJournal::new(server.client(), b);
+        let reader_side = RedisJournal::new(server.client(), b);
+        let o = Owner::generate();
+        let t = owner_side.open("a", &o).await.unwrap();
+        // Nothing comes: the wait lasts its bound (at least) and ends empty.
+        let mut tail = None;
+        let start = std::time::Instant::now();
+        let batch = reader_side
+            .read("a", &t, 0, Duration::from_millis(300), &mut tail)
+            .await
+            .unwrap();
+        assert!(batch.events.is_empty());
+        assert!(start.elapsed() >= Duration::from_millis(300));
+        assert!(tail.is_some(), "the tail waits on a connection of its own");
+        // An append wakes a reader waiting 20 s long before the bound.
+        let appender = {
+            let (j, t, o) = (owner_side.clone(), t.clone(), o.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                j.append(&t, &o, 1, b"t1").await.unwrap();
+            })
+        };
+        let start = std::time::Instant::now();
+        let batch = reader_side
+            .read("a", &t, 0, Duration::from_secs(20), &mut tail)
+            .await
+            .unwrap();
+        appender.await.unwrap();
+        assert_eq!(batch.events.len(), 1);
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "woken, not timed out"
+        );
+        // So does a finish.
+        let finisher = {
+            let (j, t, o) = (owner_side.clone(), t.clone(), o.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                j.finish(&t, &o).await.unwrap();
+            })
+        };
+        let start = std::time::Instant::now();
+        let batch = reader_side
+            .read("a", &t, 1, Duration::from_secs(20), &mut tail)
+            .await
+            .unwrap();
+        finisher.await.unwrap();
+        assert!(batch.ends_stream(1));
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "woken, not timed out"
+        );
+    }
+
+    #[tokio::test]
     async fn redis_two_replicas_tail_one_stream_to_its_end() {
         let Some(server) = RedisServer::start() else {
             return;
