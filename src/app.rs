@@ -28,12 +28,13 @@ use crate::api::router_service::RouterService;
 use crate::api::tls::{self, TlsState};
 use crate::config::AuthMode;
 use crate::config::{Config, ConfigError};
-use crate::dispatch::Dispatcher;
 use crate::golden::store::ValidationStore;
 use crate::proto;
 use crate::reload::{runtimes, Reloader};
+use crate::semantic::SemanticCache;
 use crate::state::cache::ResponseCache;
 use crate::state::jobs::Jobs;
+use crate::task::{Parts, Tasks};
 use crate::telemetry::metrics::Metrics;
 
 /// Starting the service failed.
@@ -64,7 +65,7 @@ pub struct Running {
     pub http_addr: Option<SocketAddr>,
     pub registry: Arc<Registry>,
     pub reloader: Arc<Reloader>,
-    dispatcher: Arc<Dispatcher>,
+    tasks: Arc<Tasks>,
     drain_timeout: std::time::Duration,
     supervisor: ActorRef<SupervisorMsg>,
     supervisor_done: JoinHandle<()>,
@@ -95,7 +96,7 @@ fn any_route_can_serve(config: &Config, registry: &Registry) -> bool {
 /// the config in force no longer caches, and updates the size gauges.
 async fn sweep_semantic(
     reloader: Arc<Reloader>,
-    semantic: Arc<crate::semantic::SemanticCache>,
+    semantic: Arc<SemanticCache>,
     metrics: Arc<crate::telemetry::metrics::Metrics>,
     stop: CancellationToken,
 ) {
@@ -180,7 +181,7 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     tokio::spawn(core.validations.clone().watch(stop.clone()));
     tokio::spawn(sweep_semantic(
         reloader.clone(),
-        core.dispatcher.semantic.clone(),
+        core.semantic.clone(),
         core.metrics.clone(),
         stop.clone(),
     ));
@@ -250,7 +251,7 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         http_addr: listeners.http_addr,
         registry: core.registry,
         reloader,
-        dispatcher: core.dispatcher,
+        tasks: core.tasks,
         drain_timeout: config.server.drain_timeout,
         supervisor: core.supervisor,
         supervisor_done: core.supervisor_done,
@@ -288,7 +289,9 @@ fn connection_caps(config: &Config) -> listener::Caps {
 struct Core {
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
-    dispatcher: Arc<Dispatcher>,
+    tasks: Arc<Tasks>,
+    /// The semantic cache the request tasks fill (swept in the background).
+    semantic: Arc<SemanticCache>,
     intake: Arc<Intake>,
     jobs: Option<Arc<Jobs>>,
     /// Stored Responses API responses.
@@ -300,7 +303,7 @@ struct Core {
 }
 
 impl Core {
-    /// The stores `[state]` names, the dispatcher and the intake, then the
+    /// The stores `[state]` names, the request tasks and the intake, then the
     /// supervisor with its provider, router and recovery actors.
     async fn start(config: &Arc<Config>) -> Result<Core, StartError> {
         let registry = Arc::new(Registry::default());
@@ -318,20 +321,21 @@ impl Core {
             None => None,
         };
         let responses = stores.responses.clone();
-        let mut dispatcher = Dispatcher::new(
-            registry.clone(),
-            metrics.clone(),
-            stores.idempotency.clone(),
-            ResponseCache::new(config.cache.max_bytes),
-            stores.cost.clone(),
-            config.backoff.clone(),
-            config.server.default_deadline,
-        );
-        dispatcher.jobs = jobs.clone();
-        dispatcher.affinity = stores.affinity.clone();
-        let dispatcher = Arc::new(dispatcher);
+        let semantic = SemanticCache::new();
+        let tasks = Arc::new(Tasks::new(Parts {
+            registry: registry.clone(),
+            metrics: metrics.clone(),
+            idempotency: stores.idempotency.clone(),
+            cache: ResponseCache::new(config.cache.max_bytes),
+            semantic: semantic.clone(),
+            cost: stores.cost.clone(),
+            affinity: stores.affinity.clone(),
+            backoff: config.backoff.clone(),
+            default_deadline: config.server.default_deadline,
+            jobs: jobs.clone(),
+        }));
         let intake = Intake::new(
-            dispatcher.clone(),
+            tasks.clone(),
             stores.tenants,
             config.limits.clone(),
             crate::sink::SendLimits {
@@ -372,7 +376,8 @@ impl Core {
         Ok(Core {
             registry,
             metrics,
-            dispatcher,
+            tasks,
+            semantic,
             intake,
             jobs,
             responses,
@@ -543,18 +548,18 @@ impl Running {
             .await;
         self.stop.cancel();
         let drain_started = tokio::time::Instant::now();
-        let active = self.dispatcher.active.load(Ordering::Relaxed);
+        let active = self.tasks.running();
         tracing::info!(active, drain_timeout = ?self.drain_timeout, "draining");
         if tokio::time::timeout(self.drain_timeout, &mut self.grpc)
             .await
             .is_err()
         {
-            let left = self.dispatcher.active.load(Ordering::Relaxed);
+            let left = self.tasks.running();
             tracing::warn!(
                 left,
                 "drain timeout passed; ending the remaining calls with UNAVAILABLE"
             );
-            self.dispatcher.abort.cancel();
+            self.tasks.abort_all();
             if tokio::time::timeout(std::time::Duration::from_secs(5), &mut self.grpc)
                 .await
                 .is_err()
@@ -565,7 +570,7 @@ impl Running {
         if let Some(mut http) = self.http.take() {
             let left = self.drain_timeout.saturating_sub(drain_started.elapsed());
             if tokio::time::timeout(left, &mut http).await.is_err() {
-                self.dispatcher.abort.cancel();
+                self.tasks.abort_all();
                 if tokio::time::timeout(std::time::Duration::from_secs(5), &mut http)
                     .await
                     .is_err()

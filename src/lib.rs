@@ -23,7 +23,6 @@ pub mod chat;
 pub mod config;
 #[cfg(test)]
 mod config_fuzz;
-pub mod dispatch;
 pub mod drill;
 pub mod embeddings;
 pub mod error;
@@ -37,6 +36,7 @@ pub mod request;
 pub mod semantic;
 pub mod sink;
 pub mod state;
+pub mod task;
 pub mod telemetry;
 pub mod upstream;
 

@@ -1,9 +1,10 @@
 //! The one request start every front door uses (gRPC, the OpenAI HTTP doors,
 //! SubmitJob, the job runner, and embeddings calls): validation into a `RequestSpec`, the
 //! authenticated tenant, per-tenant limits, the request id, the span with the
-//! caller's trace context, and the spawned request task. Cost reservation and
-//! idempotency run first thing in that task (`Dispatcher::serve`), so no door
-//! can skip them either. Nothing that enforces a limit lives in a door.
+//! caller's trace context, and the spawned request task, or the job stored
+//! for it (`submit`). Cost reservation and idempotency run first thing in
+//! that task (`task::Tasks::run`), so no door can skip them either. Nothing
+//! that enforces a limit lives in a door.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,13 +14,13 @@ use tracing::Instrument;
 
 use super::convert;
 use crate::config::LimitsConfig;
-use crate::dispatch::Dispatcher;
 use crate::embeddings::{EmbedSpec, Embedded};
 use crate::error::RequestError;
 use crate::proto;
 use crate::request::RequestSpec;
-use crate::sink::{self, Events, SendLimits};
+use crate::sink::{self, Events, QueuedJob, SendLimits};
 use crate::state::tenants::{Slot, TenantLimits};
+use crate::task::{CheckedJob, Tasks};
 
 /// Which front door a request came through (span attribute, id prefix).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +76,7 @@ pub struct Started {
     pub deadline: Option<Instant>,
 }
 
-/// Validated, admitted and ready to spawn (SubmitJob stops here).
+/// Validated, admitted and ready to spawn (or to store as a job).
 pub struct Admitted {
     pub spec: RequestSpec,
     /// The tenant's concurrency slot, held as long as the request runs.
@@ -83,9 +84,18 @@ pub struct Admitted {
     span: tracing::Span,
 }
 
+/// Why a request could not become a job.
+#[derive(Debug)]
+pub enum JobRefusal {
+    /// The request itself (validation, the tenant's limits).
+    Request(RequestError),
+    /// Its route (unknown, or no target has what it needs).
+    Route(RequestError),
+}
+
 /// The intake; shared by every door.
 pub struct Intake {
-    pub dispatcher: Arc<Dispatcher>,
+    tasks: Arc<Tasks>,
     tenants: TenantLimits,
     limits: LimitsConfig,
     /// How each request's sends to its caller are bounded.
@@ -97,14 +107,14 @@ pub struct Intake {
 
 impl Intake {
     pub fn new(
-        dispatcher: Arc<Dispatcher>,
+        tasks: Arc<Tasks>,
         tenants: TenantLimits,
         limits: LimitsConfig,
         send: SendLimits,
     ) -> Arc<Self> {
         let prefix: u32 = rand::random();
         Arc::new(Intake {
-            dispatcher,
+            tasks,
             tenants,
             limits,
             send,
@@ -115,6 +125,11 @@ impl Intake {
 
     pub fn limits(&self) -> &LimitsConfig {
         &self.limits
+    }
+
+    /// The durable job queue, when configured.
+    pub fn jobs(&self) -> Option<Arc<crate::state::jobs::Jobs>> {
+        self.tasks.jobs()
     }
 
     /// A fresh request id.
@@ -177,6 +192,32 @@ impl Intake {
         Ok(self.spawn(admitted, buffered, deadline))
     }
 
+    /// Stores the request as a job instead of running it (SubmitJob, a
+    /// background response): admitted, its route planned, then queued.
+    pub async fn submit(&self, arrival: Arrival) -> Result<QueuedJob, RequestError> {
+        let Admitted { spec, slot, .. } = self.admit(arrival).await?;
+        let job = self.tasks.check_job(spec).await?;
+        let queued = self.tasks.submit(&job).await;
+        // The tenant's slot is held until the job is stored.
+        drop(slot);
+        queued
+    }
+
+    /// Admits a request and plans its route, so it may be stored as a job
+    /// later (a batch checks every line before it stores any).
+    pub async fn check_job(&self, arrival: Arrival) -> Result<CheckedJob, JobRefusal> {
+        let admitted = self.admit(arrival).await.map_err(JobRefusal::Request)?;
+        self.tasks
+            .check_job(admitted.spec)
+            .await
+            .map_err(JobRefusal::Route)
+    }
+
+    /// Stores a checked request as a job.
+    pub async fn submit_checked(&self, job: &CheckedJob) -> Result<QueuedJob, RequestError> {
+        self.tasks.submit(job).await
+    }
+
     /// An embeddings call through the same intake: the authenticated
     /// tenant, the tenant's limits (its slot held as long as the call runs),
     /// the request id and the span with the caller's trace context. The call
@@ -206,7 +247,7 @@ impl Intake {
         if let Some(trace) = trace {
             crate::telemetry::tracing::continue_trace(&span, trace);
         }
-        let run = crate::embeddings::run(self.dispatcher.clone(), spec);
+        let run = self.tasks.clone().embed(spec);
         let task = tokio::spawn(
             async move {
                 let result = run.await;
@@ -227,7 +268,7 @@ impl Intake {
         if let Some(deadline) = deadline {
             sink.set_deadline(deadline);
         }
-        let run = self.dispatcher.clone().run(spec, sink);
+        let run = self.tasks.clone().run(spec, sink);
         tokio::spawn(
             async move {
                 run.await;

@@ -16,6 +16,7 @@ use super::intake::{Arrival, Door, Intake};
 use super::status::to_status;
 use crate::actors::recovery::{JobRunner, RunOutcome};
 use crate::error::RequestError;
+use crate::policy::ladder::{self, JobRun};
 use crate::policy::token_bucket::TokenBucketConfig;
 use crate::proto;
 use crate::sink::Events;
@@ -178,7 +179,7 @@ async fn answer(
 }
 
 /// Stores a run's end: the answer once (a stale claim cannot overwrite it),
-/// the job back in the queue when no target could take it yet, or failed.
+/// the job back in the queue or failed, as `policy::ladder` says.
 async fn store(
     jobs: &Jobs,
     job: &JobRecord,
@@ -199,14 +200,16 @@ async fn store(
             }
             RunOutcome::Finished
         }
-        Err(e) if e.may_descend_ladder() || matches!(e, RequestError::Draining) => {
-            let _ = jobs.release(&job.id, claim).await;
-            RunOutcome::NoCapacity
-        }
-        Err(e) => {
-            let reason = crate::api::status::reason(&e);
-            let _ = jobs.fail(&job.id, claim, e.to_string(), reason).await;
-            RunOutcome::Finished
-        }
+        Err(e) => match ladder::after_job_run(&e) {
+            JobRun::Requeue => {
+                let _ = jobs.release(&job.id, claim).await;
+                RunOutcome::NoCapacity
+            }
+            JobRun::Fail => {
+                let reason = crate::api::status::reason(&e);
+                let _ = jobs.fail(&job.id, claim, e.to_string(), reason).await;
+                RunOutcome::Finished
+            }
+        },
     }
 }

@@ -30,7 +30,7 @@ pub struct RouterService {
 
 impl RouterService {
     fn jobs(&self) -> Result<Arc<crate::state::jobs::Jobs>, Status> {
-        self.intake.dispatcher.jobs.clone().ok_or_else(|| {
+        self.intake.jobs().ok_or_else(|| {
             to_status(&RequestError::QueueUnavailable(
                 "no [queue] is configured".into(),
             ))
@@ -155,18 +155,9 @@ impl proto::router_server::Router for RouterService {
         request: Request<proto::CompletionRequest>,
     ) -> Result<Response<proto::Job>, Status> {
         self.jobs()?;
-        let admitted = self
+        let queued = self
             .intake
-            .admit(Self::arrival(request, None, true))
-            .await
-            .map_err(|e| to_status(&e))?;
-        let dispatcher = &self.intake.dispatcher;
-        dispatcher
-            .plan(&admitted.spec)
-            .await
-            .map_err(|e| to_status(&e))?;
-        let queued = dispatcher
-            .enqueue(&admitted.spec)
+            .submit(Self::arrival(request, None, true))
             .await
             .map_err(|e| to_status(&e))?;
         Ok(Response::new(convert::job(

@@ -1,4 +1,5 @@
-//! Pure policy: outcome classes, breakers, health windows, budgets, backoff.
+//! Pure policy: outcome classes, breakers, health windows, budgets, backoff,
+//! the next step of an attempt (`next`) and of a request (`ladder`).
 //! Plain structs with time passed in; no I/O, no actors, no gRPC.
 
 pub mod affinity;
@@ -9,6 +10,7 @@ pub mod clock;
 pub mod continuation;
 pub mod cooldown;
 pub mod health;
+pub mod ladder;
 pub mod next;
 pub mod outcome;
 pub mod share;

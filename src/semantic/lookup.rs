@@ -14,12 +14,11 @@ use futures_util::future::{BoxFuture, FutureExt, Shared};
 use tokio::time::{timeout_at, Instant};
 
 use super::{embed, index, query, Bounds, Found, Hit, SemanticCache};
+use crate::actors::client::{Actors, Admission};
 use crate::actors::provider::{self, TrafficClass};
-use crate::actors::registry::Registry;
 use crate::actors::router::Plan;
 use crate::chat::FinishReason;
 use crate::config::SemanticCacheConfig;
-use crate::dispatch::{admit, Admission, Dispatcher};
 use crate::policy::outcome::OutcomeClass;
 use crate::request::RequestSpec;
 use crate::sink::Event;
@@ -64,88 +63,96 @@ fn count(metrics: &Metrics, route: &str, result: &'static str) {
         .inc();
 }
 
-impl Dispatcher {
-    /// Starts embedding the request's question if its route has a semantic
-    /// cache and the request may use it.
-    pub(crate) fn semantic_begin(&self, spec: &RequestSpec, plan: &Plan) -> Option<Pending> {
-        let cfg = plan.semantic.clone()?;
-        let owner = spec.cache_owner(plan.shared_across_tenants);
-        let q = match query::query(spec, plan.side_effects, owner, &cfg) {
-            Ok(q) => q,
-            Err(skip) => {
-                tracing::debug!(request_id = %spec.request_id, route = %plan.route, reason = skip.as_str(), "semantic cache not used");
-                count(&self.metrics, &plan.route, "ineligible");
-                return None;
-            }
-        };
-        let started = Instant::now();
-        let task = tokio::spawn(embed_question(
-            self.registry.clone(),
-            self.metrics.clone(),
-            plan.route.clone(),
-            cfg.clone(),
-            q.question,
-            started + FILL_WAIT,
-        ));
-        let vector = async move { task.await.ok().flatten() }.boxed().shared();
-        let budget = spec.deadline.map_or(cfg.lookup_timeout, |d| {
-            cfg.lookup_timeout
-                .min(d.saturating_duration_since(started) / 2)
-        });
-        Some(Pending {
-            route: plan.route.clone(),
-            cfg,
-            scope: q.scope,
-            lookup_until: started + budget,
-            vector,
-        })
-    }
+/// Starts embedding the request's question if its route has a semantic
+/// cache and the request may use it.
+pub(crate) fn begin(
+    actors: &Actors,
+    metrics: &Arc<Metrics>,
+    spec: &RequestSpec,
+    plan: &Plan,
+) -> Option<Pending> {
+    let cfg = plan.semantic.clone()?;
+    let owner = spec.cache_owner(plan.shared_across_tenants);
+    let q = match query::query(spec, plan.side_effects, owner, &cfg) {
+        Ok(q) => q,
+        Err(skip) => {
+            tracing::debug!(request_id = %spec.request_id, route = %plan.route, reason = skip.as_str(), "semantic cache not used");
+            count(metrics, &plan.route, "ineligible");
+            return None;
+        }
+    };
+    let started = Instant::now();
+    let task = tokio::spawn(embed_question(
+        actors.clone(),
+        metrics.clone(),
+        plan.route.clone(),
+        cfg.clone(),
+        q.question,
+        started + FILL_WAIT,
+    ));
+    let vector = async move { task.await.ok().flatten() }.boxed().shared();
+    let budget = spec.deadline.map_or(cfg.lookup_timeout, |d| {
+        cfg.lookup_timeout
+            .min(d.saturating_duration_since(started) / 2)
+    });
+    Some(Pending {
+        route: plan.route.clone(),
+        cfg,
+        scope: q.scope,
+        lookup_until: started + budget,
+        vector,
+    })
+}
 
-    /// The closest stored answer at the route's threshold (younger than
-    /// `fresh_within` when `fresh`), waiting for the question's embedding
-    /// no longer than the route's `lookup_timeout` (or half the caller's
-    /// remaining deadline, if less).
-    pub(crate) async fn semantic_hit(&self, p: &Pending, fresh: bool) -> Option<Hit> {
-        let vector = match timeout_at(p.lookup_until, p.vector.clone()).await {
-            Ok(Some(v)) => v,
-            Ok(None) => {
-                count(&self.metrics, &p.route, "embedder_unavailable");
-                return None;
-            }
-            Err(_) => {
-                count(&self.metrics, &p.route, "embedder_slow");
-                return None;
-            }
-        };
-        let max_age = if fresh { p.cfg.fresh_within } else { None };
-        let found = self.semantic.lookup(
-            &p.route,
-            &p.scope,
-            &vector,
-            p.cfg.threshold,
-            max_age,
-            Instant::now(),
-        );
-        let similarity = |s: f32| {
-            self.metrics
-                .semantic
-                .similarity
-                .get_or_create(&RouteLabels {
-                    route: p.route.clone(),
-                })
-                .observe(f64::from(s));
-        };
-        match found {
-            Found::Hit(hit) => {
-                similarity(hit.similarity);
-                count(&self.metrics, &p.route, "hit");
-                Some(hit)
-            }
-            Found::Miss(best) => {
-                best.map(similarity);
-                count(&self.metrics, &p.route, "miss");
-                None
-            }
+/// The closest stored answer at the route's threshold (younger than
+/// `fresh_within` when `fresh`), waiting for the question's embedding
+/// no longer than the route's `lookup_timeout` (or half the caller's
+/// remaining deadline, if less).
+pub(crate) async fn hit(
+    cache: &SemanticCache,
+    metrics: &Metrics,
+    p: &Pending,
+    fresh: bool,
+) -> Option<Hit> {
+    let vector = match timeout_at(p.lookup_until, p.vector.clone()).await {
+        Ok(Some(v)) => v,
+        Ok(None) => {
+            count(metrics, &p.route, "embedder_unavailable");
+            return None;
+        }
+        Err(_) => {
+            count(metrics, &p.route, "embedder_slow");
+            return None;
+        }
+    };
+    let max_age = if fresh { p.cfg.fresh_within } else { None };
+    let found = cache.lookup(
+        &p.route,
+        &p.scope,
+        &vector,
+        p.cfg.threshold,
+        max_age,
+        Instant::now(),
+    );
+    let similarity = |s: f32| {
+        metrics
+            .semantic
+            .similarity
+            .get_or_create(&RouteLabels {
+                route: p.route.clone(),
+            })
+            .observe(f64::from(s));
+    };
+    match found {
+        Found::Hit(hit) => {
+            similarity(hit.similarity);
+            count(metrics, &p.route, "hit");
+            Some(hit)
+        }
+        Found::Miss(best) => {
+            best.map(similarity);
+            count(metrics, &p.route, "miss");
+            None
         }
     }
 }
@@ -185,7 +192,7 @@ pub(crate) fn fill(
 /// Embeds one question through the embedder's provider actor; `None` when
 /// it could not (refused, failed, past `limit`). Records the duration.
 async fn embed_question(
-    registry: Arc<Registry>,
+    actors: Actors,
     metrics: Arc<Metrics>,
     route: String,
     cfg: Arc<SemanticCacheConfig>,
@@ -194,7 +201,7 @@ async fn embed_question(
 ) -> Option<Arc<Vec<f32>>> {
     let (provider, model) = cfg.embedder.split_once('/')?;
     let started = Instant::now();
-    let result = embed_once(&registry, &metrics, provider, model, &question, limit).await;
+    let result = embed_once(&actors, &metrics, provider, model, &question, limit).await;
     let outcome = match &result {
         Ok(_) => "ok",
         Err(why) => why,
@@ -219,18 +226,20 @@ async fn embed_question(
 /// One embeddings call, admitted and reported like an attempt. The error
 /// is the outcome label.
 async fn embed_once(
-    registry: &Registry,
+    actors: &Actors,
     metrics: &Metrics,
     provider_id: &str,
     model: &str,
     question: &str,
     limit: Instant,
 ) -> Result<Vec<f32>, &'static str> {
-    let (entry, mut permit) =
-        match admit(registry, provider_id, model, TrafficClass::Own, limit).await {
-            Admission::Granted(entry, permit) => (entry, permit),
-            Admission::Refused(_) | Admission::Unreachable => return Err("refused"),
-        };
+    let admission = actors
+        .take_permit(provider_id, model, TrafficClass::Own, limit)
+        .await;
+    let (entry, mut permit) = match admission {
+        Admission::Granted(entry, permit) => (entry, permit),
+        Admission::Refused(_) | Admission::Unreachable => return Err("refused"),
+    };
     permit.mark_sent();
     let sent = Instant::now();
     let answer = timeout_at(

@@ -21,12 +21,12 @@ use serde_json::{json, Value};
 
 use super::files::FileMeta;
 use super::{now_secs, BatchApi, BatchError};
-use crate::api::intake::{Arrival, Door};
+use crate::api::intake::{Arrival, Door, JobRefusal};
 use crate::proto;
-use crate::request::RequestSpec;
 use crate::state::files::quota::{self, BlobKind};
 use crate::state::files::BlobPut;
 use crate::state::jobs::JobState;
+use crate::task::CheckedJob;
 
 const ENDPOINT: &str = "/v1/chat/completions";
 /// OpenAI's bound on `metadata`.
@@ -203,10 +203,10 @@ impl BatchApi {
             return Ok(());
         }
         batch.total = specs.len() as u64;
-        let dispatcher = &self.http.intake.dispatcher;
+        let intake = &self.http.intake;
         let mut lines = Vec::with_capacity(specs.len());
-        for (n, (custom_id, model, spec)) in specs.into_iter().enumerate() {
-            match dispatcher.enqueue(&spec).await {
+        for (n, (custom_id, model, job)) in specs.into_iter().enumerate() {
+            match intake.submit_checked(&job).await {
                 Ok(q) => lines.push(Line {
                     custom_id,
                     model,
@@ -240,7 +240,7 @@ impl BatchApi {
         &self,
         batch: &Batch,
         data: &[u8],
-    ) -> (Vec<(String, String, RequestSpec)>, Vec<Value>) {
+    ) -> (Vec<(String, String, CheckedJob)>, Vec<Value>) {
         let (mut specs, mut errors) = (Vec::new(), Vec::new());
         let mut seen = std::collections::HashSet::new();
         let text = match std::str::from_utf8(data) {
@@ -287,7 +287,7 @@ impl BatchApi {
         n: usize,
         raw: &str,
         seen: &mut std::collections::HashSet<String>,
-    ) -> Result<(String, String, RequestSpec), (Option<&'static str>, String)> {
+    ) -> Result<(String, String, CheckedJob), (Option<&'static str>, String)> {
         let line: InputLine =
             serde_json::from_str(raw).map_err(|e| (None, format!("not a JSON object: {e}")))?;
         let custom_id = line
@@ -322,10 +322,10 @@ impl BatchApi {
             .map_err(|e| (Some("body.model"), e.to_string()))?;
         request.route = route;
         request.idempotency_key = format!("{}:{n}", batch.id);
-        let admitted = self
+        let job = self
             .http
             .intake
-            .admit(Arrival {
+            .check_job(Arrival {
                 door: Door::Batch,
                 request,
                 tenant: Some(batch.tenant.clone()),
@@ -336,14 +336,11 @@ impl BatchApi {
                 pin,
             })
             .await
-            .map_err(|e| (Some("body"), e.to_string()))?;
-        self.http
-            .intake
-            .dispatcher
-            .plan(&admitted.spec)
-            .await
-            .map_err(|e| (Some("body.model"), e.to_string()))?;
-        Ok((custom_id, model, admitted.spec))
+            .map_err(|refusal| match refusal {
+                JobRefusal::Request(e) => (Some("body"), e.to_string()),
+                JobRefusal::Route(e) => (Some("body.model"), e.to_string()),
+            })?;
+        Ok((custom_id, model, job))
     }
 
     /// Counts the jobs from their states; cancels the queued ones of a

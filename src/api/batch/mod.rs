@@ -98,7 +98,7 @@ impl BatchApi {
     }
 
     fn jobs(&self) -> Result<Arc<Jobs>, BatchError> {
-        self.http.intake.dispatcher.jobs.clone().ok_or_else(|| {
+        self.http.intake.jobs().ok_or_else(|| {
             BatchError::from_request(&RequestError::QueueUnavailable(
                 "the Batch API needs a [queue]; none is configured".into(),
             ))

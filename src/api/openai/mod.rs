@@ -3,7 +3,7 @@
 //! `POST /v1/chat/completions` (SSE or one `chat.completion`), `POST
 //! /v1/embeddings` ([`embeddings`]) and `GET /v1/models[/{id}]` ([`models`]).
 //! A chat request becomes a `proto::CompletionRequest` and goes through
-//! `convert::request_spec` and the same `Dispatcher` as gRPC; `model` names a
+//! `convert::request_spec` and the same request task as gRPC; `model` names a
 //! route. Errors use OpenAI's error JSON with the `ErrorInfo` reason as `code`.
 
 mod embeddings;

@@ -77,7 +77,7 @@ impl ResponsesApi {
     }
 
     fn jobs(&self) -> Option<Arc<Jobs>> {
-        self.http.intake.dispatcher.jobs.clone()
+        self.http.intake.jobs()
     }
 
     /// A fresh response id: `resp_`, the time, a counter and 64 random bits.
@@ -271,9 +271,10 @@ impl ResponsesApi {
         request.route = route;
         // The job's stored request carries the pin.
         request.target = pin.unwrap_or_default();
-        let intake = &self.http.intake;
-        let admitted = intake
-            .admit(Arrival {
+        let queued = self
+            .http
+            .intake
+            .submit(Arrival {
                 door: Door::Responses,
                 request,
                 tenant: Some(tenant.clone()),
@@ -283,16 +284,6 @@ impl ResponsesApi {
                 buffered: true,
                 pin: None,
             })
-            .await
-            .map_err(refused)?;
-        intake
-            .dispatcher
-            .plan(&admitted.spec)
-            .await
-            .map_err(refused)?;
-        let queued = intake
-            .dispatcher
-            .enqueue(&admitted.spec)
             .await
             .map_err(refused)?;
         let response = object(&meta, &Status::Queued, Vec::new(), Value::Null);

@@ -1,0 +1,165 @@
+//! The one door to the actors for everything outside them: a plan from the
+//! router actor, a permit from a provider actor, one more attempt from a
+//! route's retry budget, the casts that tell them what was served or queued,
+//! and the timeouts every such call waits under. Request tasks, the semantic
+//! cache's embedder and the doors call these; none of them builds a message.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use tokio::time::Instant;
+
+use super::provider::{Permit, ProviderMsg, Refusal, TrafficClass};
+use super::recovery::RecoveryMsg;
+use super::registry::{ProviderEntry, Registry};
+use super::router::{Plan, RouterMsg};
+use crate::error::RequestError;
+use crate::request::Needs;
+
+/// How long a request task waits for an actor's reply before treating the
+/// actor as unavailable (it is being restarted).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a request waits for a restarting provider actor to reappear.
+const RESTART_GRACE: Duration = Duration::from_millis(500);
+
+/// The answer to a request for a permit.
+pub enum Admission {
+    Granted(ProviderEntry, Permit),
+    Refused(Refusal),
+    /// The actor is gone and no new incarnation appeared in time.
+    Unreachable,
+}
+
+/// The actors as callers see them; cheap to clone.
+#[derive(Clone)]
+pub struct Actors {
+    registry: Arc<Registry>,
+}
+
+impl Actors {
+    pub fn new(registry: Arc<Registry>) -> Self {
+        Actors { registry }
+    }
+
+    /// A provider's actor and runtime (prices, snapshots), if it runs.
+    pub fn provider(&self, id: &str) -> Option<ProviderEntry> {
+        self.registry.provider(id)
+    }
+
+    /// The chat targets of `route` that have every capability in `needs`
+    /// (only `pin`, when given), ranked by the router actor.
+    pub async fn plan(
+        &self,
+        route: &str,
+        needs: &Needs,
+        pin: Option<&str>,
+    ) -> Result<Plan, RequestError> {
+        self.ask_router(|reply| RouterMsg::Plan {
+            route: route.to_string(),
+            needs: needs.clone(),
+            pin: pin.map(str::to_string),
+            reply,
+        })
+        .await
+    }
+
+    /// The `embeddings` targets of `route`, of one family.
+    pub async fn plan_embeddings(
+        &self,
+        route: &str,
+        pin: Option<&str>,
+    ) -> Result<Plan, RequestError> {
+        self.ask_router(|reply| RouterMsg::PlanEmbeddings {
+            route: route.to_string(),
+            pin: pin.map(str::to_string),
+            reply,
+        })
+        .await
+    }
+
+    async fn ask_router(
+        &self,
+        msg: impl FnOnce(ractor::RpcReplyPort<Result<Plan, super::router::PlanError>>) -> RouterMsg,
+    ) -> Result<Plan, RequestError> {
+        let router = self
+            .registry
+            .router()
+            .ok_or_else(|| RequestError::Unavailable("router actor is not running".into()))?;
+        match router.call(msg, Some(CALL_TIMEOUT)).await {
+            Ok(CallResult::Success(plan)) => Ok(plan?),
+            _ => Err(RequestError::Unavailable(
+                "router actor did not answer".into(),
+            )),
+        }
+    }
+
+    /// Asks the route's budget for one more attempt (a retry or a failover).
+    pub async fn withdraw_retry(&self, route: &str) -> bool {
+        let Some(router) = self.registry.router() else {
+            return false;
+        };
+        let msg = |reply| RouterMsg::WithdrawRetry {
+            route: route.to_string(),
+            reply,
+        };
+        matches!(
+            router.call(msg, Some(CALL_TIMEOUT)).await,
+            Ok(CallResult::Success(true))
+        )
+    }
+
+    /// Tells the router a request of `route` was answered (its failover rate).
+    pub fn served(&self, route: &str, primary: bool) {
+        if let Some(router) = self.registry.router() {
+            let _ = router.cast(RouterMsg::Served {
+                route: route.to_string(),
+                primary,
+            });
+        }
+    }
+
+    /// Wakes the recovery actor: a job is waiting.
+    pub fn jobs_waiting(&self) {
+        if let Some(recovery) = self.registry.recovery() {
+            let _ = recovery.cast(RecoveryMsg::JobsWaiting);
+        }
+    }
+
+    /// Asks a provider actor for a permit to send one call to `model`. A busy
+    /// actor is waited for up to `deadline` (its mailbox is a queue, not a
+    /// failure); a dead one up to [`RESTART_GRACE`] for its next incarnation.
+    pub async fn take_permit(
+        &self,
+        provider: &str,
+        model: &str,
+        traffic: TrafficClass,
+        deadline: Instant,
+    ) -> Admission {
+        let give_up = Instant::now() + RESTART_GRACE;
+        loop {
+            let Some(entry) = self.registry.provider(provider) else {
+                return Admission::Unreachable;
+            };
+            let wait = deadline.saturating_duration_since(Instant::now());
+            if wait.is_zero() {
+                return Admission::Unreachable;
+            }
+            let msg = |reply| ProviderMsg::Admit {
+                model: model.to_string(),
+                class: traffic,
+                reply,
+            };
+            match entry.actor.call(msg, Some(wait)).await {
+                Ok(CallResult::Success(Ok(permit))) => return Admission::Granted(entry, permit),
+                Ok(CallResult::Success(Err(refusal))) => return Admission::Refused(refusal),
+                Ok(CallResult::Timeout) => return Admission::Unreachable,
+                _ if Instant::now() < give_up => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                _ => return Admission::Unreachable,
+            }
+        }
+    }
+}

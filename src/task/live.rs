@@ -1,0 +1,538 @@
+//! The live rungs: the route's targets, walked as [`policy::next`] says.
+//! Each attempt is admitted by its target's provider actor, paid from the
+//! route's retry budget when it is not the first, sent inside its span,
+//! reported once (the permit carries the outcome), billed, and counted; a
+//! completed one is finished with usage, cost and who served it. On a
+//! `cache_affinity` route, the target where the prompt's prefix is warm
+//! goes first. It holds no policy of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::bill::{estimate_usage, price, Bill};
+use super::Tasks;
+use crate::actors::client::Admission;
+use crate::actors::provider::{self, Permit, Refusal, TrafficClass};
+use crate::actors::registry::ProviderEntry;
+use crate::actors::router::{Candidate, Plan};
+use crate::attempt::{self, AttemptEnd, AttemptInput, AttemptResult};
+use crate::chat::{ChatRequest, Completion, Usage};
+use crate::error::RequestError;
+use crate::policy::affinity::{self, PrefixHash, Warm};
+use crate::policy::next::{next, Next, Outcome, Tried, View};
+use crate::request::RequestSpec;
+use crate::sink::{EventSink, Finished, Started, Tier};
+use crate::telemetry::metrics::TargetSeries;
+
+/// Samples of a target's TTFT needed before deadline-aware admission trusts its p95.
+const MIN_TTFT_SAMPLES: u64 = 5;
+
+/// One request's walk, as each attempt sees it.
+struct Call<'a> {
+    spec: &'a RequestSpec,
+    plan: &'a Plan,
+    candidate: &'a Candidate,
+    deadline: Instant,
+    affinity: Option<&'a Affinity>,
+}
+
+/// A request's prompt-cache affinity, on a route with `cache_affinity`.
+pub(super) struct Affinity {
+    /// Its cacheable prefixes, longest first.
+    prefixes: Vec<PrefixHash>,
+    /// Where the longest warm one was answered, if any is.
+    warm: Option<Warm>,
+    ttl: Duration,
+}
+
+/// What a completed attempt adds to `Finished`.
+struct Served {
+    attempts: u32,
+    upstream_request_id: Option<String>,
+}
+
+/// A target that admitted an attempt, about to be sent.
+pub(super) struct Turn {
+    pub(super) entry: ProviderEntry,
+    pub(super) permit: Permit,
+    pub(super) traffic: TrafficClass,
+}
+
+impl Tasks {
+    /// The live part of the ladder: asks the decision table what to do after
+    /// each event and does it.
+    pub(super) async fn drive(
+        &self,
+        spec: &RequestSpec,
+        plan: &Plan,
+        affinity: Option<&Affinity>,
+        sink: &mut EventSink,
+        bill: &mut Bill<'_>,
+    ) -> Result<(), RequestError> {
+        let deadline = bill.deadline;
+        let mut chat = spec.chat.clone();
+        if chat.max_tokens.is_none() {
+            chat.max_tokens = plan.default_max_tokens;
+        }
+        let policy = plan.policy();
+        let providers: Vec<&str> = plan
+            .candidates
+            .iter()
+            .map(|c| c.provider.as_str())
+            .collect();
+        // Read once per request: the targets' p95 barely moves within one.
+        let p95: Vec<Option<Duration>> = plan.candidates.iter().map(|c| self.p95_ttft(c)).collect();
+        let mut tried = Tried::new(plan.candidates.len());
+        let mut outcome = Outcome::Begin;
+        loop {
+            if sink.is_closed() {
+                return Ok(());
+            }
+            let view = View {
+                policy: &policy,
+                remaining: deadline.saturating_duration_since(Instant::now()),
+                p95_ttft: &p95,
+                providers: &providers,
+                backoff: &self.backoff,
+            };
+            // The thread's RNG, held only for the call (it is not `Send`).
+            let step = next(&mut tried, outcome, &view, &mut rand::rng());
+            let (to, wait) = match step {
+                Next::Done => return Ok(()),
+                Next::Stop(e) => return Err(e),
+                Next::Reset { reason } => {
+                    if sink.reset(reason, tried.attempts()).await.is_err() {
+                        return Ok(());
+                    }
+                    outcome = Outcome::ResetSent;
+                    continue;
+                }
+                Next::FailOver { to } => (to, None),
+                Next::Retry { to, after } => (to, Some(after)),
+            };
+            if let Some(wait) = wait {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = sink.closed() => return Ok(()),
+                }
+            }
+            let call = Call {
+                spec,
+                plan,
+                candidate: &plan.candidates[to],
+                deadline,
+                affinity,
+            };
+            outcome = self
+                .attempt(&call, &mut chat, &mut tried, sink, bill)
+                .await?;
+        }
+    }
+
+    /// One step of the walk: admission, the route's budget for any attempt
+    /// after the first, then the attempt, its report and its bill.
+    async fn attempt(
+        &self,
+        call: &Call<'_>,
+        chat: &mut ChatRequest,
+        tried: &mut Tried,
+        sink: &mut EventSink,
+        bill: &mut Bill<'_>,
+    ) -> Result<Outcome, RequestError> {
+        let candidate = call.candidate;
+        let turn = match self
+            .take_turn(candidate, &call.plan.route, tried, call.deadline)
+            .await
+        {
+            Ok(turn) => turn,
+            Err(outcome) => return Ok(outcome),
+        };
+        let Turn {
+            entry,
+            permit,
+            traffic,
+        } = turn;
+        chat.model = candidate.model.clone();
+        chat.stream = candidate.streams;
+        chat.service_tier = call
+            .plan
+            .service_tier
+            .clone()
+            .filter(|t| takes_tier(entry.runtime.kind, t));
+        let result = self
+            .send(call, &entry, chat, tried.attempts(), traffic, sink)
+            .await;
+        let billed = self.report(call, &entry, permit, &result, sink);
+        self.bill_failed_output(bill, billed).await?;
+        self.record_attempt(candidate, &entry, &result);
+        Ok(match result.end {
+            AttemptEnd::Completed(completion) => {
+                self.affinity_remember(call, result.key).await;
+                let served = Served {
+                    attempts: tried.attempts(),
+                    upstream_request_id: result.upstream_request_id,
+                };
+                let cost = self
+                    .finish(call, &entry, chat, completion, served, sink)
+                    .await;
+                bill.spend(cost);
+                Outcome::Completed
+            }
+            AttemptEnd::ClientGone => Outcome::Completed,
+            AttemptEnd::DeadlineExceeded => Outcome::DeadlineExceeded,
+            AttemptEnd::Failed(failure) => Outcome::Failed {
+                failure,
+                committed: sink.committed(),
+                had_output: sink.attempt_had_output(),
+                tokens_emitted: sink.attempt_chunks(),
+            },
+        })
+    }
+
+    /// A permit from the candidate's provider actor and, for any attempt
+    /// after the first, one more attempt from the route's budget; `Err` is
+    /// what the decision table reads when either refused (nothing was sent).
+    pub(super) async fn take_turn(
+        &self,
+        c: &Candidate,
+        route: &str,
+        tried: &mut Tried,
+        deadline: Instant,
+    ) -> Result<Turn, Outcome> {
+        let traffic = if c.primary {
+            TrafficClass::Own
+        } else {
+            TrafficClass::Failover
+        };
+        let admission = self
+            .actors
+            .take_permit(&c.provider, &c.model, traffic, deadline)
+            .await;
+        let (entry, mut permit) = match admission {
+            Admission::Granted(entry, permit) => (entry, permit),
+            Admission::Refused(refusal) => {
+                tracing::debug!(provider = %c.provider, model = %c.model, %refusal, "target refused admission");
+                return Err(Outcome::Refused {
+                    saturated: matches!(refusal, Refusal::Saturated(_)),
+                    retry_in: refusal.retry_in(),
+                });
+            }
+            Admission::Unreachable => {
+                tracing::warn!(provider = %c.provider, "provider actor unreachable; skipping it");
+                return Err(Outcome::Refused {
+                    saturated: false,
+                    retry_in: None,
+                });
+            }
+        };
+        // Only an attempt that will really be sent spends the budget: a
+        // local refusal above cost nothing.
+        if tried.needs_budget() && !self.actors.withdraw_retry(route).await {
+            // Dropped unsent: it reports itself cancelled.
+            drop(permit);
+            return Err(Outcome::NoBudget);
+        }
+        tried.sent();
+        permit.mark_sent();
+        Ok(Turn {
+            entry,
+            permit,
+            traffic,
+        })
+    }
+
+    /// Sends the attempt's one outcome to its provider actor and frees its
+    /// permit; returns what a failed attempt's output cost.
+    fn report(
+        &self,
+        call: &Call<'_>,
+        entry: &ProviderEntry,
+        permit: Permit,
+        result: &AttemptResult,
+        sink: &EventSink,
+    ) -> f64 {
+        let model = &call.candidate.model;
+        let failed_output_tokens = if matches!(result.end, AttemptEnd::Failed(_)) {
+            sink.attempt_chars().div_ceil(4) as u32
+        } else {
+            0
+        };
+        self.series(call.candidate, entry)
+            .count_attempt(&self.metrics, result.end.class().as_str());
+        for (key, event) in &result.key_events {
+            self.metrics
+                .key_events
+                .get_or_create(&crate::telemetry::metrics::KeyLabels {
+                    provider: call.candidate.provider.clone(),
+                    key: key.clone(),
+                    event,
+                })
+                .inc();
+        }
+        permit.report(provider::Outcome::of(result, failed_output_tokens));
+        let billed = price(entry, model).cost(0, failed_output_tokens);
+        self.count_cost(&call.plan.route, call.candidate, billed);
+        billed
+    }
+
+    /// Sends one attempt inside its span and logs how it ended.
+    async fn send(
+        &self,
+        call: &Call<'_>,
+        entry: &ProviderEntry,
+        chat: &ChatRequest,
+        attempt: u32,
+        traffic: TrafficClass,
+        sink: &mut EventSink,
+    ) -> AttemptResult {
+        let candidate = call.candidate;
+        sink.begin_attempt(Started {
+            provider: candidate.provider.clone(),
+            model: candidate.model.clone(),
+            attempt,
+            tier: candidate.tier(),
+            request_id: call.spec.request_id.clone(),
+            dropped: Vec::new(),
+        });
+        let span = tracing::info_span!(
+            "attempt",
+            otel.name = %format!("chat {}", candidate.model),
+            otel.kind = "client",
+            provider = %candidate.provider,
+            gen_ai.provider.name = entry.runtime.kind.as_str(),
+            gen_ai.request.model = %candidate.model,
+            attempt,
+            traffic = traffic.as_str(),
+            outcome = tracing::field::Empty,
+            ttft_ms = tracing::field::Empty,
+            output_chars = tracing::field::Empty,
+        );
+        let input = AttemptInput {
+            endpoint: &entry.runtime.endpoint,
+            chat,
+            deadline: call.deadline,
+            attempt,
+            key: call.affinity.and_then(|a| {
+                affinity::key_for(a.warm.as_ref(), &candidate.provider, &candidate.model)
+            }),
+        };
+        let result = attempt::run(input, sink).instrument(span.clone()).await;
+        span.record("outcome", result.end.class().as_str());
+        if let Some(ttft) = result.ttft {
+            span.record("ttft_ms", ttft.as_millis() as u64);
+        }
+        span.record("output_chars", sink.attempt_chars() as u64);
+        log_attempt(call, attempt, &result);
+        result
+    }
+
+    /// A completed attempt: usage, cost, the served counters, `Finished`.
+    /// Returns what the answer cost.
+    async fn finish(
+        &self,
+        call: &Call<'_>,
+        entry: &ProviderEntry,
+        chat: &ChatRequest,
+        completion: Completion,
+        served: Served,
+        sink: &mut EventSink,
+    ) -> f64 {
+        let candidate = call.candidate;
+        let (usage, usage_estimated) = match completion.usage {
+            Some(u) => (u, false),
+            None => (estimate_usage(chat, sink.attempt_chars()), true),
+        };
+        self.record_usage(&call.plan.route, candidate, entry, usage);
+        let cost_usd =
+            price(entry, &candidate.model).usage_cost(&usage, entry.runtime.kind.dialect());
+        self.count_cost(&call.plan.route, candidate, cost_usd);
+        self.served(&call.plan.route, candidate, candidate.tier());
+        let _ = sink
+            .finish(Finished {
+                finish_reason: completion.finish_reason,
+                usage,
+                usage_estimated,
+                provider: candidate.provider.clone(),
+                model: candidate.model.clone(),
+                tier: candidate.tier(),
+                attempts: served.attempts,
+                request_id: call.spec.request_id.clone(),
+                upstream_request_id: served.upstream_request_id,
+                replayed: false,
+                cache_age: None,
+                cache_similarity: None,
+                cost_usd,
+                service_tier: completion.service_tier,
+                reasoning: completion.reasoning,
+                dropped: sink.attempt_dropped(),
+            })
+            .await;
+        cost_usd
+    }
+
+    /// On a `cache_affinity` route, the request's cacheable prefixes and
+    /// where the longest warm one was answered; that target goes first in
+    /// the plan (the policy in `policy::affinity`).
+    pub(super) async fn affinity_place(
+        &self,
+        spec: &RequestSpec,
+        plan: &mut Plan,
+    ) -> Option<Affinity> {
+        let ttl = plan.cache_affinity?;
+        let prefixes = affinity::prefixes(&spec.chat, &spec.tenant, &plan.route);
+        if prefixes.is_empty() {
+            return None;
+        }
+        let warm = self.affinity.recall(&spec.tenant, &prefixes).await;
+        if let Some(w) = &warm {
+            affinity::place(&mut plan.candidates, |c| {
+                !c.downshift && w.is(&c.provider, &c.model)
+            });
+        }
+        Some(Affinity {
+            prefixes,
+            warm,
+            ttl,
+        })
+    }
+
+    /// An answer on a `cache_affinity` route: counts whether it came from
+    /// where its prefix was warm, and remembers it there (with `key`) for
+    /// the route's ttl. Done before `Finished` goes out, so the caller's
+    /// next turn finds it.
+    async fn affinity_remember(&self, call: &Call<'_>, key: Option<String>) {
+        let Some(a) = call.affinity else { return };
+        let c = call.candidate;
+        let verdict = affinity::verdict(a.warm.as_ref(), &c.provider, &c.model);
+        self.metrics
+            .cache_affinity
+            .get_or_create(&crate::telemetry::metrics::AffinityLabels {
+                route: call.plan.route.clone(),
+                result: verdict.as_str(),
+            })
+            .inc();
+        let warm = Warm {
+            provider: c.provider.clone(),
+            model: c.model.clone(),
+            key,
+        };
+        self.affinity
+            .remember(&call.spec.tenant, &a.prefixes, &warm, a.ttl)
+            .await;
+    }
+
+    /// A target's p95 time to first token, once enough samples back it.
+    fn p95_ttft(&self, c: &Candidate) -> Option<Duration> {
+        let entry = self.actors.provider(&c.provider)?;
+        entry.runtime.with_snapshot(|snapshot| {
+            let t = snapshot.models.get(&c.model)?;
+            (t.calls >= MIN_TTFT_SAMPLES)
+                .then_some(t.p95_ttft)
+                .flatten()
+        })
+    }
+
+    fn record_attempt(&self, c: &Candidate, entry: &ProviderEntry, result: &AttemptResult) {
+        let series = self.series(c, entry);
+        series
+            .operation_duration
+            .observe(result.elapsed.as_secs_f64());
+        if let Some(ttft) = result.ttft {
+            series.time_to_first_token.observe(ttft.as_secs_f64());
+        }
+    }
+
+    /// The GenAI token histogram (input counts every prompt token, cached
+    /// or not, as the convention asks; output includes reasoning) and the
+    /// route's prompt-cache reads and writes.
+    fn record_usage(&self, route: &str, c: &Candidate, entry: &ProviderEntry, usage: Usage) {
+        let series = self.series(c, entry);
+        series.input_tokens.observe(f64::from(usage.total_input()));
+        series.output_tokens.observe(f64::from(usage.output_tokens));
+        for (kind, n) in [
+            ("read", usage.cache_read_input_tokens),
+            ("write", usage.cache_write_input_tokens),
+        ] {
+            if n > 0 {
+                self.metrics
+                    .prompt_cache_tokens
+                    .get_or_create(&crate::telemetry::metrics::PromptCacheLabels {
+                        route: route.to_string(),
+                        provider: c.provider.clone(),
+                        model: c.model.clone(),
+                        kind,
+                    })
+                    .inc_by(u64::from(n));
+            }
+        }
+    }
+
+    /// Adds what an attempt cost to `switchyard_cost_usd_total`.
+    fn count_cost(&self, route: &str, c: &Candidate, usd: f64) {
+        if usd > 0.0 && usd.is_finite() {
+            self.metrics
+                .cost_usd
+                .get_or_create(&crate::telemetry::metrics::RouteTargetLabels {
+                    route: route.to_string(),
+                    provider: c.provider.clone(),
+                    model: c.model.clone(),
+                })
+                .inc_by(usd);
+        }
+    }
+
+    pub(super) fn series(&self, c: &Candidate, entry: &ProviderEntry) -> Arc<TargetSeries> {
+        self.metrics
+            .target(entry.runtime.kind.as_str(), &c.provider, &c.model)
+    }
+
+    /// Counts an answer served by a live target and tells the router (its
+    /// failover rate).
+    pub(super) fn served(&self, route: &str, c: &Candidate, tier: Tier) {
+        self.count_served(route, tier, &c.provider);
+        self.actors.served(route, c.position == 0);
+    }
+}
+
+/// Logs how an attempt ended: every one at DEBUG (it is on the hot path),
+/// failures at INFO.
+fn log_attempt(call: &Call<'_>, attempt: u32, result: &AttemptResult) {
+    let candidate = call.candidate;
+    let class = result.end.class();
+    tracing::debug!(
+        request_id = %call.spec.request_id,
+        route = %call.plan.route,
+        provider = %candidate.provider,
+        model = %candidate.model,
+        attempt,
+        outcome = %class,
+        ttft_ms = result.ttft.map(|d| d.as_millis() as u64),
+        elapsed_ms = result.elapsed.as_millis() as u64,
+        "attempt ended"
+    );
+    if let AttemptEnd::Failed(f) = &result.end {
+        tracing::info!(
+            request_id = %call.spec.request_id,
+            provider = %candidate.provider,
+            model = %candidate.model,
+            attempt,
+            outcome = %class,
+            http_status = f.http_status,
+            "attempt failed"
+        );
+    }
+}
+
+/// Whether a provider's API takes that service tier value.
+fn takes_tier(kind: crate::upstream::ProviderKind, tier: &str) -> bool {
+    use crate::upstream::ProviderKind as K;
+    match kind {
+        K::Openai => matches!(tier, "auto" | "default" | "flex" | "priority"),
+        K::Anthropic => matches!(tier, "auto" | "standard_only"),
+        // Azure, the cloud hosts and Gemini take no tier.
+        _ => false,
+    }
+}

@@ -1,0 +1,355 @@
+//! The request task: one per call. [`Tasks::run`] claims the idempotency
+//! key, asks the router actor for a plan, serves a fresh stored answer if
+//! the route allows one, reserves the cost, walks the live targets
+//! ([`live`]), settles the bill ([`bill`]), and then takes each rung of the
+//! degradation ladder that [`policy::ladder`](crate::policy::ladder) names:
+//! a stored answer ([`stored`]) or the queue ([`queued`]). Policy comes from
+//! the actors and the pure policy tables; this folder carries it out.
+//! An embeddings call is the same walk without a ladder ([`embed`]).
+
+mod bill;
+mod embed;
+mod live;
+mod queued;
+mod stored;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::actors::client::Actors;
+use crate::actors::registry::Registry;
+use crate::actors::router::Plan;
+use crate::config::Rung;
+use crate::error::RequestError;
+use crate::policy::backoff::Backoff;
+use crate::policy::ladder::{self, Step};
+use crate::request::RequestSpec;
+use crate::semantic::SemanticCache;
+use crate::sink::{EventSink, Tier};
+use crate::state::affinity::AffinityMemory;
+use crate::state::cache::ResponseCache;
+use crate::state::cost::CostLedger;
+use crate::state::idempotency::{Idempotency, KeyClaim};
+use crate::state::jobs::Jobs;
+use crate::telemetry::metrics::{Metrics, ServedLabels, ShedLabels};
+
+pub use queued::CheckedJob;
+
+/// What every request task shares. Built whole from [`Parts`].
+pub struct Tasks {
+    actors: Actors,
+    metrics: Arc<Metrics>,
+    idempotency: Arc<Idempotency>,
+    cache: Arc<ResponseCache>,
+    /// Near-repeat answers of the routes with a `semantic_cache`.
+    semantic: Arc<SemanticCache>,
+    cost: Arc<CostLedger>,
+    /// Where prompt-cache affinity remembers warm prefixes.
+    affinity: Arc<AffinityMemory>,
+    backoff: Backoff,
+    default_deadline: Duration,
+    /// The durable job queue, when configured.
+    jobs: Option<Arc<Jobs>>,
+    /// Cancelled when the drain timeout passes: remaining requests end with
+    /// UNAVAILABLE (SERVER_DRAINING) and their upstream calls are dropped.
+    abort: CancellationToken,
+    /// Requests running now.
+    active: AtomicUsize,
+}
+
+/// What [`Tasks`] is built from.
+pub struct Parts {
+    pub registry: Arc<Registry>,
+    pub metrics: Arc<Metrics>,
+    pub idempotency: Arc<Idempotency>,
+    pub cache: Arc<ResponseCache>,
+    pub semantic: Arc<SemanticCache>,
+    pub cost: Arc<CostLedger>,
+    pub affinity: Arc<AffinityMemory>,
+    pub backoff: Backoff,
+    pub default_deadline: Duration,
+    pub jobs: Option<Arc<Jobs>>,
+}
+
+/// How long past its deadline a request task may run before it is ended.
+const OVERRUN_GRACE: Duration = Duration::from_secs(5);
+
+/// What a request task has reached, for `Tasks::run`.
+struct Progress {
+    /// The route is known to exist: only then may it label a metric.
+    planned: AtomicBool,
+    /// The whole request's deadline, once computed.
+    deadline: tokio::sync::watch::Sender<Option<Instant>>,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress {
+            planned: AtomicBool::new(false),
+            deadline: tokio::sync::watch::Sender::new(None),
+        }
+    }
+}
+
+impl Progress {
+    /// Resolves `OVERRUN_GRACE` after the deadline (never before it is known).
+    async fn overrun(&self) {
+        let mut rx = self.deadline.subscribe();
+        let deadline = match rx.wait_for(Option::is_some).await {
+            Ok(d) => *d,
+            Err(_) => None,
+        };
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d + OVERRUN_GRACE).await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Counts a running request for as long as it lives.
+struct Running<'a>(&'a AtomicUsize);
+
+impl<'a> Running<'a> {
+    fn count(active: &'a AtomicUsize) -> Self {
+        active.fetch_add(1, Ordering::Relaxed);
+        Running(active)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Tasks {
+    pub fn new(parts: Parts) -> Self {
+        Tasks {
+            actors: Actors::new(parts.registry),
+            metrics: parts.metrics,
+            idempotency: parts.idempotency,
+            cache: parts.cache,
+            semantic: parts.semantic,
+            cost: parts.cost,
+            affinity: parts.affinity,
+            backoff: parts.backoff,
+            default_deadline: parts.default_deadline,
+            jobs: parts.jobs,
+            abort: CancellationToken::new(),
+            active: AtomicUsize::new(0),
+        }
+    }
+
+    /// The durable job queue, when configured.
+    pub fn jobs(&self) -> Option<Arc<Jobs>> {
+        self.jobs.clone()
+    }
+
+    /// Requests (and embeddings calls) running now.
+    pub fn running(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Ends every running request with SERVER_DRAINING (the drain timeout passed).
+    pub fn abort_all(&self) {
+        self.abort.cancel();
+    }
+
+    /// Runs the request to its end; the outcome reaches the caller through `sink`.
+    pub async fn run(self: Arc<Self>, spec: RequestSpec, mut sink: EventSink) {
+        let _running = Running::count(&self.active);
+        let progress = Progress::default();
+        let result = tokio::select! {
+            r = self.serve(&spec, &mut sink, &progress) => r,
+            _ = self.abort.cancelled() => Err(RequestError::Draining),
+            _ = progress.overrun() => {
+                // Every wait inside has its own timer; this is the net under
+                // them, so no task (and no permit it holds) outlives its deadline.
+                tracing::error!(request_id = %spec.request_id, route = %spec.route, grace = ?OVERRUN_GRACE, "request still running past its deadline: ended");
+                Err(RequestError::DeadlineExceeded { attempts: 0 })
+            }
+        };
+        if let Err(e) = result {
+            if progress.planned.load(Ordering::Relaxed) {
+                self.count_shed(&spec.route, &e);
+            }
+            sink.fail(e).await;
+        }
+    }
+
+    /// The whole request: idempotency, the plan, fresh stored answers, the
+    /// cost hold, the live targets, then the rest of the degradation ladder.
+    async fn serve(
+        &self,
+        spec: &RequestSpec,
+        sink: &mut EventSink,
+        progress: &Progress,
+    ) -> Result<(), RequestError> {
+        let keys = stored::Keys::new(spec);
+        let guard = match self.claim(spec, &keys).await? {
+            Claimed::Replayed(events) => {
+                stored::replay(sink, &events, spec, |f| f.replayed = true).await;
+                return Ok(());
+            }
+            Claimed::Run(guard) => guard,
+        };
+        let mut plan = self.plan(spec).await?;
+        progress.planned.store(true, Ordering::Relaxed);
+        within_max_tokens(spec, &plan)?;
+        let mut lookup = self.lookup(spec, &plan, keys);
+        if self.serve_fresh(&mut lookup, spec, &plan, sink).await {
+            return Ok(());
+        }
+        self.record(&lookup, &plan, guard, sink);
+        // The whole request's deadline: every attempt and the cost hold fit it.
+        let deadline = spec.deadline.unwrap_or_else(|| {
+            let within = plan.deadline.unwrap_or(self.default_deadline);
+            crate::policy::clock::after(Instant::now(), within)
+        });
+        sink.set_deadline(deadline);
+        progress.deadline.send_replace(Some(deadline));
+        let mut bill = self.reserve(spec, &plan, deadline).await?;
+        let affinity = self.affinity_place(spec, &mut plan).await;
+        let live = self
+            .drive(spec, &plan, affinity.as_ref(), sink, &mut bill)
+            .await;
+        self.settle(bill).await;
+        match live {
+            Ok(()) => Ok(()),
+            Err(e) => self.descend(spec, &plan, &lookup, sink, e).await,
+        }
+    }
+
+    /// Claims the request's idempotency key, if it has one.
+    async fn claim(
+        &self,
+        spec: &RequestSpec,
+        keys: &stored::Keys<'_>,
+    ) -> Result<Claimed, RequestError> {
+        let Some(key) = spec.scoped_key() else {
+            return Ok(Claimed::Run(None));
+        };
+        let claim = self
+            .idempotency
+            .claim(&key, keys.fingerprint(), Instant::now())
+            .await?;
+        match claim {
+            KeyClaim::Fresh(guard) => Ok(Claimed::Run(Some(guard))),
+            KeyClaim::Replay(events) => Ok(Claimed::Replayed(events)),
+            KeyClaim::InUse => Err(RequestError::IdempotencyKeyInUse),
+            KeyClaim::Mismatch => Err(RequestError::IdempotencyKeyReused),
+        }
+    }
+
+    /// The route's ranked targets for this request.
+    async fn plan(&self, spec: &RequestSpec) -> Result<Plan, RequestError> {
+        self.actors
+            .plan(&spec.route, &spec.needs, spec.pin.as_deref())
+            .await
+    }
+
+    /// The rest of the ladder after the live targets failed with `e`, in the
+    /// route's order, each rung as `policy::ladder` says.
+    async fn descend(
+        &self,
+        spec: &RequestSpec,
+        plan: &Plan,
+        lookup: &stored::Lookup<'_>,
+        sink: &mut EventSink,
+        e: RequestError,
+    ) -> Result<(), RequestError> {
+        let caller = ladder::Caller {
+            committed: sink.committed(),
+            from_queue: spec.from_queue,
+        };
+        let mut from = 0;
+        loop {
+            let (rung, at) = match ladder::after_live(&plan.ladder, from, &e, caller) {
+                Step::Try { rung, at } => (rung, at),
+                Step::Stop => return Err(e),
+            };
+            from = at + 1;
+            let served = match rung {
+                Rung::Cache => self.serve_cached(lookup, spec, plan, sink, &e).await,
+                Rung::SemanticCache => self.serve_similar(lookup, spec, plan, sink, &e).await,
+                Rung::Queue => self.serve_queued(spec, plan, sink, &e).await?,
+                Rung::Fallback | Rung::Downshift | Rung::Refuse => false,
+            };
+            if served {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Counts an answered request by route, tier and who answered.
+    fn count_served(&self, route: &str, tier: Tier, provider: &str) {
+        self.metrics
+            .served
+            .get_or_create(&ServedLabels {
+                route: route.to_string(),
+                tier: tier.as_str(),
+                provider: provider.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a request shed for a reason the metric names.
+    fn count_shed(&self, route: &str, e: &RequestError) {
+        if let Some(reason) = e.shed_reason() {
+            self.metrics
+                .shed
+                .get_or_create(&ShedLabels {
+                    route: route.to_string(),
+                    reason,
+                })
+                .inc();
+        }
+    }
+}
+
+/// What the idempotency claim left to do.
+enum Claimed {
+    /// Run the request (holding the key's guard, if it has a key).
+    Run(Option<crate::state::idempotency::KeyGuard>),
+    /// The key's first answer, to be replayed.
+    Replayed(Arc<Vec<crate::sink::Event>>),
+}
+
+/// Refuses a `max_tokens` above the route's limit.
+fn within_max_tokens(spec: &RequestSpec, plan: &Plan) -> Result<(), RequestError> {
+    match (plan.max_tokens_limit, spec.chat.max_tokens) {
+        (Some(limit), Some(asked)) if asked > limit => Err(RequestError::InvalidRequest(format!(
+            "max_tokens: {asked} exceeds route `{}`'s limit of {limit}",
+            plan.route
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_net_under_every_timer_fires_its_grace_after_the_deadline() {
+        let progress = Progress::default();
+        let t0 = Instant::now();
+        // Before the deadline is known (planning), it never fires.
+        assert!(
+            tokio::time::timeout(Duration::from_secs(3600), progress.overrun())
+                .await
+                .is_err()
+        );
+        let deadline = Instant::now() + Duration::from_secs(3);
+        progress.deadline.send_replace(Some(deadline));
+        let start = Instant::now();
+        progress.overrun().await;
+        assert_eq!(start.elapsed(), Duration::from_secs(3) + OVERRUN_GRACE);
+        assert!(t0.elapsed() > Duration::from_secs(3600));
+    }
+}
