@@ -5,12 +5,12 @@
 //!
 //! | layer | modules | owns |
 //! |---|---|---|
-//! | policy | [`policy`] | pure structs, time passed in: outcome classes, breaker, health window, retry budget, backoff, token bucket, cooldown, and [`policy::next`], the next-step decision table |
+//! | policy | [`policy`] | pure structs, time passed in: outcome classes, breaker, health window, retry budget, backoff, token bucket, cooldown, [`policy::next`] (the next step of an attempt) and [`policy::ladder`] (the next rung of a request) |
 //! | upstream | [`upstream`] | wire adapters (OpenAI and compatible servers, Azure, Anthropic, Bedrock, Vertex, Gemini), the content each wire carries or reports dropped, SSE parsing, end-of-stream checks, the neutral [`upstream::endpoint::Endpoint`] |
 //! | attempt | [`attempt`], [`sink`] | one upstream attempt with a permit it is given; the event sink to the caller |
 //! | state | [`state`] | stores: one home per store ([`state::cache`], [`state::cost`], [`state::idempotency`], [`state::tenants`], [`state::responses`], [`state::affinity`], [`state::jobs`], [`state::files`]) with its embedded and Redis implementation and what a Redis outage does to it; the Redis client ([`state::redis`]) |
-//! | actors | [`actors`] | supervisor, provider, router and recovery actors: policy wired to messages |
-//! | request task | [`dispatch`], [`request`], [`semantic`], [`embeddings`] | one per request: plan, admission, attempts as [`policy::next`] says, the ladder with its exact and semantic cache rungs (an embeddings call: the same walk, no ladder) |
+//! | actors | [`actors`] | supervisor, provider, router and recovery actors: policy wired to messages; [`actors::client`], the one door the rest of the crate calls them through |
+//! | request task | [`task`], [`request`], [`semantic`], [`embeddings`] | one per request, a file per step: [`task`] runs it (claim, plan, reserve, the rungs [`policy::ladder`] names, settle), its live walk as [`policy::next`] says, the exact and semantic cache rungs, the queue rung, the bill (an embeddings call: the same walk, no ladder) |
 //! | api | [`api`] | the one intake ([`api::intake`]), gRPC services, the HTTP doors (OpenAI Chat Completions, Responses, embeddings and models; Anthropic Messages; Batch), jobs, the error table ([`api::status`]) |
 //! | app / cli | [`app`], [`reload`], [`mock`], [`drill`], [`bench`](mod@bench), [`plan`], [`golden`], [`telemetry`] | assembly, config reload, subcommands, metrics and tracing |
 

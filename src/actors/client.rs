@@ -129,7 +129,7 @@ impl Actors {
 
     /// Asks a provider actor for a permit to send one call to `model`. A busy
     /// actor is waited for up to `deadline` (its mailbox is a queue, not a
-    /// failure); a dead one up to [`RESTART_GRACE`] for its next incarnation.
+    /// failure); a dead one up to `RESTART_GRACE` for its next incarnation.
     pub async fn take_permit(
         &self,
         provider: &str,

@@ -1,11 +1,11 @@
 //! The request task: one per call. [`Tasks::run`] claims the idempotency
 //! key, asks the router actor for a plan, serves a fresh stored answer if
 //! the route allows one, reserves the cost, walks the live targets
-//! ([`live`]), settles the bill ([`bill`]), and then takes each rung of the
+//! (`live.rs`), settles the bill (`bill.rs`), and then takes each rung of the
 //! degradation ladder that [`policy::ladder`](crate::policy::ladder) names:
-//! a stored answer ([`stored`]) or the queue ([`queued`]). Policy comes from
-//! the actors and the pure policy tables; this folder carries it out.
-//! An embeddings call is the same walk without a ladder ([`embed`]).
+//! a stored answer (`stored.rs`) or the queue (`queued.rs`). Policy comes
+//! from the actors and the pure policy tables; this folder carries it out.
+//! An embeddings call is the same walk without a ladder (`embed.rs`).
 
 mod bill;
 mod embed;
