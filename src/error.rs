@@ -1,5 +1,6 @@
 //! Request-phase errors: why a request ended without a complete answer.
-//! Classified once here; `api::status` maps each to a gRPC status in one place.
+//! Classified once here; `api::errors` gives each the row of the one error table
+//! every surface (gRPC, the HTTP envelopes) renders.
 
 use std::time::Duration;
 

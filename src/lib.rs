@@ -11,7 +11,7 @@
 //! | state | [`state`] | stores: one home per store ([`state::cache`], [`state::cost`], [`state::idempotency`], [`state::tenants`], [`state::responses`], [`state::affinity`], [`state::jobs`], [`state::files`]) with its embedded and Redis implementation and what a Redis outage does to it; the Redis client ([`state::redis`]) |
 //! | actors | [`actors`] | supervisor, provider, router and recovery actors: policy wired to messages; [`actors::client`], the one door the rest of the crate calls them through |
 //! | request task | [`task`], [`request`], [`semantic`], [`embeddings`] | one per request, a file per step: [`task`] runs it (claim, plan, reserve, the rungs [`policy::ladder`] names, settle), its live walk as [`policy::next`] says, the exact and semantic cache rungs, the queue rung, the bill (an embeddings call: the same walk, no ladder) |
-//! | api | [`api`] | the one intake ([`api::intake`]), gRPC services, the HTTP doors (OpenAI Chat Completions, Responses, embeddings and models; Anthropic Messages; Batch), jobs, the error table ([`api::status`]) |
+//! | api | [`api`] | the one intake ([`api::intake`]), gRPC services, the HTTP doors (OpenAI Chat Completions, Responses, embeddings and models; Anthropic Messages; Batch), jobs, the one error table ([`api::errors`]: gRPC, OpenAI and Anthropic envelopes, Admin API) |
 //! | app / cli | [`app`], [`reload`], [`mock`], [`drill`], [`bench`](mod@bench), [`plan`], [`golden`], [`telemetry`] | assembly, config reload, subcommands, metrics and tracing |
 
 pub mod actors;

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::auth::Authenticator;
-use super::status::{admin_status, AdminError};
+use super::errors::{admin_status, AdminError};
 use crate::actors::provider::{BreakerOverride, ProviderMsg};
 use crate::actors::registry::Registry;
 use crate::actors::router::{RouteStatus, RouterMsg};

@@ -129,7 +129,7 @@ impl Authenticator {
                 Ok(request)
             }
             Ok(None) => Ok(request),
-            Err(e) => Err(super::status::to_status(&e)),
+            Err(e) => Err(super::errors::to_status(&e)),
         }
     }
 }

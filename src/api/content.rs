@@ -50,7 +50,7 @@ pub fn cache(c: Option<proto::CacheControl>, at: &str) -> Result<Option<CacheTtl
 /// At most 64 characters of caller text in an error.
 fn shown(s: &str) -> String {
     let mut s = s.to_string();
-    crate::api::status::truncate(&mut s, 64);
+    crate::api::errors::truncate(&mut s, 64);
     s
 }
 

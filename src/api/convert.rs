@@ -275,7 +275,7 @@ fn tool_choice(
         Mode::Tool => {
             if !tools.iter().any(|t| t.name == choice.name) {
                 let mut name = choice.name;
-                crate::api::status::truncate(&mut name, 64);
+                crate::api::errors::truncate(&mut name, 64);
                 return Err(invalid(format!(
                     "tool_choice.name: `{name}` is not one of `tools`"
                 )));

@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 
 use http::HeaderMap;
 
-use super::status::to_status;
+use super::errors::to_status;
 use crate::error::RequestError;
 
 /// The header block h2 itself accepts. Above it h2 protects the connection

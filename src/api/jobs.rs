@@ -12,8 +12,8 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use super::convert;
+use super::errors::to_status;
 use super::intake::{Arrival, Door, Intake};
-use super::status::to_status;
 use crate::actors::recovery::{JobRunner, RunOutcome};
 use crate::error::RequestError;
 use crate::policy::ladder::{self, JobRun};
@@ -206,7 +206,7 @@ async fn store(
                 RunOutcome::NoCapacity
             }
             JobRun::Fail => {
-                let reason = crate::api::status::reason(&e);
+                let reason = crate::api::errors::reason(&e);
                 let _ = jobs.fail(&job.id, claim, e.to_string(), reason).await;
                 RunOutcome::Finished
             }

@@ -13,9 +13,9 @@ use tonic::{Request, Response, Status};
 
 use super::auth::Tenant;
 use super::convert;
+use super::errors::{to_status, CallerError};
 use super::intake::{Arrival, Door, Intake, Started};
 use super::jobs;
-use super::status::to_status;
 use crate::error::RequestError;
 use crate::proto;
 use crate::sink::Item;
@@ -197,7 +197,9 @@ impl proto::router_server::Router for RouterService {
         let first = match started.next().await {
             Some(Ok(event)) => event,
             Some(Err(e)) => return Err(to_status(&e)),
-            None => return Err(Status::internal("request ended without an answer")),
+            None => {
+                return Err(CallerError::internal("request ended without an answer").to_status())
+            }
         };
         let dropped = match &first {
             crate::sink::Event::Started(s) => s.dropped.clone(),
@@ -249,6 +251,6 @@ impl proto::router_server::Router for RouterService {
                 Err(e) => return Err(to_status(&e)),
             }
         }
-        Err(Status::internal("request ended without an answer"))
+        Err(CallerError::internal("request ended without an answer").to_status())
     }
 }

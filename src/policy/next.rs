@@ -412,7 +412,7 @@ mod tests {
 
     fn reason(n: &Next) -> &'static str {
         match n {
-            Next::Stop(e) => crate::api::status::reason(e),
+            Next::Stop(e) => crate::api::errors::reason(e),
             other => panic!("not a stop: {other:?}"),
         }
     }

@@ -87,7 +87,7 @@ impl Notes {
     pub(super) fn drop_keys(&mut self, rest: &Map<String, Value>, at: &str) {
         for key in rest.keys() {
             let mut key = key.clone();
-            crate::api::status::truncate(&mut key, 64);
+            crate::api::errors::truncate(&mut key, 64);
             self.drop(format!("{at}.{key}"));
         }
     }
@@ -107,7 +107,7 @@ fn bad(msg: String) -> AnthropicError {
 
 fn unsupported(at: &str, kind: &str) -> AnthropicError {
     let mut kind = kind.to_string();
-    crate::api::status::truncate(&mut kind, 64);
+    crate::api::errors::truncate(&mut kind, 64);
     bad(format!(
         "{at}.type: `{kind}` is not supported here (text, image, document, thinking, redacted_thinking, tool_use and tool_result blocks are)"
     ))

@@ -1,7 +1,7 @@
-//! The Anthropic door's errors: `{"type":"error","error":{"type","message",
-//! "details":{"error_code"}},"request_id"}` with the status the error table
-//! gives (`status::anthropic_status`), `retry-after` and `request-id`. The
-//! `error_code` is the `ErrorInfo` reason every other surface reports.
+//! The Anthropic door's error envelope: `{"type":"error","error":{"type",
+//! "message","details":{"error_code"}},"request_id"}` with the Anthropic
+//! status and type of the error table's row, `retry-after` and `request-id`.
+//! The `error_code` is the `ErrorInfo` reason every other surface reports.
 
 use std::time::Duration;
 
@@ -10,68 +10,52 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use crate::api::door::insert;
-use crate::api::status::{anthropic_status, reason, truncate, MAX_MESSAGE};
+use crate::api::errors::{CallerError, Kind};
 use crate::error::RequestError;
 
 /// An error in Anthropic's shape, with its HTTP status.
 #[derive(Debug, Clone)]
-pub(super) struct AnthropicError {
-    pub(super) status: StatusCode,
-    pub(super) kind: &'static str,
-    pub(super) message: String,
-    pub(super) code: &'static str,
-    pub(super) retry_after: Option<Duration>,
+pub(crate) struct AnthropicError {
+    pub(crate) status: StatusCode,
+    pub(crate) kind: &'static str,
+    pub(crate) message: String,
+    pub(crate) code: &'static str,
+    pub(crate) retry_after: Option<Duration>,
 }
 
 impl AnthropicError {
-    /// A 400 for a body this door cannot take; `message` names the field.
-    pub(super) fn invalid(mut message: String) -> Self {
-        truncate(&mut message, MAX_MESSAGE);
+    /// Renders `e`'s row.
+    pub(crate) fn new(e: CallerError) -> Self {
+        let entry = e.entry();
         AnthropicError {
-            status: StatusCode::BAD_REQUEST,
-            kind: "invalid_request_error",
-            message,
-            code: "INVALID_REQUEST",
-            retry_after: None,
+            status: entry.anthropic_status(),
+            kind: entry.anthropic_type,
+            message: e.message,
+            code: entry.reason,
+            retry_after: e.retry_after,
         }
     }
 
-    pub(super) fn from_request(err: &RequestError) -> Self {
-        let (status, kind) = anthropic_status(err);
-        let mut message = err.to_string();
-        truncate(&mut message, MAX_MESSAGE);
-        AnthropicError {
-            status,
-            kind,
-            message,
-            code: reason(err),
-            retry_after: err.retry_after(),
-        }
+    /// A 400 for a body this door cannot take; `message` names the field.
+    pub(super) fn invalid(message: String) -> Self {
+        AnthropicError::new(CallerError::new(Kind::InvalidRequest, message))
+    }
+
+    pub(crate) fn from_request(err: &RequestError) -> Self {
+        AnthropicError::new(CallerError::from(err))
     }
 
     pub(super) fn internal(message: &str) -> Self {
-        AnthropicError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            kind: "api_error",
-            message: message.into(),
-            code: "INTERNAL",
-            retry_after: None,
-        }
+        AnthropicError::new(CallerError::internal(message))
     }
 
     /// A stream that failed after output: Anthropic clients raise on an
     /// `error` event, so the partial answer is never taken for a whole one.
     pub(super) fn truncated(message: String) -> Self {
-        AnthropicError {
-            status: StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
-            kind: "overloaded_error",
-            message,
-            code: "UPSTREAM_STREAM_TRUNCATED",
-            retry_after: None,
-        }
+        AnthropicError::new(CallerError::new(Kind::UpstreamStreamTruncated, message))
     }
 
-    pub(super) fn body(&self, request_id: &str) -> Value {
+    pub(crate) fn body(&self, request_id: &str) -> Value {
         json!({
             "type": "error",
             "error": {

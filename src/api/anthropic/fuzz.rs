@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::error::AnthropicError;
 use super::request::{parse, to_proto, Use};
 use crate::api::convert::request_spec;
-use crate::api::status::MAX_MESSAGE;
+use crate::api::errors::MAX_MESSAGE;
 use crate::config::LimitsConfig;
 use crate::upstream::fuzz::{field, json_value, mutated, object, text};
 

@@ -4,10 +4,10 @@
 //! A request becomes a `proto::CompletionRequest` and starts through the
 //! same intake as every other door; `model` names a route or a
 //! `provider/model` target. Errors use Anthropic's error JSON with the
-//! status from the one error table (`status::anthropic_status`).
+//! status from the one error table (`api::errors`).
 
 mod blocks;
-mod error;
+pub(crate) mod error;
 #[cfg(test)]
 mod fuzz;
 pub(crate) mod models;

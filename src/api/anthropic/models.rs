@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::error::AnthropicError;
 use crate::api::door::{insert, started_unix, HttpState, ListedModel};
-use crate::error::RequestError;
+use crate::api::errors::{CallerError, Kind};
 
 fn model_json(m: &ListedModel) -> Value {
     let created = std::time::UNIX_EPOCH + std::time::Duration::from_secs(started_unix());
@@ -107,10 +107,11 @@ pub(crate) fn retrieve(s: &HttpState, id: &str, request: &Request) -> Response {
     match s.models().iter().find(|m| m.id == id) {
         Some(m) => ok(model_json(m), &request_id),
         None => {
-            let mut e = AnthropicError::from_request(&RequestError::UnknownRoute(id.to_string()));
-            e.message = format!("model: `{id}` is not a route or a pinned target here");
-            crate::api::status::truncate(&mut e.message, crate::api::status::MAX_MESSAGE);
-            e.response(&request_id)
+            let e = CallerError::new(
+                Kind::UnknownRoute,
+                format!("model: `{id}` is not a route or a pinned target here"),
+            );
+            AnthropicError::new(e).response(&request_id)
         }
     }
 }

@@ -20,8 +20,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::files::FileMeta;
-use super::{now_secs, BatchApi, BatchError};
+use super::{invalid, not_found, now_secs, over_quota, BatchApi};
+use crate::api::errors::Kind;
 use crate::api::intake::{Arrival, Door, JobRefusal};
+use crate::api::openai::error::OpenAiError;
 use crate::proto;
 use crate::state::files::quota::{self, BlobKind};
 use crate::state::files::BlobPut;
@@ -131,16 +133,16 @@ struct InputLine {
 }
 
 impl BatchApi {
-    async fn load(&self, tenant: &str, id: &str) -> Result<Batch, BatchError> {
+    async fn load(&self, tenant: &str, id: &str) -> Result<Batch, OpenAiError> {
         let raw = self.jobs()?.files().get(&key(id), &self.limits()).await?;
         let batch: Option<Batch> = raw.and_then(|b| serde_json::from_slice(&b).ok());
         batch
             .filter(|b| b.tenant == tenant)
-            .ok_or_else(|| BatchError::not_found(format!("no batch `{id}`"), "batch_id"))
+            .ok_or_else(|| not_found(format!("no batch `{id}`"), "batch_id"))
     }
 
     /// Stores `value` as `name`, owed to the batch's tenant.
-    async fn put_owed(&self, batch: &Batch, name: &str, value: Vec<u8>) -> Result<(), BatchError> {
+    async fn put_owed(&self, batch: &Batch, name: &str, value: Vec<u8>) -> Result<(), OpenAiError> {
         let blob = BlobPut {
             name,
             tenant: &batch.tenant,
@@ -154,13 +156,13 @@ impl BatchApi {
         Ok(())
     }
 
-    async fn save(&self, batch: &Batch) -> Result<(), BatchError> {
-        let bytes = serde_json::to_vec(batch).map_err(|e| BatchError::internal(e.to_string()))?;
+    async fn save(&self, batch: &Batch) -> Result<(), OpenAiError> {
+        let bytes = serde_json::to_vec(batch).map_err(|e| OpenAiError::internal(e.to_string()))?;
         self.put_owed(batch, &key(&batch.id), bytes).await
     }
 
     /// The batch's lines: its own blob (or, for an older record, inline).
-    async fn lines(&self, batch: &Batch) -> Result<Vec<Line>, BatchError> {
+    async fn lines(&self, batch: &Batch) -> Result<Vec<Line>, OpenAiError> {
         if !batch.lines.is_empty() {
             return Ok(batch.lines.clone());
         }
@@ -170,13 +172,13 @@ impl BatchApi {
             .get(&lines_key(&batch.id), &self.limits())
             .await?
             .ok_or_else(|| {
-                BatchError::internal(format!("batch `{}` lost its line list", batch.id))
+                OpenAiError::internal(format!("batch `{}` lost its line list", batch.id))
             })?;
-        serde_json::from_slice(&raw).map_err(|e| BatchError::internal(e.to_string()))
+        serde_json::from_slice(&raw).map_err(|e| OpenAiError::internal(e.to_string()))
     }
 
     /// Moves a batch as far as its jobs allow; saves it when it changed.
-    async fn advance(&self, batch: &mut Batch) -> Result<(), BatchError> {
+    async fn advance(&self, batch: &mut Batch) -> Result<(), OpenAiError> {
         let before = serde_json::to_vec(&*batch).unwrap_or_default();
         if batch.status == "validating" {
             self.submit(batch).await?;
@@ -191,7 +193,7 @@ impl BatchApi {
     }
 
     /// Validates every line, then queues one job per line (idempotently).
-    async fn submit(&self, batch: &mut Batch) -> Result<(), BatchError> {
+    async fn submit(&self, batch: &mut Batch) -> Result<(), OpenAiError> {
         let _slot = self.file_slot(&batch.tenant)?;
         let data = self.file_data(&batch.tenant, &batch.input_file_id).await?;
         let (specs, errors) = self.validate(batch, &data).await;
@@ -218,7 +220,7 @@ impl BatchApi {
                         let _ = self.jobs()?.cancel(&line.job, "batch failed").await;
                     }
                     batch.errors = vec![json!({
-                        "code": crate::api::status::reason(&e),
+                        "code": crate::api::errors::reason(&e),
                         "message": format!("line {}: the queue refused it: {e}", n + 1),
                         "param": null, "line": n + 1,
                     })];
@@ -228,7 +230,7 @@ impl BatchApi {
                 }
             }
         }
-        let list = serde_json::to_vec(&lines).map_err(|e| BatchError::internal(e.to_string()))?;
+        let list = serde_json::to_vec(&lines).map_err(|e| OpenAiError::internal(e.to_string()))?;
         self.put_owed(batch, &lines_key(&batch.id), list).await?;
         batch.status = "in_progress".into();
         batch.in_progress_at = Some(now);
@@ -347,7 +349,7 @@ impl BatchApi {
     /// cancelled or expired batch; once every job is final, writes the
     /// output and error files (in a file slot: when every slot is busy, a
     /// later read finishes the batch).
-    async fn progress(&self, batch: &mut Batch) -> Result<(), BatchError> {
+    async fn progress(&self, batch: &mut Batch) -> Result<(), OpenAiError> {
         let jobs = self.jobs()?;
         let now = now_secs();
         let expiring = batch.status == "in_progress" && now >= batch.expires_at;
@@ -395,7 +397,7 @@ impl BatchApi {
 
     /// The output file (one answer per succeeded line) and the error file
     /// (one error per other line), in input order, as OpenAI writes them.
-    async fn write_results(&self, batch: &mut Batch, lines: &[Line]) -> Result<(), BatchError> {
+    async fn write_results(&self, batch: &mut Batch, lines: &[Line]) -> Result<(), OpenAiError> {
         let jobs = self.jobs()?;
         let (mut out, mut err) = (String::new(), String::new());
         for line in lines {
@@ -474,7 +476,7 @@ async fn withdraw(
     ids: &[String],
     states: &[Option<JobState>],
     why: &str,
-) -> Result<bool, BatchError> {
+) -> Result<bool, OpenAiError> {
     let mut withdrew = false;
     for (id, state) in ids.iter().zip(states) {
         if *state == Some(JobState::Queued) {
@@ -498,16 +500,16 @@ fn counts(states: &[Option<JobState>]) -> (u64, u64) {
     (completed as u64, failed as u64)
 }
 
-fn window(text: Option<&str>, limit: Duration) -> Result<(String, Duration), BatchError> {
+fn window(text: Option<&str>, limit: Duration) -> Result<(String, Duration), OpenAiError> {
     let text = text.unwrap_or("24h");
     let d = humantime_serde::re::humantime::parse_duration(text).map_err(|e| {
-        BatchError::invalid(
+        invalid(
             format!("completion_window: `{text}` is not a duration: {e}"),
             Some("completion_window"),
         )
     })?;
     if d.is_zero() || d > limit {
-        return Err(BatchError::invalid(
+        return Err(invalid(
             format!(
                 "completion_window: must be more than 0 and at most queue.job_ttl ({})",
                 humantime_serde::re::humantime::format_duration(limit)
@@ -518,7 +520,7 @@ fn window(text: Option<&str>, limit: Duration) -> Result<(String, Duration), Bat
     Ok((text.to_string(), d))
 }
 
-fn metadata(m: Option<Value>) -> Result<Option<Value>, BatchError> {
+fn metadata(m: Option<Value>) -> Result<Option<Value>, OpenAiError> {
     match &m {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Object(o))
@@ -527,7 +529,7 @@ fn metadata(m: Option<Value>) -> Result<Option<Value>, BatchError> {
         {
             Ok(m)
         }
-        Some(_) => Err(BatchError::invalid(
+        Some(_) => Err(invalid(
             format!("metadata: at most {MAX_METADATA_KEYS} string values of at most {MAX_METADATA_VALUE} characters"),
             Some("metadata"),
         )),
@@ -542,11 +544,11 @@ pub(super) async fn create(State(api): State<Arc<BatchApi>>, request: Request) -
             .http
             .read_body(body, &parts.headers)
             .await
-            .map_err(|e| BatchError::from_request(&e))?;
+            .map_err(|e| OpenAiError::from_request(&e))?;
         let body: CreateBody = serde_json::from_slice(&bytes)
-            .map_err(|e| BatchError::invalid(format!("invalid JSON body: {e}"), None))?;
+            .map_err(|e| invalid(format!("invalid JSON body: {e}"), None))?;
         if body.endpoint.as_deref() != Some(ENDPOINT) {
-            return Err(BatchError::invalid(
+            return Err(invalid(
                 format!("endpoint: only {ENDPOINT} is supported"),
                 Some("endpoint"),
             ));
@@ -556,10 +558,10 @@ pub(super) async fn create(State(api): State<Arc<BatchApi>>, request: Request) -
         let metadata = metadata(body.metadata)?;
         let input = body
             .input_file_id
-            .ok_or_else(|| BatchError::invalid("input_file_id: required", Some("input_file_id")))?;
+            .ok_or_else(|| invalid("input_file_id: required", Some("input_file_id")))?;
         let file = api.file(&tenant, &input).await?;
         if file.purpose != "batch" {
-            return Err(BatchError::invalid(
+            return Err(invalid(
                 format!("input_file_id: `{input}` is not a batch input file"),
                 Some("input_file_id"),
             ));
@@ -590,8 +592,7 @@ pub(super) async fn create(State(api): State<Arc<BatchApi>>, request: Request) -
             lines: Vec::new(),
         };
         let usage = api.jobs()?.files().usage(&batch.tenant).await?;
-        quota::admit_batch(&api.limits(), &batch.tenant, usage)
-            .map_err(|r| BatchError::quota(&r))?;
+        quota::admit_batch(&api.limits(), &batch.tenant, usage).map_err(|r| over_quota(&r))?;
         // Stored before any job: a crash from here on resumes on the next read.
         api.save(&batch).await?;
         api.advance(&mut batch).await?;
@@ -633,12 +634,10 @@ pub(super) async fn cancel(
             }
             "cancelling" | "cancelled" => {}
             other => {
-                return Err(BatchError {
-                    status: axum::http::StatusCode::CONFLICT,
-                    message: format!("batch `{id}` is {other}: it cannot be cancelled"),
-                    param: None,
-                    code: "BATCH_FINAL",
-                })
+                return Err(OpenAiError::of(
+                    Kind::BatchFinal,
+                    format!("batch `{id}` is {other}: it cannot be cancelled"),
+                ))
             }
         }
         Ok(axum::Json(batch.json()).into_response())
@@ -660,15 +659,15 @@ mod tests {
             Duration::from_secs(3600)
         );
         assert_eq!(
-            window(Some("48h"), day).unwrap_err().param,
+            window(Some("48h"), day).unwrap_err().param.as_deref(),
             Some("completion_window")
         );
         assert_eq!(
-            window(Some("0s"), day).unwrap_err().param,
+            window(Some("0s"), day).unwrap_err().param.as_deref(),
             Some("completion_window")
         );
         assert_eq!(
-            window(Some("soon"), day).unwrap_err().param,
+            window(Some("soon"), day).unwrap_err().param.as_deref(),
             Some("completion_window")
         );
     }

@@ -13,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::{now_secs, BatchApi, BatchError};
+use super::{invalid, not_found, now_secs, BatchApi};
+use crate::api::openai::error::OpenAiError;
 use crate::state::files::quota::BlobKind;
 use crate::state::files::BlobPut;
 
@@ -56,7 +57,7 @@ impl BatchApi {
     /// Stores a file for its tenant (an upload, or a batch's output): the
     /// metadata first, then the bytes (the upload checked against the
     /// quotas); when the bytes are refused or fail, the metadata goes too.
-    pub(super) async fn put_file(&self, meta: &FileMeta, data: Vec<u8>) -> Result<(), BatchError> {
+    pub(super) async fn put_file(&self, meta: &FileMeta, data: Vec<u8>) -> Result<(), OpenAiError> {
         let jobs = self.jobs()?;
         let files = jobs.files();
         let limits = self.limits();
@@ -72,7 +73,7 @@ impl BatchApi {
             BlobKind::Owed
         };
         let meta_bytes =
-            serde_json::to_vec(meta).map_err(|e| BatchError::internal(e.to_string()))?;
+            serde_json::to_vec(meta).map_err(|e| OpenAiError::internal(e.to_string()))?;
         let (meta_name, data_name) = (meta_key(&meta.id), data_key(&meta.id));
         files
             .put(blob(&meta_name, BlobKind::Owed), meta_bytes, &limits)
@@ -87,7 +88,7 @@ impl BatchApi {
     }
 
     /// The tenant's file, or 404 (another tenant's file does not exist for it).
-    pub(super) async fn file(&self, tenant: &str, id: &str) -> Result<FileMeta, BatchError> {
+    pub(super) async fn file(&self, tenant: &str, id: &str) -> Result<FileMeta, OpenAiError> {
         let raw = self
             .jobs()?
             .files()
@@ -95,16 +96,16 @@ impl BatchApi {
             .await?;
         let meta: Option<FileMeta> = raw.and_then(|b| serde_json::from_slice(&b).ok());
         meta.filter(|m| m.tenant == tenant)
-            .ok_or_else(|| BatchError::not_found(format!("no file `{id}`"), "file_id"))
+            .ok_or_else(|| not_found(format!("no file `{id}`"), "file_id"))
     }
 
-    pub(super) async fn file_data(&self, tenant: &str, id: &str) -> Result<Vec<u8>, BatchError> {
+    pub(super) async fn file_data(&self, tenant: &str, id: &str) -> Result<Vec<u8>, OpenAiError> {
         self.file(tenant, id).await?;
         self.jobs()?
             .files()
             .get(&data_key(id), &self.limits())
             .await?
-            .ok_or_else(|| BatchError::not_found(format!("no file `{id}`"), "file_id"))
+            .ok_or_else(|| not_found(format!("no file `{id}`"), "file_id"))
     }
 }
 
@@ -121,7 +122,7 @@ pub(super) async fn upload(
             .and_then(|v| v.to_str().ok())
             .and_then(|ct| multer::parse_boundary(ct).ok())
             .ok_or_else(|| {
-                BatchError::invalid(
+                invalid(
                     "expected multipart/form-data with `purpose` and `file`",
                     None,
                 )
@@ -130,11 +131,11 @@ pub(super) async fn upload(
         // then a slot; the listener's body pace bounds how long it is held.
         let limit = api.config.max_file_bytes;
         crate::api::door::check_declared_length(&parts.headers, limit)
-            .map_err(|e| BatchError::from_request(&e))?;
+            .map_err(|e| OpenAiError::from_request(&e))?;
         let _slot = api.file_slot(&tenant)?;
         let bytes = crate::api::door::read_body_up_to(body, &parts.headers, limit)
             .await
-            .map_err(|e| BatchError::from_request(&e))?;
+            .map_err(|e| OpenAiError::from_request(&e))?;
         let mut form = multer::Multipart::new(
             futures_util::stream::once(async move { Ok::<_, std::convert::Infallible>(bytes) }),
             boundary,
@@ -143,20 +144,23 @@ pub(super) async fn upload(
         while let Some(field) = form
             .next_field()
             .await
-            .map_err(|e| BatchError::invalid(format!("malformed multipart body: {e}"), None))?
+            .map_err(|e| invalid(format!("malformed multipart body: {e}"), None))?
         {
             match field.name() {
                 Some("purpose") => {
-                    purpose = Some(field.text().await.map_err(|e| {
-                        BatchError::invalid(format!("purpose: {e}"), Some("purpose"))
-                    })?)
+                    purpose = Some(
+                        field
+                            .text()
+                            .await
+                            .map_err(|e| invalid(format!("purpose: {e}"), Some("purpose")))?,
+                    )
                 }
                 Some("file") => {
                     let name = field.file_name().unwrap_or("upload.jsonl").to_string();
                     let data = field
                         .bytes()
                         .await
-                        .map_err(|e| BatchError::invalid(format!("file: {e}"), Some("file")))?;
+                        .map_err(|e| invalid(format!("file: {e}"), Some("file")))?;
                     file = Some((name, data));
                 }
                 _ => {}
@@ -165,17 +169,16 @@ pub(super) async fn upload(
         match purpose.as_deref() {
             Some("batch") => {}
             Some(other) => {
-                return Err(BatchError::invalid(
+                return Err(invalid(
                     format!("purpose: `{other}` is not supported (only `batch`)"),
                     Some("purpose"),
                 ))
             }
-            None => return Err(BatchError::invalid("purpose: required", Some("purpose"))),
+            None => return Err(invalid("purpose: required", Some("purpose"))),
         }
-        let (filename, data) =
-            file.ok_or_else(|| BatchError::invalid("file: required", Some("file")))?;
+        let (filename, data) = file.ok_or_else(|| invalid("file: required", Some("file")))?;
         let mut filename = filename;
-        crate::api::status::truncate(&mut filename, 256);
+        crate::api::errors::truncate(&mut filename, 256);
         let meta = FileMeta {
             id: format!("file-{}", api.new_id()),
             tenant,

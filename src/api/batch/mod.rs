@@ -18,12 +18,12 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::Request;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
-use serde_json::json;
 
 use crate::api::door::{insert, HttpState};
+use crate::api::errors::{CallerError, Kind};
+use crate::api::openai::error::OpenAiError;
 use crate::config::QueueConfig;
 use crate::error::RequestError;
 use crate::state::files::quota::{FileLimits, Refusal};
@@ -73,7 +73,7 @@ pub(super) fn now_secs() -> u64 {
 impl BatchApi {
     /// A slot for one of `tenant`'s files in memory, or 429 FILES_BUSY while
     /// every slot is taken or the rest are kept for other tenants.
-    fn file_slot(&self, tenant: &str) -> Result<slots::FileSlot, BatchError> {
+    fn file_slot(&self, tenant: &str) -> Result<slots::FileSlot, OpenAiError> {
         let total = self.file_slots.total();
         let message = match self.file_slots.take(tenant) {
             Ok(slot) => return Ok(slot),
@@ -84,12 +84,7 @@ impl BatchApi {
                 "this tenant holds {held} of the {total} file slots and the others are kept for other tenants; retry shortly"
             ),
         };
-        Err(BatchError {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            message,
-            param: None,
-            code: "FILES_BUSY",
-        })
+        Err(OpenAiError::of(Kind::FilesBusy, message))
     }
 
     /// The bounds on what tenants store.
@@ -97,9 +92,9 @@ impl BatchApi {
         FileLimits::from(&self.config)
     }
 
-    fn jobs(&self) -> Result<Arc<Jobs>, BatchError> {
+    fn jobs(&self) -> Result<Arc<Jobs>, OpenAiError> {
         self.http.intake.jobs().ok_or_else(|| {
-            BatchError::from_request(&RequestError::QueueUnavailable(
+            OpenAiError::from_request(&RequestError::QueueUnavailable(
                 "the Batch API needs a [queue]; none is configured".into(),
             ))
         })
@@ -119,7 +114,7 @@ impl BatchApi {
     async fn answer<F, Fut>(self: Arc<Self>, request: Request, f: F) -> Response
     where
         F: FnOnce(Arc<Self>, String, Request) -> Fut,
-        Fut: Future<Output = Result<Response, BatchError>>,
+        Fut: Future<Output = Result<Response, OpenAiError>>,
     {
         let request_id = self.http.request_id(request.headers());
         let checked = self
@@ -131,106 +126,46 @@ impl BatchApi {
                 let tenant = tenant.unwrap_or_else(|| "default".into());
                 f(self.clone(), tenant, request).await
             }
-            Err(e) => Err(BatchError::from_request(&e)),
+            Err(e) => Err(OpenAiError::from_request(&e)),
         };
-        let mut r = result.unwrap_or_else(|e| e.response());
-        insert(r.headers_mut(), "x-request-id", &request_id);
-        r
+        match result {
+            Ok(mut r) => {
+                insert(r.headers_mut(), "x-request-id", &request_id);
+                r
+            }
+            Err(e) => e.response(&request_id),
+        }
     }
 }
 
-/// An error in OpenAI's shape.
-#[derive(Debug)]
-pub(super) struct BatchError {
-    status: StatusCode,
-    message: String,
-    pub(super) param: Option<&'static str>,
-    code: &'static str,
+/// A 400 for a request this API cannot take; `param` names the field.
+fn invalid(message: impl Into<String>, param: Option<&str>) -> OpenAiError {
+    OpenAiError::invalid(message.into(), param.map(str::to_string))
 }
 
-impl BatchError {
-    fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
-        let mut message = message.into();
-        crate::api::status::truncate(&mut message, crate::api::status::MAX_MESSAGE);
-        BatchError {
-            status: StatusCode::BAD_REQUEST,
-            message,
-            param,
-            code: "INVALID_REQUEST",
-        }
-    }
-
-    fn not_found(message: String, param: &'static str) -> Self {
-        BatchError {
-            status: StatusCode::NOT_FOUND,
-            message,
-            param: Some(param),
-            code: "NOT_FOUND",
-        }
-    }
-
-    fn internal(message: String) -> Self {
-        BatchError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message,
-            param: None,
-            code: "INTERNAL",
-        }
-    }
-
-    /// A quota refused what would be stored: 429, in OpenAI's
-    /// `insufficient_quota` shape.
-    fn quota(r: &Refusal) -> Self {
-        let mut message = r.to_string();
-        crate::api::status::truncate(&mut message, crate::api::status::MAX_MESSAGE);
-        BatchError {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            message,
-            param: None,
-            code: r.code(),
-        }
-    }
-
-    fn from_request(e: &RequestError) -> Self {
-        let (status, _) = crate::api::status::http_status(e);
-        let mut message = e.to_string();
-        crate::api::status::truncate(&mut message, crate::api::status::MAX_MESSAGE);
-        BatchError {
-            status,
-            message,
-            param: None,
-            code: crate::api::status::reason(e),
-        }
-    }
-
-    fn response(&self) -> Response {
-        let quota = matches!(self.code, "FILE_QUOTA" | "FILE_STORE_FULL");
-        let kind = match self.status.as_u16() {
-            _ if quota => "insufficient_quota",
-            400 | 404 | 409 | 413 => "invalid_request_error",
-            408 => "timeout_error",
-            401 => "authentication_error",
-            429 => "rate_limit_error",
-            _ => "server_error",
-        };
-        let body = json!({"error": {
-            "message": self.message, "type": kind, "param": self.param, "code": self.code,
-        }});
-        let mut r = (self.status, axum::Json(body)).into_response();
-        if quota {
-            // A quota frees up as files expire, not in seconds: SDKs that
-            // honour this header do not retry.
-            insert(r.headers_mut(), "x-should-retry", "false");
-        }
-        r
-    }
+/// A 404 for a file or batch the tenant does not have; `param` names the id.
+fn not_found(message: String, param: &str) -> OpenAiError {
+    OpenAiError::new(
+        CallerError::new(Kind::NotFound, message),
+        Some(param.to_string()),
+    )
 }
 
-impl From<QueueError> for BatchError {
+/// A quota refused what would be stored: 429, in OpenAI's
+/// `insufficient_quota` shape.
+fn over_quota(r: &Refusal) -> OpenAiError {
+    let kind = match r {
+        Refusal::Files { .. } | Refusal::Bytes { .. } => Kind::FileQuota,
+        Refusal::Budget { .. } => Kind::FileStoreFull,
+    };
+    OpenAiError::of(kind, r.to_string())
+}
+
+impl From<QueueError> for OpenAiError {
     fn from(e: QueueError) -> Self {
         match e {
-            QueueError::Quota(r) => BatchError::quota(&r),
-            e => BatchError::from_request(&RequestError::from(e)),
+            QueueError::Quota(r) => over_quota(&r),
+            e => OpenAiError::from_request(&RequestError::from(e)),
         }
     }
 }

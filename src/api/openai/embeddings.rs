@@ -30,9 +30,9 @@ pub(super) async fn embeddings(State(s): State<Arc<HttpState>>, request: Request
     }
 }
 
-async fn embed(s: &HttpState, request: Request, request_id: &str) -> Result<Response, HttpError> {
+async fn embed(s: &HttpState, request: Request, request_id: &str) -> Result<Response, OpenAiError> {
     let (parts, body) = request.into_parts();
-    let refused = |e: RequestError| HttpError::from_request(&e);
+    let refused = |e: RequestError| OpenAiError::from_request(&e);
     s.check_metadata(&parts.headers).map_err(refused)?;
     let tenant = s.authenticate(&parts.headers).map_err(refused)?;
     let bytes = s.read_body(body, &parts.headers).await.map_err(refused)?;
@@ -66,14 +66,14 @@ async fn embed(s: &HttpState, request: Request, request_id: &str) -> Result<Resp
     Ok(r)
 }
 
-fn invalid(param: &str, message: impl std::fmt::Display) -> HttpError {
-    HttpError::invalid(format!("{param}: {message}"), Some(param.to_string()))
+fn invalid(param: &str, message: impl std::fmt::Display) -> OpenAiError {
+    OpenAiError::invalid(format!("{param}: {message}"), Some(param.to_string()))
 }
 
 /// The body as a call; refusals name the parameter.
-fn parse_call(bytes: &[u8]) -> Result<Call, HttpError> {
+fn parse_call(bytes: &[u8]) -> Result<Call, OpenAiError> {
     let v: Value = serde_json::from_slice(bytes)
-        .map_err(|e| HttpError::invalid(format!("the body is not JSON: {e}"), None))?;
+        .map_err(|e| OpenAiError::invalid(format!("the body is not JSON: {e}"), None))?;
     let model = match v.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         _ => {
@@ -120,7 +120,7 @@ fn parse_call(bytes: &[u8]) -> Result<Call, HttpError> {
 
 /// `input`: a string, an array of strings, an array of token ids (one
 /// input), or an array of token-id arrays.
-fn input(v: &Value) -> Result<Input, HttpError> {
+fn input(v: &Value) -> Result<Input, OpenAiError> {
     const SHAPE: &str =
         "must be a string, an array of strings, or token ids (an array of integers, or of integer arrays)";
     let items = match v {
@@ -160,7 +160,7 @@ fn input(v: &Value) -> Result<Input, HttpError> {
 }
 
 /// Token ids: integers in u32's range.
-fn token_ids(items: &[Value], param: &str) -> Result<Vec<u32>, HttpError> {
+fn token_ids(items: &[Value], param: &str) -> Result<Vec<u32>, OpenAiError> {
     items
         .iter()
         .enumerate()
@@ -230,8 +230,9 @@ fn answer(e: &Embedded, base64: bool) -> List<'_> {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
-    fn call(v: Value) -> Result<Call, HttpError> {
+    fn call(v: Value) -> Result<Call, OpenAiError> {
         parse_call(v.to_string().as_bytes())
     }
 

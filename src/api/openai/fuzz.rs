@@ -8,10 +8,10 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-use super::error::HttpError;
+use super::error::OpenAiError;
 use super::request::{parse, to_proto};
 use crate::api::convert::request_spec;
-use crate::api::status::MAX_MESSAGE;
+use crate::api::errors::MAX_MESSAGE;
 use crate::config::LimitsConfig;
 use crate::upstream::fuzz::{field, json_value, mutated, object, text};
 
@@ -323,7 +323,7 @@ fn valid_body() -> impl Strategy<Value = Value> {
 }
 
 /// The door's whole path from bytes to a routable spec; the refusal if any.
-fn intake(bytes: &[u8]) -> Result<(), HttpError> {
+fn intake(bytes: &[u8]) -> Result<(), OpenAiError> {
     let parsed = to_proto(parse(bytes)?)?;
     request_spec(
         parsed.request,
@@ -332,7 +332,7 @@ fn intake(bytes: &[u8]) -> Result<(), HttpError> {
         &LimitsConfig::default(),
     )
     .map(drop)
-    .map_err(|e| HttpError::from_request(&e))
+    .map_err(|e| OpenAiError::from_request(&e))
 }
 
 /// A refusal names a parameter (unless the bytes are not JSON at all) and

@@ -16,10 +16,9 @@ mod response;
 mod stream;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
@@ -33,7 +32,6 @@ use stream::*;
 
 use crate::api::door::{self, insert, served_headers, HttpState};
 use crate::api::intake::Door;
-use crate::api::status::{http_status, reason};
 use crate::chat::{Chunk, FinishReason};
 use crate::error::RequestError;
 use crate::proto;
@@ -82,9 +80,9 @@ async fn chat_completions(State(s): State<Arc<HttpState>>, request: Request) -> 
     }
 }
 
-async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Response, HttpError> {
+async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Response, OpenAiError> {
     let (parts, body) = request.into_parts();
-    let refused = |e: RequestError| HttpError::from_request(&e);
+    let refused = |e: RequestError| OpenAiError::from_request(&e);
     s.check_metadata(&parts.headers).map_err(refused)?;
     let tenant = s.authenticate(&parts.headers).map_err(refused)?;
     let bytes = s.read_body(body, &parts.headers).await.map_err(refused)?;
@@ -117,7 +115,7 @@ async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Respo
                 Ok(r)
             }
             Err(Some(e)) => Err(refused(e)),
-            Err(None) => Err(HttpError::internal("request ended without an answer")),
+            Err(None) => Err(OpenAiError::internal("request ended without an answer")),
         }
     }
 }
@@ -126,8 +124,10 @@ async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Respo
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
+    use std::time::Duration;
 
-    fn body(v: Value) -> Result<Parsed, HttpError> {
+    fn body(v: Value) -> Result<Parsed, OpenAiError> {
         to_proto(parse(v.to_string().as_bytes())?)
     }
 
@@ -410,23 +410,23 @@ mod tests {
 
     #[test]
     fn request_errors_map_to_http_statuses() {
-        let e = HttpError::from_request(&RequestError::UnknownRoute("x".into()));
+        let e = OpenAiError::from_request(&RequestError::UnknownRoute("x".into()));
         assert_eq!(e.status, StatusCode::NOT_FOUND);
         assert_eq!(e.code, "UNKNOWN_ROUTE");
         assert_eq!(e.param.as_deref(), Some("model"));
-        let e = HttpError::from_request(&RequestError::InvalidRequest(
+        let e = OpenAiError::from_request(&RequestError::InvalidRequest(
             "messages[0].role: `x` is bad".into(),
         ));
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(e.param.as_deref(), Some("messages[0].role"));
-        let e = HttpError::from_request(&RequestError::Draining);
+        let e = OpenAiError::from_request(&RequestError::Draining);
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.retry_after, Some(Duration::from_secs(1)));
-        let e = HttpError::from_request(&RequestError::IdempotencyKeyInUse);
+        let e = OpenAiError::from_request(&RequestError::IdempotencyKeyInUse);
         assert_eq!(e.status, StatusCode::CONFLICT);
-        let e = HttpError::from_request(&RequestError::DeadlineExceeded { attempts: 1 });
+        let e = OpenAiError::from_request(&RequestError::DeadlineExceeded { attempts: 1 });
         assert_eq!(e.status, StatusCode::GATEWAY_TIMEOUT);
-        let e = HttpError::from_request(&RequestError::Saturated { route: "r".into() });
+        let e = OpenAiError::from_request(&RequestError::Saturated { route: "r".into() });
         assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
     }
 }

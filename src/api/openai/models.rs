@@ -29,7 +29,7 @@ pub(super) async fn list(State(s): State<Arc<HttpState>>, request: Request) -> R
     }
     let request_id = s.request_id(request.headers());
     if let Err(e) = s.authenticate(request.headers()) {
-        return HttpError::from_request(&e).response(&request_id);
+        return OpenAiError::from_request(&e).response(&request_id);
     }
     let data: Vec<Value> = s.models().iter().map(model_json).collect();
     let mut r = axum::Json(json!({"object": "list", "data": data})).into_response();
@@ -47,7 +47,7 @@ pub(super) async fn retrieve(
     }
     let request_id = s.request_id(request.headers());
     if let Err(e) = s.authenticate(request.headers()) {
-        return HttpError::from_request(&e).response(&request_id);
+        return OpenAiError::from_request(&e).response(&request_id);
     }
     match s.models().iter().find(|m| m.id == id) {
         Some(m) => {
@@ -55,6 +55,6 @@ pub(super) async fn retrieve(
             insert(r.headers_mut(), "x-request-id", &request_id);
             r
         }
-        None => HttpError::from_request(&RequestError::UnknownRoute(id)).response(&request_id),
+        None => OpenAiError::from_request(&RequestError::UnknownRoute(id)).response(&request_id),
     }
 }

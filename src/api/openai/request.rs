@@ -136,12 +136,12 @@ const REFUSED: [(&str, &str); 3] = [
 /// and tools (the passthrough's bound is 64); the rest become one `...`.
 const MAX_DROPPED: usize = 48;
 
-pub(super) fn parse(body: &[u8]) -> Result<ChatBody, HttpError> {
+pub(super) fn parse(body: &[u8]) -> Result<ChatBody, OpenAiError> {
     let de = &mut serde_json::Deserializer::from_slice(body);
     let mut map: Map<String, Value> = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let param = (path != ".").then_some(path);
-        HttpError::invalid(format!("invalid JSON body: {}", e.inner()), param)
+        OpenAiError::invalid(format!("invalid JSON body: {}", e.inner()), param)
     })?;
     Ok(ChatBody {
         model: take(&mut map, "model")?,
@@ -167,7 +167,7 @@ pub(super) fn parse(body: &[u8]) -> Result<ChatBody, HttpError> {
 fn take<T: DeserializeOwned>(
     map: &mut Map<String, Value>,
     key: &str,
-) -> Result<Option<T>, HttpError> {
+) -> Result<Option<T>, OpenAiError> {
     match map.remove(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => read(v, key).map(Some),
@@ -175,7 +175,7 @@ fn take<T: DeserializeOwned>(
 }
 
 /// Reads `v` as `T`; a refusal names `at` and the path below it.
-fn read<T: DeserializeOwned>(v: Value, at: &str) -> Result<T, HttpError> {
+fn read<T: DeserializeOwned>(v: Value, at: &str) -> Result<T, OpenAiError> {
     serde_path_to_error::deserialize(v).map_err(|e| {
         let below = e.path().to_string();
         let path = match below.as_str() {
@@ -184,14 +184,14 @@ fn read<T: DeserializeOwned>(v: Value, at: &str) -> Result<T, HttpError> {
             b => format!("{at}.{b}"),
         };
         let mut inner = e.into_inner().to_string();
-        crate::api::status::truncate(&mut inner, 256);
-        HttpError::invalid(format!("{path}: {inner}"), Some(path))
+        crate::api::errors::truncate(&mut inner, 256);
+        OpenAiError::invalid(format!("{path}: {inner}"), Some(path))
     })
 }
 
 /// Maps an OpenAI request onto the gRPC request; `convert::request_spec`
 /// validates the rest, exactly as for gRPC.
-pub(super) fn to_proto(b: ChatBody) -> Result<Parsed, HttpError> {
+pub(super) fn to_proto(b: ChatBody) -> Result<Parsed, OpenAiError> {
     let model = b.model.unwrap_or_default();
     if model.is_empty() {
         return Err(bad("model", "model: required (a route name)".into()));
@@ -259,7 +259,7 @@ pub(super) fn to_proto(b: ChatBody) -> Result<Parsed, HttpError> {
 /// and description, for every wire's structured output).
 fn response_format(
     f: Option<InResponseFormat>,
-) -> Result<(proto::ResponseFormat, Option<proto::JsonSchema>), HttpError> {
+) -> Result<(proto::ResponseFormat, Option<proto::JsonSchema>), OpenAiError> {
     let Some(f) = f else {
         return Ok((proto::ResponseFormat::Unspecified, None));
     };
@@ -292,7 +292,7 @@ fn response_format(
                     .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
             {
                 let mut shown = name;
-                crate::api::status::truncate(&mut shown, 64);
+                crate::api::errors::truncate(&mut shown, 64);
                 return Err(bad(
                     "response_format.json_schema.name",
                     format!("response_format.json_schema.name: `{shown}` must be 1-64 letters, digits, `_` or `-`"),
@@ -310,7 +310,7 @@ fn response_format(
         }
         k => {
             let mut shown = k.to_string();
-            crate::api::status::truncate(&mut shown, 64);
+            crate::api::errors::truncate(&mut shown, 64);
             Err(bad(
                 "response_format.type",
                 format!("response_format.type: `{shown}` is not supported (text, json_object or json_schema)"),
@@ -320,13 +320,13 @@ fn response_format(
 }
 
 /// `reasoning_effort` as the contract's reasoning ask.
-fn reasoning(effort: Option<String>) -> Result<Option<proto::Reasoning>, HttpError> {
+fn reasoning(effort: Option<String>) -> Result<Option<proto::Reasoning>, OpenAiError> {
     let Some(effort) = effort else {
         return Ok(None);
     };
     if !EFFORTS.contains(&effort.as_str()) {
         let mut shown = effort;
-        crate::api::status::truncate(&mut shown, 64);
+        crate::api::errors::truncate(&mut shown, 64);
         return Err(bad(
             "reasoning_effort",
             format!(
@@ -344,7 +344,7 @@ fn reasoning(effort: Option<String>) -> Result<Option<proto::Reasoning>, HttpErr
 /// The top-level fields the door does not model, for OpenAI-dialect
 /// upstreams: `null`s are left out (they ask for the default), a few are
 /// refused by name.
-fn passthrough_fields(rest: Map<String, Value>) -> Result<Map<String, Value>, HttpError> {
+fn passthrough_fields(rest: Map<String, Value>) -> Result<Map<String, Value>, OpenAiError> {
     let mut fields = Map::new();
     for (k, v) in rest {
         if v.is_null() {
@@ -366,7 +366,7 @@ fn passthrough_fields(rest: Map<String, Value>) -> Result<Map<String, Value>, Ht
 }
 
 /// `auto`, `none`, `required` or `{"type": "function", "function": {"name"}}`.
-fn openai_tool_choice(choice: Option<Value>) -> Result<Option<proto::ToolChoice>, HttpError> {
+fn openai_tool_choice(choice: Option<Value>) -> Result<Option<proto::ToolChoice>, OpenAiError> {
     use proto::tool_choice::Mode;
     let (mode, name) = match &choice {
         None => return Ok(None),
@@ -388,7 +388,7 @@ fn openai_tool_choice(choice: Option<Value>) -> Result<Option<proto::ToolChoice>
         }
         Some(other) => {
             let mut shown = other.to_string();
-            crate::api::status::truncate(&mut shown, 64);
+            crate::api::errors::truncate(&mut shown, 64);
             return Err(bad(
                 "tool_choice",
                 format!("tool_choice: {shown} is not supported (\"auto\", \"none\", \"required\" or a function)"),
@@ -402,8 +402,8 @@ fn openai_tool_choice(choice: Option<Value>) -> Result<Option<proto::ToolChoice>
 }
 
 /// A 400 naming the parameter.
-fn bad(param: &str, msg: String) -> HttpError {
-    HttpError::invalid(msg, Some(param.to_string()))
+fn bad(param: &str, msg: String) -> OpenAiError {
+    OpenAiError::invalid(msg, Some(param.to_string()))
 }
 
 /// Notes `<at>.<key>` for each field of `o` outside `known` that carries a
@@ -421,7 +421,7 @@ fn note_unknown(o: &Map<String, Value>, known: &[&str], at: &str, dropped: &mut 
             continue;
         }
         let mut key = k.clone();
-        crate::api::status::truncate(&mut key, 64);
+        crate::api::errors::truncate(&mut key, 64);
         let name = format!("{at}.{key}");
         if dropped.contains(&name) {
             continue;
@@ -437,7 +437,7 @@ fn note_unknown(o: &Map<String, Value>, known: &[&str], at: &str, dropped: &mut 
 }
 
 /// The JSON object at `at`, or a 400 naming it.
-fn object_at(v: Value, at: &str, what: &str) -> Result<Map<String, Value>, HttpError> {
+fn object_at(v: Value, at: &str, what: &str) -> Result<Map<String, Value>, OpenAiError> {
     match v {
         Value::Object(o) => Ok(o),
         _ => Err(bad(at, format!("{at}: must be {what}"))),
@@ -448,7 +448,7 @@ fn object_at(v: Value, at: &str, what: &str) -> Result<Map<String, Value>, HttpE
 fn messages(
     input: Vec<Value>,
     dropped: &mut Vec<String>,
-) -> Result<Vec<proto::Message>, HttpError> {
+) -> Result<Vec<proto::Message>, OpenAiError> {
     const KNOWN: [&str; 4] = ["role", "content", "tool_calls", "tool_call_id"];
     let mut messages = Vec::with_capacity(input.len());
     for (i, v) in input.into_iter().enumerate() {
@@ -497,7 +497,7 @@ fn content_parts(
     i: usize,
     role: &str,
     dropped: &mut Vec<String>,
-) -> Result<Vec<proto::ContentPart>, HttpError> {
+) -> Result<Vec<proto::ContentPart>, OpenAiError> {
     use proto::content_part::Part as P;
     let mut parts = Vec::with_capacity(input.len());
     for (j, v) in input.into_iter().enumerate() {
@@ -523,7 +523,7 @@ fn content_parts(
             }
             other => {
                 let mut shown = other.to_string();
-                crate::api::status::truncate(&mut shown, 64);
+                crate::api::errors::truncate(&mut shown, 64);
                 let why = if role == "assistant" {
                     "an assistant turn carries `text` and `refusal` parts"
                 } else {
@@ -545,7 +545,7 @@ fn content_parts(
 }
 
 /// A required string field of a part.
-fn text_field(o: &mut Map<String, Value>, key: &str, at: &str) -> Result<String, HttpError> {
+fn text_field(o: &mut Map<String, Value>, key: &str, at: &str) -> Result<String, OpenAiError> {
     match o.remove(key) {
         Some(Value::String(s)) => Ok(s),
         _ => Err(bad(
@@ -557,7 +557,7 @@ fn text_field(o: &mut Map<String, Value>, key: &str, at: &str) -> Result<String,
 
 /// `{"type": "ephemeral", "ttl"?: "5m" | "1h"}` (LiteLLM's convention for
 /// Anthropic prompt caching through OpenAI-shaped clients).
-fn cache_control(v: Option<Value>, at: &str) -> Result<Option<proto::CacheControl>, HttpError> {
+fn cache_control(v: Option<Value>, at: &str) -> Result<Option<proto::CacheControl>, OpenAiError> {
     let Some(v) = v.filter(|v| !v.is_null()) else {
         return Ok(None);
     };
@@ -584,7 +584,7 @@ fn cache_control(v: Option<Value>, at: &str) -> Result<Option<proto::CacheContro
 
 /// An image: an http(s) URL (passed on as a URL) or a base64 data URL of
 /// one of the four image types (inline bytes), with OpenAI's `detail`.
-fn image(v: Value, at: &str) -> Result<proto::ImagePart, HttpError> {
+fn image(v: Value, at: &str) -> Result<proto::ImagePart, OpenAiError> {
     let (url, detail) = match read::<InImageUrl>(v, at)? {
         InImageUrl::Url(url) => (url, None),
         InImageUrl::Object { url, detail } => (url, detail),
@@ -592,7 +592,7 @@ fn image(v: Value, at: &str) -> Result<proto::ImagePart, HttpError> {
     if let Some(d) = &detail {
         if !matches!(d.as_str(), "auto" | "low" | "high") {
             let mut shown = d.clone();
-            crate::api::status::truncate(&mut shown, 64);
+            crate::api::errors::truncate(&mut shown, 64);
             return Err(bad(
                 &format!("{at}.detail"),
                 format!("{at}.detail: `{shown}` is not one of auto, low, high"),
@@ -608,7 +608,7 @@ fn image(v: Value, at: &str) -> Result<proto::ImagePart, HttpError> {
         Some(Ok((media_type, data))) => {
             if !IMAGE_TYPES.contains(&media_type.as_str()) {
                 let mut shown = media_type;
-                crate::api::status::truncate(&mut shown, 64);
+                crate::api::errors::truncate(&mut shown, 64);
                 return Err(bad(
                     &url_at,
                     format!(
@@ -635,7 +635,7 @@ fn image(v: Value, at: &str) -> Result<proto::ImagePart, HttpError> {
 /// A file part: `file_data` (a base64 data URL or bare base64, PDF unless
 /// the data URL says `text/plain`) with its `filename`. `file_id` is
 /// refused: Switchyard keeps no OpenAI Files store for chat.
-fn file(v: Value, at: &str) -> Result<proto::DocumentPart, HttpError> {
+fn file(v: Value, at: &str) -> Result<proto::DocumentPart, OpenAiError> {
     let f: InFile = read(v, at)?;
     if f.file_id.is_some() {
         return Err(bad(
@@ -662,7 +662,7 @@ fn file(v: Value, at: &str) -> Result<proto::DocumentPart, HttpError> {
     };
     if !DOCUMENT_TYPES.contains(&media_type.as_str()) {
         let mut shown = media_type;
-        crate::api::status::truncate(&mut shown, 64);
+        crate::api::errors::truncate(&mut shown, 64);
         return Err(bad(
             &data_at,
             format!(
@@ -681,7 +681,7 @@ fn file(v: Value, at: &str) -> Result<proto::DocumentPart, HttpError> {
 
 /// The function tools, each with a JSON Schema object; the function's other
 /// fields (e.g. `strict`) go along for OpenAI-dialect upstreams.
-fn tools(input: Vec<Value>, dropped: &mut Vec<String>) -> Result<Vec<proto::Tool>, HttpError> {
+fn tools(input: Vec<Value>, dropped: &mut Vec<String>) -> Result<Vec<proto::Tool>, OpenAiError> {
     const FUNCTION: [&str; 3] = ["name", "description", "parameters"];
     let mut tools = Vec::with_capacity(input.len());
     for (i, v) in input.into_iter().enumerate() {
@@ -692,7 +692,7 @@ fn tools(input: Vec<Value>, dropped: &mut Vec<String>) -> Result<Vec<proto::Tool
             let mut shown = kind
                 .as_str()
                 .map_or_else(|| kind.to_string(), str::to_string);
-            crate::api::status::truncate(&mut shown, 64);
+            crate::api::errors::truncate(&mut shown, 64);
             return Err(bad(
                 &format!("{at}.type"),
                 format!("{at}.type: `{shown}` is not supported (only `function`)"),

@@ -3,6 +3,7 @@
 //! `data: [DONE]`, or an error frame when the stream fails after output.
 
 use super::*;
+use crate::api::errors::Kind;
 
 // ---- streaming ------------------------------------------------------------
 
@@ -13,10 +14,10 @@ pub(super) async fn stream(
     ids: Ids,
     include_usage: bool,
     request_id: &str,
-) -> Result<Response, HttpError> {
+) -> Result<Response, OpenAiError> {
     let (served, pending) = match door::open(&mut rx).await {
-        Err(None) => return Err(HttpError::internal("request ended without an answer")),
-        Err(Some(e)) => return Err(HttpError::from_request(&e)),
+        Err(None) => return Err(OpenAiError::internal("request ended without an answer")),
+        Err(Some(e)) => return Err(OpenAiError::from_request(&e)),
         Ok(door::Opening::Queued(q)) => return Ok(door::queued(&q, request_id)),
         Ok(door::Opening::Stream { served, pending }) => (served, pending),
     };
@@ -184,28 +185,24 @@ impl Sse {
                 })) => {
                     self.done = true;
                     return Some(frame(
-                        &HttpError {
-                            status: StatusCode::SERVICE_UNAVAILABLE,
-                            message: format!(
+                        &OpenAiError::of(
+                            Kind::UpstreamStreamTruncated,
+                            format!(
                                 "the stream failed after output was sent (attempt {failed_attempt}: {why}); the partial output is incomplete and must be discarded"
                             ),
-                            kind: "server_error",
-                            param: None,
-                            code: "UPSTREAM_STREAM_TRUNCATED",
-                            retry_after: None,
-                        }
+                        )
                         .body(),
                     ));
                 }
                 Some(Ok(Event::Queued(_))) | None => {
                     self.done = true;
                     return Some(frame(
-                        &HttpError::internal("the stream ended without a finish").body(),
+                        &OpenAiError::internal("the stream ended without a finish").body(),
                     ));
                 }
                 Some(Err(e)) => {
                     self.done = true;
-                    return Some(frame(&HttpError::from_request(&e).body()));
+                    return Some(frame(&OpenAiError::from_request(&e).body()));
                 }
             }
         }

@@ -29,7 +29,7 @@ use serde_json::{json, Map, Value};
 
 use crate::api::door::{self, served_headers, HttpState, Served};
 use crate::api::intake::{Arrival, Door};
-use crate::api::openai::error::HttpError;
+use crate::api::openai::error::OpenAiError;
 use crate::chat::FinishReason;
 use crate::error::RequestError;
 use crate::proto;
@@ -94,7 +94,7 @@ impl ResponsesApi {
     async fn answer<F, Fut>(self: Arc<Self>, request: Request, f: F) -> Response
     where
         F: FnOnce(Arc<Self>, String, Request, String) -> Fut,
-        Fut: std::future::Future<Output = Result<Response, HttpError>>,
+        Fut: std::future::Future<Output = Result<Response, OpenAiError>>,
     {
         let request_id = self.http.request_id(request.headers());
         let checked = self
@@ -106,14 +106,14 @@ impl ResponsesApi {
                 let tenant = tenant.unwrap_or_else(|| "default".into());
                 f(self.clone(), tenant, request, request_id.clone()).await
             }
-            Err(e) => Err(HttpError::from_request(&e)),
+            Err(e) => Err(OpenAiError::from_request(&e)),
         };
         result.unwrap_or_else(|e| e.response(&request_id))
     }
 }
 
-fn refused(e: RequestError) -> HttpError {
-    HttpError::from_request(&e)
+fn refused(e: RequestError) -> OpenAiError {
+    OpenAiError::from_request(&e)
 }
 
 /// A JSON answer with the request id.
@@ -147,7 +147,7 @@ struct Continued {
 }
 
 impl ResponsesApi {
-    async fn continued(&self, ask: &Ask, tenant: &str) -> Result<Continued, HttpError> {
+    async fn continued(&self, ask: &Ask, tenant: &str) -> Result<Continued, OpenAiError> {
         let Some(id) = &ask.previous_response_id else {
             return Ok(Continued {
                 conversation: Vec::new(),
@@ -182,7 +182,7 @@ impl ResponsesApi {
         tenant: String,
         headers: &HeaderMap,
         request_id: &str,
-    ) -> Result<Response, HttpError> {
+    ) -> Result<Response, OpenAiError> {
         let continued = self.continued(&ask, &tenant).await?;
         let mut request = ask.request.clone();
         request.messages = ask.messages(&continued.conversation);
@@ -256,7 +256,7 @@ impl ResponsesApi {
         tenant: String,
         headers: &HeaderMap,
         request_id: &str,
-    ) -> Result<Response, HttpError> {
+    ) -> Result<Response, OpenAiError> {
         if self.jobs().is_none() {
             return Err(refused(RequestError::QueueUnavailable(
                 "background responses run on the job queue; configure [queue]".into(),
@@ -327,13 +327,13 @@ async fn unary(
     names: ToolNames,
     keep: Option<stream::Keep>,
     request_id: &str,
-) -> Result<Response, HttpError> {
+) -> Result<Response, OpenAiError> {
     let mut output = Output::new(&meta.id, names.clone());
     let mut frames = Vec::new();
     let served;
     let (status, usage) = loop {
         match rx.recv().await {
-            None => return Err(HttpError::internal("request ended without an answer")),
+            None => return Err(OpenAiError::internal("request ended without an answer")),
             Some(Err(e)) => return Err(refused(e)),
             Some(Ok(Event::Queued(q))) => return Ok(door::queued(&q, request_id)),
             Some(Ok(Event::Started(_))) => {}
@@ -367,7 +367,7 @@ async fn unary(
 // ---- GET, DELETE, cancel, input_items --------------------------------------
 
 /// `stream` and `starting_after` of a retrieve.
-fn replay_query(request: &Request) -> Result<(bool, Option<u64>), HttpError> {
+fn replay_query(request: &Request) -> Result<(bool, Option<u64>), OpenAiError> {
     let mut stream = false;
     let mut after = None;
     for (k, v) in form_urlencoded::parse(request.uri().query().unwrap_or_default().as_bytes()) {
@@ -442,7 +442,7 @@ async fn cancel(
     api.answer(request, |api, tenant, _request, request_id| async move {
         let record = api.found(&tenant, &id).await?;
         if !record.meta.background {
-            return Err(HttpError::invalid(
+            return Err(OpenAiError::invalid(
                 "Only responses created with the `background` parameter set to `true` can be cancelled.".into(),
                 None,
             ));

@@ -118,14 +118,14 @@ impl Ask {
 }
 
 /// A 400 naming the parameter.
-pub(super) fn bad(param: &str, msg: impl std::fmt::Display) -> HttpError {
-    HttpError::invalid(format!("{param}: {msg}"), Some(param.to_string()))
+pub(super) fn bad(param: &str, msg: impl std::fmt::Display) -> OpenAiError {
+    OpenAiError::invalid(format!("{param}: {msg}"), Some(param.to_string()))
 }
 
 /// At most 64 characters of caller text in an error.
 fn shown(v: &str) -> String {
     let mut s = v.to_string();
-    crate::api::status::truncate(&mut s, 64);
+    crate::api::errors::truncate(&mut s, 64);
     s
 }
 
@@ -138,7 +138,7 @@ impl Dropped {
         let name = name.into();
         if !self.0.contains(&name) && self.0.len() < 64 {
             let mut name = name;
-            crate::api::status::truncate(&mut name, 128);
+            crate::api::errors::truncate(&mut name, 128);
             self.0.push(name);
         }
     }
@@ -150,7 +150,7 @@ fn opt<'a, T>(
     key: &str,
     what: &str,
     get: impl Fn(&'a Value) -> Option<T>,
-) -> Result<Option<T>, HttpError> {
+) -> Result<Option<T>, OpenAiError> {
     match body.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => get(v)
@@ -159,29 +159,34 @@ fn opt<'a, T>(
     }
 }
 
-fn opt_str(body: &Map<String, Value>, key: &str) -> Result<Option<String>, HttpError> {
+fn opt_str(body: &Map<String, Value>, key: &str) -> Result<Option<String>, OpenAiError> {
     opt(body, key, "a string", Value::as_str).map(|s| s.map(str::to_string))
 }
 
-fn opt_bool(body: &Map<String, Value>, key: &str) -> Result<Option<bool>, HttpError> {
+fn opt_bool(body: &Map<String, Value>, key: &str) -> Result<Option<bool>, OpenAiError> {
     opt(body, key, "a boolean", Value::as_bool)
 }
 
-fn opt_f32(body: &Map<String, Value>, key: &str) -> Result<Option<f32>, HttpError> {
+fn opt_f32(body: &Map<String, Value>, key: &str) -> Result<Option<f32>, OpenAiError> {
     opt(body, key, "a number", Value::as_f64).map(|n| n.map(|n| n as f32))
 }
 
 /// Parses a Responses API body.
-pub(super) fn parse(bytes: &[u8]) -> Result<Ask, HttpError> {
+pub(super) fn parse(bytes: &[u8]) -> Result<Ask, OpenAiError> {
     let body: Map<String, Value> = match serde_json::from_slice(bytes) {
         Ok(Value::Object(o)) => o,
         Ok(_) => {
-            return Err(HttpError::invalid(
+            return Err(OpenAiError::invalid(
                 "the body must be a JSON object".into(),
                 None,
             ))
         }
-        Err(e) => return Err(HttpError::invalid(format!("invalid JSON body: {e}"), None)),
+        Err(e) => {
+            return Err(OpenAiError::invalid(
+                format!("invalid JSON body: {e}"),
+                None,
+            ))
+        }
     };
     let model = opt_str(&body, "model")?.unwrap_or_default();
     if model.is_empty() {
@@ -371,7 +376,7 @@ fn other_fields(
     tools: &[proto::Tool],
     passthrough: &mut Map<String, Value>,
     dropped: &mut Dropped,
-) -> Result<(), HttpError> {
+) -> Result<(), OpenAiError> {
     const MODELLED: [&str; 19] = [
         "model",
         "input",
@@ -425,7 +430,7 @@ fn other_fields(
 fn text_format(
     body: &Map<String, Value>,
     passthrough: &mut Map<String, Value>,
-) -> Result<(proto::ResponseFormat, Option<proto::JsonSchema>), HttpError> {
+) -> Result<(proto::ResponseFormat, Option<proto::JsonSchema>), OpenAiError> {
     let Some(text) = body.get("text").filter(|t| !t.is_null()) else {
         return Ok((proto::ResponseFormat::Unspecified, None));
     };
@@ -489,7 +494,7 @@ fn text_format(
 fn reasoning(
     body: &Map<String, Value>,
     dropped: &mut Dropped,
-) -> Result<Option<proto::Reasoning>, HttpError> {
+) -> Result<Option<proto::Reasoning>, OpenAiError> {
     let Some(r) = body.get("reasoning").filter(|r| !r.is_null()) else {
         return Ok(None);
     };
@@ -521,7 +526,7 @@ fn tool_list(
     names: &mut ToolNames,
     built_in: &mut Vec<(String, String)>,
     dropped: &mut Dropped,
-) -> Result<Vec<proto::Tool>, HttpError> {
+) -> Result<Vec<proto::Tool>, OpenAiError> {
     let mut out = Vec::new();
     for (i, t) in list.iter().enumerate() {
         let here = format!("{at}[{i}]");
@@ -578,7 +583,7 @@ fn tool(
     namespace: Option<&str>,
     names: &mut ToolNames,
     dropped: &mut Dropped,
-) -> Result<proto::Tool, HttpError> {
+) -> Result<proto::Tool, OpenAiError> {
     let name = t
         .get("name")
         .and_then(Value::as_str)
@@ -640,7 +645,7 @@ fn tool_choice(
     tools: &mut Vec<proto::Tool>,
     names: &ToolNames,
     built_in: &[(String, String)],
-) -> Result<Option<proto::ToolChoice>, HttpError> {
+) -> Result<Option<proto::ToolChoice>, OpenAiError> {
     use proto::tool_choice::Mode;
     let pick = |mode: Mode, name: String| {
         Ok(Some(proto::ToolChoice {
@@ -648,7 +653,7 @@ fn tool_choice(
             name,
         }))
     };
-    let find = |kind: &str, name: &str, at: &str| -> Result<String, HttpError> {
+    let find = |kind: &str, name: &str, at: &str| -> Result<String, OpenAiError> {
         let custom = kind == "custom";
         let flat = names
             .iter()
@@ -751,7 +756,7 @@ fn input_items(
     items: &[Value],
     additional: &mut Vec<(String, Vec<Value>)>,
     dropped: &mut Dropped,
-) -> Result<Vec<proto::Message>, HttpError> {
+) -> Result<Vec<proto::Message>, OpenAiError> {
     let mut out: Vec<proto::Message> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
@@ -866,7 +871,7 @@ fn assistant_turn(out: &mut Vec<proto::Message>) -> &mut proto::Message {
 }
 
 /// A function or custom tool call made earlier in the conversation.
-fn tool_call(item: &Value, kind: &str, at: &str) -> Result<proto::ToolCall, HttpError> {
+fn tool_call(item: &Value, kind: &str, at: &str) -> Result<proto::ToolCall, OpenAiError> {
     let field = |k: &str| {
         item.get(k)
             .and_then(Value::as_str)
@@ -931,7 +936,7 @@ fn text_part(text: &str) -> proto::ContentPart {
 fn assistant_content(
     content: Option<&Value>,
     at: &str,
-) -> Result<Vec<proto::ContentPart>, HttpError> {
+) -> Result<Vec<proto::ContentPart>, OpenAiError> {
     match content {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::String(s)) if s.is_empty() => Ok(Vec::new()),
@@ -971,7 +976,7 @@ fn assistant_content(
 fn content(
     content: Option<&Value>,
     at: &str,
-) -> Result<(String, Vec<proto::ContentPart>), HttpError> {
+) -> Result<(String, Vec<proto::ContentPart>), OpenAiError> {
     use proto::content_part::Part as P;
     let parts = match content {
         Some(Value::String(s)) => return Ok((s.clone(), Vec::new())),
@@ -982,7 +987,7 @@ fn content(
     for (j, p) in parts.iter().enumerate() {
         let here = format!("{at}[{j}]");
         let field = |k: &str| p.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
-        let refuse_id = |k: &str| -> Result<(), HttpError> {
+        let refuse_id = |k: &str| -> Result<(), OpenAiError> {
             match field(k) {
                 Some(_) => Err(bad(
                     &format!("{here}.{k}"),

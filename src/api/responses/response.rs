@@ -11,6 +11,7 @@ use base64::Engine;
 
 use super::request::{custom_input, ToolNames};
 use super::*;
+use crate::api::errors::CallerError;
 use crate::chat::Chunk;
 
 /// One response's identity and the request parameters it echoes.
@@ -62,15 +63,12 @@ impl Status {
 
     /// A request that failed: OpenAI's error code for its class, our message.
     pub(super) fn of_error(e: &RequestError) -> Status {
-        let (status, _) = crate::api::status::http_status(e);
-        let code = match status.as_u16() {
-            429 => "rate_limit_exceeded",
-            400 | 404 | 413 => "invalid_prompt",
-            _ => "server_error",
-        };
-        let mut message = e.to_string();
-        crate::api::status::truncate(&mut message, crate::api::status::MAX_MESSAGE);
-        Status::Failed(code.into(), message)
+        Status::of_caller(CallerError::from(e))
+    }
+
+    /// A failure as the table's row says it: OpenAI's code, our message.
+    pub(super) fn of_caller(e: CallerError) -> Status {
+        Status::Failed(e.entry().responses_code().into(), e.message)
     }
 
     /// Whether the stream's last event is this one.

@@ -169,7 +169,7 @@ fn failed_code(reason: &str) -> &'static str {
 impl ResponsesApi {
     /// [`Self::load`] for a handler that answers a missing response with a
     /// 404 in OpenAI's shape.
-    pub(super) async fn found(&self, tenant: &str, id: &str) -> Result<Record, HttpError> {
+    pub(super) async fn found(&self, tenant: &str, id: &str) -> Result<Record, OpenAiError> {
         self.load(tenant, id)
             .await
             .map_err(refused)?
@@ -358,7 +358,7 @@ fn items_of(m: &proto::Message, names: &ToolNames, at: usize, base: &str) -> Vec
 
 /// `GET /v1/responses/{id}/input_items`: the response's input as items,
 /// `order` (desc by default, as OpenAI's), `limit` (1-100, 20) and `after`.
-pub(super) fn input_item_list(record: &Record, query: Option<&str>) -> Result<Value, HttpError> {
+pub(super) fn input_item_list(record: &Record, query: Option<&str>) -> Result<Value, OpenAiError> {
     let mut limit = 20usize;
     let mut desc = true;
     let mut after = None;
@@ -387,7 +387,7 @@ pub(super) fn input_item_list(record: &Record, query: Option<&str>) -> Result<Va
         .unwrap_or(&record.meta.id);
     let mut items: Vec<Value> = record
         .input()
-        .map_err(|e| HttpError::from_request(&e))?
+        .map_err(|e| OpenAiError::from_request(&e))?
         .iter()
         .enumerate()
         .flat_map(|(i, m)| items_of(m, &record.names, i, base))

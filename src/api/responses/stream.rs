@@ -19,6 +19,7 @@ use super::response::{
 use super::store::Record;
 use super::*;
 use crate::api::door::SseFrames;
+use crate::api::errors::{CallerError, Kind};
 use crate::chat::Chunk;
 
 /// Numbers and frames events: `event: <type>` and `data:` with `type` and
@@ -104,10 +105,10 @@ pub(super) async fn live(
     names: ToolNames,
     keep: Option<Keep>,
     request_id: &str,
-) -> Result<Response, HttpError> {
+) -> Result<Response, OpenAiError> {
     let (served, pending) = match door::open(&mut rx).await {
-        Err(None) => return Err(HttpError::internal("request ended without an answer")),
-        Err(Some(e)) => return Err(HttpError::from_request(&e)),
+        Err(None) => return Err(OpenAiError::internal("request ended without an answer")),
+        Err(Some(e)) => return Err(OpenAiError::from_request(&e)),
         Ok(door::Opening::Queued(q)) => return Ok(door::queued(&q, request_id)),
         Ok(door::Opening::Stream { served, pending }) => (served, pending),
     };
@@ -183,18 +184,15 @@ impl Live {
                     reason,
                     failed_attempt,
                 })) => (
-                    Status::Failed(
-                        "server_error".into(),
+                    Status::of_caller(CallerError::new(
+                        Kind::UpstreamStreamTruncated,
                         format!("the stream failed after output was sent (attempt {failed_attempt}: {reason}); the partial output is incomplete and must be discarded"),
-                    ),
+                    )),
                     Value::Null,
                 ),
                 Some(Err(e)) => (Status::of_error(&e), Value::Null),
                 Some(Ok(Event::Queued(_))) | None => (
-                    Status::Failed(
-                        "server_error".into(),
-                        "the stream ended without a finish".into(),
-                    ),
+                    Status::of_caller(CallerError::internal("the stream ended without a finish")),
                     Value::Null,
                 ),
             };
@@ -422,7 +420,11 @@ impl Replay {
         self.seq.frame(
             Frame {
                 kind: "error",
-                data: json!({"code": "server_error", "message": message, "param": null}),
+                data: json!({
+                    "code": Kind::Internal.entry().responses_code(),
+                    "message": message,
+                    "param": null,
+                }),
             },
             &mut out,
         );
