@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use switchyard::config::{Config, LogFormat};
-use switchyard::mock::{self, MockArgs, MockKind};
+use switchyard_mock::{self as mock, MockArgs, MockKind};
 
 #[derive(Parser)]
 #[command(
@@ -35,15 +35,15 @@ enum Command {
     /// Run a fault-injecting OpenAI/Anthropic-compatible upstream for tests and drills.
     MockUpstream(MockArgs),
     /// Run a failover drill (a built-in scenario or a TOML file) and print what happened.
-    Drill(switchyard::drill::DrillArgs),
+    Drill(switchyard_drill::DrillArgs),
     /// Run a benchmark scenario (or all) and write bench.json and bench.md.
-    Bench(switchyard::bench::BenchArgs),
+    Bench(switchyard_bench::BenchArgs),
     /// Failover capacity per route from a running Switchyard (or Prometheus) and
     /// the config: exit 0 all fits, 1 a ceiling would be exceeded, 2 could not run.
-    Plan(switchyard::plan::PlanArgs),
+    Plan(switchyard_plan::PlanArgs),
     /// Run a golden set through every target of a route and record which
     /// targets behave like the first: exit 0 all validated, 1 some not, 2 could not run.
-    Golden(switchyard::golden::GoldenArgs),
+    Golden(switchyard_golden::GoldenArgs),
 }
 
 #[derive(clap::Args)]
@@ -106,27 +106,27 @@ fn main() -> ExitCode {
         Command::Serve(args) => runtime.block_on(serve(args)),
         // No log subscriber: the in-process router's logs would interleave with the report.
         Command::Drill(args) => verdict(
-            runtime.block_on(switchyard::drill::run(args)),
-            switchyard::drill::DrillError::exit_code,
+            runtime.block_on(switchyard_drill::run(args)),
+            switchyard_drill::DrillError::exit_code,
         ),
         Command::Golden(args) => verdict(
-            runtime.block_on(switchyard::golden::run(args)),
-            switchyard::golden::GoldenError::exit_code,
+            runtime.block_on(switchyard_golden::run(args)),
+            switchyard_golden::GoldenError::exit_code,
         ),
         Command::Plan(args) => verdict(
-            runtime.block_on(switchyard::plan::run(args)),
-            switchyard::plan::PlanError::exit_code,
+            runtime.block_on(switchyard_plan::run(args)),
+            switchyard_plan::PlanError::exit_code,
         ),
         Command::Bench(args) => {
             // The in-process router's logs only when asked for (RUST_LOG set):
             // they interleave with the progress lines.
             let telemetry = std::env::var_os("RUST_LOG")
                 .map(|_| switchyard::telemetry::tracing::init(LogFormat::Pretty));
-            let result = runtime.block_on(switchyard::bench::run(args));
+            let result = runtime.block_on(switchyard_bench::run(args));
             if let Some(t) = telemetry {
                 t.shutdown();
             }
-            verdict(result, switchyard::bench::BenchError::exit_code)
+            verdict(result, switchyard_bench::BenchError::exit_code)
         }
     }
 }

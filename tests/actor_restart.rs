@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use switchyard::config::Config;
-use switchyard::mock::{self, MockArgs, MockKind};
 use switchyard::proto;
+use switchyard_mock::{self as mock, MockArgs, MockKind};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_provider_actor_mid_load_loses_nothing() {

@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
-const SCENARIOS: &[&str] = switchyard::bench::SCENARIOS;
+const SCENARIOS: &[&str] = switchyard_bench::SCENARIOS;
 
 /// The bench runs load: one at a time, so neither starves the other's checks.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -217,3 +217,62 @@ fn the_shipped_redis_has_a_maxmemory_below_its_limit_with_noeviction_and_room_be
         .unwrap();
     assert!(stored * 2 <= maxmemory, "{stored} of {maxmemory}");
 }
+
+/// The image builds from a context that holds only what its Dockerfile
+/// copies (and its dockerignore lets through): every top-level directory the
+/// release build reads (the workspace's members, the proto, and every
+/// `include_str!` outside a member, such as the built-in drills) is in both.
+#[test]
+fn the_image_build_copies_everything_the_release_build_reads() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(base_dir().join("../Dockerfile")).unwrap();
+    let ignore = std::fs::read_to_string(base_dir().join("../Dockerfile.dockerignore")).unwrap();
+    let mut needed = std::collections::BTreeSet::from(["src".to_string(), "proto".to_string()]);
+    let cargo = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    for member in cargo.split('"').filter(|s| s.starts_with("crates/")) {
+        needed.insert(member.split('/').next().unwrap().to_string());
+    }
+    // Non-test sources only: a `#[cfg(test)]` module is not in the image.
+    fn scan(dir: &Path, root: &Path, needed: &mut std::collections::BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                scan(&path, root, needed);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let text = text.split("#[cfg(test)]").next().unwrap();
+            for piece in text.split("include_str!(\"").skip(1) {
+                let rel = piece.split('"').next().unwrap();
+                let file = path.parent().unwrap().join(rel).canonicalize().unwrap();
+                let top = file
+                    .strip_prefix(root)
+                    .unwrap()
+                    .components()
+                    .next()
+                    .unwrap();
+                needed.insert(top.as_os_str().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let root = root.canonicalize().unwrap();
+    scan(&root.join("src"), &root, &mut needed);
+    scan(&root.join("crates"), &root, &mut needed);
+    assert!(
+        needed.contains("drills"),
+        "the drills are compiled in: {needed:?}"
+    );
+    for dir in &needed {
+        assert!(
+            dockerfile.contains(&format!("COPY {dir} ./{dir}")),
+            "deploy/Dockerfile does not copy {dir}/"
+        );
+        assert!(
+            ignore.lines().any(|l| l == format!("!{dir}/")),
+            "deploy/Dockerfile.dockerignore keeps {dir}/ out of the context"
+        );
+    }
+}

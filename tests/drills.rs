@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{Mock, Switchyard};
-use switchyard::drill::{self, DrillArgs, DrillError};
+use switchyard_drill::{self as drill, DrillArgs, DrillError};
 
 async fn drill_in_process(scenario: &str) -> (Result<bool, DrillError>, String) {
     let args = DrillArgs {

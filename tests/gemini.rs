@@ -555,7 +555,7 @@ async fn a_bad_key_is_auth_and_googles_answer_never_reaches_the_caller() {
     let status = got.status.expect("refused");
     let everything = format!("{status:?}");
     assert!(
-        !everything.contains(switchyard::mock::AUTH_MARKER),
+        !everything.contains(switchyard_mock::AUTH_MARKER),
         "{everything}"
     );
     assert!(!everything.contains("API key not valid"), "{everything}");

@@ -418,15 +418,15 @@ fn all_exprs() -> Vec<(String, String)> {
             ));
         }
     }
-    let w = switchyard::plan::source::promql_duration(std::time::Duration::from_secs(300));
-    for (_, q) in switchyard::plan::source::QUERIES {
+    let w = switchyard_plan::source::promql_duration(std::time::Duration::from_secs(300));
+    for (_, q) in switchyard_plan::source::QUERIES {
         out.push(("plan --prometheus".to_string(), q.replace("{w}", &w)));
     }
     out.push((
         "plan --prometheus".to_string(),
-        switchyard::plan::source::REPLICAS.to_string(),
+        switchyard_plan::source::REPLICAS.to_string(),
     ));
-    for m in switchyard::plan::scrape::METRICS_READ {
+    for m in switchyard_plan::scrape::METRICS_READ {
         out.push(("plan --admin".to_string(), m.to_string()));
     }
     out
@@ -434,7 +434,7 @@ fn all_exprs() -> Vec<(String, String)> {
 
 /// Sample names and the label names seen on each, from a scrape.
 fn exported(scrape: &str, into: &mut BTreeMap<String, BTreeSet<String>>) {
-    for s in switchyard::plan::scrape::Scrape::parse(scrape).samples {
+    for s in switchyard_plan::scrape::Scrape::parse(scrape).samples {
         into.entry(s.name).or_default().extend(s.labels.into_keys());
     }
 }

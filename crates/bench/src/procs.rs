@@ -1,0 +1,513 @@
+//! The processes a benchmark drives: `mock-upstream` instances (controlled
+//! over `/_mock/*`) and `switchyard serve` with a generated config, both the
+//! real binary on 127.0.0.1 ephemeral ports. Reads Switchyard's CPU time and
+//! RSS from `/proc/PID/{stat,status}`; every child is killed on drop.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use super::{BenchError, Ctx};
+use switchyard_mock::{RequestRecord, Stats};
+
+/// Clock ticks per second of `/proc/PID/stat` (USER_HZ, 100 on Linux).
+const CLK_TCK: f64 = 100.0;
+/// How long a child may take to print its banner.
+const BANNER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Spawns `exe args`, reads stdout until a line containing `marker`, keeps
+/// draining stdout; stderr goes to `log`.
+async fn spawn_with_banner(
+    ctx: &Ctx,
+    exe: &std::path::Path,
+    args: &[&str],
+    marker: &str,
+    log: &str,
+) -> Result<(Child, String), BenchError> {
+    let what = format!("switchyard {}", args.first().copied().unwrap_or(""));
+    let log_file = std::fs::File::create(ctx.path(log))
+        .map_err(|e| BenchError::start(&what, format!("log file {log}: {e}")))?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("RUST_LOG")
+        // Allocations are counted in every bench run (one relaxed add each).
+        .env(switchyard::telemetry::alloc::ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log_file))
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| BenchError::start(&what, e))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| BenchError::start(&what, "no stdout"))?;
+    let mut lines = BufReader::new(stdout).lines();
+    let banner = tokio::time::timeout(BANNER_TIMEOUT, async {
+        for _ in 0..1000 {
+            match lines.next_line().await {
+                Ok(Some(line)) if line.contains(marker) => return Ok(line),
+                Ok(Some(_)) => continue,
+                Ok(None) => return Err(format!("exited before printing `{marker}` (see {log})")),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Err(format!("no `{marker}` line"))
+    })
+    .await
+    .map_err(|_| BenchError::start(&what, format!("no banner within {BANNER_TIMEOUT:?}")))?
+    .map_err(|e| BenchError::start(&what, e))?;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((child, banner))
+}
+
+fn parse_addr(s: Option<&str>, what: &str, line: &str) -> Result<SocketAddr, BenchError> {
+    s.and_then(|s| s.parse().ok())
+        .ok_or_else(|| BenchError::start(what, format!("unexpected banner `{line}`")))
+}
+
+/// A running `switchyard mock-upstream`.
+pub struct MockProc {
+    pub name: String,
+    pub addr: SocketAddr,
+    child: Child,
+    http: reqwest::Client,
+}
+
+/// Settings of a mock at start.
+#[derive(Debug, Clone)]
+pub struct MockSpec {
+    pub kind: &'static str,
+    pub tokens: u32,
+    pub token_delay_ms: u64,
+    pub max_concurrency: u32,
+    /// Initial fault (JSON), if any.
+    pub fault: Option<Value>,
+}
+
+impl MockSpec {
+    pub fn new(kind: &'static str, tokens: u32, token_delay_ms: u64) -> Self {
+        MockSpec {
+            kind,
+            tokens,
+            token_delay_ms,
+            max_concurrency: 0,
+            fault: None,
+        }
+    }
+}
+
+impl MockProc {
+    pub async fn start(ctx: &Ctx, name: &str, spec: &MockSpec) -> Result<MockProc, BenchError> {
+        let tokens = spec.tokens.to_string();
+        let delay = spec.token_delay_ms.to_string();
+        let cap = spec.max_concurrency.to_string();
+        let fault = spec.fault.as_ref().map(|f| f.to_string());
+        let mut args = vec![
+            "mock-upstream",
+            "--listen",
+            "127.0.0.1:0",
+            "--kind",
+            spec.kind,
+            "--tokens",
+            &tokens,
+            "--token-delay-ms",
+            &delay,
+            "--max-concurrency",
+            &cap,
+        ];
+        if let Some(f) = &fault {
+            args.push("--fault");
+            args.push(f);
+        }
+        let log = format!("mock-{name}.log");
+        let (child, line) =
+            spawn_with_banner(ctx, &ctx.exe, &args, "mock-upstream listening on", &log).await?;
+        let addr = parse_addr(
+            line.split("http://")
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next()),
+            "mock-upstream",
+            &line,
+        )?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .no_proxy()
+            .build()
+            .map_err(|e| BenchError::start("mock control client", e))?;
+        Ok(MockProc {
+            name: name.to_string(),
+            addr,
+            child,
+            http,
+        })
+    }
+
+    /// CPU and memory of the mock process now.
+    pub fn usage(&self) -> Usage {
+        self.child.id().and_then(proc_usage).unwrap_or_default()
+    }
+
+    /// `http://ADDR/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder, what: &str) -> Result<String, BenchError> {
+        let err = |e: String| BenchError::Mock(format!("{} {what}: {e}", self.name));
+        let r = req.send().await.map_err(|e| err(e.to_string()))?;
+        let status = r.status();
+        let text = r.text().await.map_err(|e| err(e.to_string()))?;
+        if !status.is_success() {
+            return Err(err(format!("{status}: {text}")));
+        }
+        Ok(text)
+    }
+
+    /// `PUT /_mock/faults`.
+    pub async fn set_fault(&self, spec: &Value) -> Result<(), BenchError> {
+        let req = self.http.put(self.url("/_mock/faults")).json(spec);
+        self.send(req, "PUT /_mock/faults").await.map(|_| ())
+    }
+
+    /// `PUT /_mock/config`.
+    pub async fn set_config(&self, cfg: &Value) -> Result<(), BenchError> {
+        let req = self.http.put(self.url("/_mock/config")).json(cfg);
+        self.send(req, "PUT /_mock/config").await.map(|_| ())
+    }
+
+    /// `GET /_mock/stats`.
+    pub async fn stats(&self) -> Result<Stats, BenchError> {
+        let text = self
+            .send(self.http.get(self.url("/_mock/stats")), "GET /_mock/stats")
+            .await?;
+        serde_json::from_str(&text).map_err(|e| BenchError::Mock(format!("{}: {e}", self.name)))
+    }
+
+    /// `GET /_mock/requests`.
+    pub async fn requests(&self) -> Result<Vec<RequestRecord>, BenchError> {
+        let text = self
+            .send(
+                self.http.get(self.url("/_mock/requests")),
+                "GET /_mock/requests",
+            )
+            .await?;
+        serde_json::from_str(&text).map_err(|e| BenchError::Mock(format!("{}: {e}", self.name)))
+    }
+
+    /// `DELETE /_mock/requests` (also restarts `max_in_flight`).
+    pub async fn clear(&self) -> Result<(), BenchError> {
+        let req = self.http.delete(self.url("/_mock/requests"));
+        self.send(req, "DELETE /_mock/requests").await.map(|_| ())
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+    }
+}
+
+/// A provider block of a generated config.
+#[derive(Debug, Clone)]
+pub struct Provider {
+    pub id: &'static str,
+    pub kind: &'static str,
+    pub url: String,
+    pub max_concurrency: u32,
+    pub failover_max_concurrency: u32,
+    /// Extra `key = value` lines (breaker, probes, ...).
+    pub extra: String,
+    /// Extra `key = value` lines of its model `m` (price, capabilities).
+    pub model_extra: String,
+    /// `first_token_timeout` and `idle_timeout`.
+    pub timeout: &'static str,
+}
+
+impl Provider {
+    pub fn new(id: &'static str, kind: &'static str, mock: &MockProc) -> Self {
+        Provider {
+            id,
+            kind,
+            url: mock.base_url(),
+            max_concurrency: 64,
+            failover_max_concurrency: 16,
+            extra: String::new(),
+            model_extra: String::new(),
+            timeout: "5s",
+        }
+    }
+
+    pub fn caps(mut self, max: u32, failover: u32) -> Self {
+        self.max_concurrency = max;
+        self.failover_max_concurrency = failover;
+        self
+    }
+
+    pub fn extra(mut self, extra: impl Into<String>) -> Self {
+        self.extra = extra.into();
+        self
+    }
+
+    pub fn model_extra(mut self, extra: impl Into<String>) -> Self {
+        self.model_extra = extra.into();
+        self
+    }
+}
+
+/// A Switchyard config: `top` holds top-level `key = value` lines
+/// (e.g. `retry_budget = {...}`), routes are `(name, ["provider", ...])`.
+pub fn config_text(top: &str, providers: &[Provider], routes: &[(&str, &[&str])]) -> String {
+    let mut s = String::new();
+    s.push_str(top);
+    s.push_str(
+        "\n[server]\ngrpc_listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+         watch_config = false\ndrain_timeout = \"1s\"\n",
+    );
+    for p in providers {
+        s.push_str(&format!(
+            "\n[[providers]]\nid = \"{}\"\nkind = \"{}\"\nbase_url = \"{}\"\n\
+             max_concurrency = {}\nfailover_max_concurrency = {}\n\
+             connect_timeout = \"1s\"\nfirst_token_timeout = \"{t}\"\nidle_timeout = \"{t}\"\n{}\n\
+             [[providers.models]]\nname = \"m\"\n{}\n",
+            p.id,
+            p.kind,
+            p.url,
+            p.max_concurrency,
+            p.failover_max_concurrency,
+            p.extra,
+            p.model_extra,
+            t = p.timeout
+        ));
+    }
+    for (name, targets) in routes {
+        s.push_str(&route_text(name, targets, ""));
+    }
+    s
+}
+
+/// One `[[routes]]` block over model `m` of `targets`, with `extra` lines
+/// (caches, ladder) after them.
+pub fn route_text(name: &str, targets: &[&str], extra: &str) -> String {
+    let t: Vec<String> = targets.iter().map(|t| format!("\"{t}/m\"")).collect();
+    format!(
+        "\n[[routes]]\nname = \"{name}\"\ntargets = [{}]\n{extra}\n",
+        t.join(", ")
+    )
+}
+
+/// `config` with the OpenAI/Anthropic HTTP door on an ephemeral port.
+pub fn with_http_door(config: String) -> String {
+    config.replacen(
+        "admin_listen = \"127.0.0.1:0\"\n",
+        // Connections up to the load generator's in-flight cap: an overload
+        // shows as latency, not as connections refused at accept.
+        "admin_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\nhttp_max_connections = 6000\n",
+        1,
+    )
+}
+
+/// A running `switchyard serve`.
+pub struct RouterProc {
+    pub pid: u32,
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+    /// The HTTP front door, when the config opens one.
+    pub http: Option<SocketAddr>,
+    child: Child,
+}
+
+/// CPU time and memory of a process at one moment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    /// User plus system CPU seconds since start.
+    pub cpu_s: f64,
+    pub rss_kb: u64,
+    /// Peak RSS (VmHWM) since start or the last [`RouterProc::reset_peak`].
+    pub hwm_kb: u64,
+}
+
+impl RouterProc {
+    /// Writes `switchyard-TAG.toml` under `--out` and serves it.
+    pub async fn start(ctx: &Ctx, tag: &str, config: &str) -> Result<RouterProc, BenchError> {
+        Self::start_exe(ctx, &ctx.exe, tag, config).await
+    }
+
+    /// Like [`RouterProc::start`], with another `switchyard` build.
+    pub async fn start_exe(
+        ctx: &Ctx,
+        exe: &std::path::Path,
+        tag: &str,
+        config: &str,
+    ) -> Result<RouterProc, BenchError> {
+        switchyard::config::Config::from_toml_str(config)
+            .map_err(|e| BenchError::start(format!("switchyard ({tag})"), e))?;
+        let path = ctx.path(&format!("switchyard-{tag}.toml"));
+        std::fs::write(&path, config)
+            .map_err(|e| BenchError::Io(format!("cannot write {}: {e}", path.display())))?;
+        let path_s = path.display().to_string();
+        let (child, line) = spawn_with_banner(
+            ctx,
+            exe,
+            &["serve", "--config", &path_s],
+            "switchyard serving grpc=",
+            &format!("switchyard-{tag}.log"),
+        )
+        .await?;
+        let grpc = parse_addr(
+            line.split("grpc=")
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next()),
+            "switchyard",
+            &line,
+        )?;
+        let field = |name: &str| {
+            line.split(&format!(" {name}="))
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next())
+        };
+        let admin = parse_addr(field("admin"), "switchyard", &line)?;
+        let http = field("http").and_then(|s| s.parse().ok());
+        let pid = child
+            .id()
+            .ok_or_else(|| BenchError::start("switchyard", "exited at once"))?;
+        Ok(RouterProc {
+            pid,
+            grpc,
+            admin,
+            http,
+            child,
+        })
+    }
+
+    /// Heap allocations and bytes counted so far (`/metrics`), if exported.
+    pub async fn allocations(&self, http: &reqwest::Client) -> Option<(u64, u64)> {
+        let text = http
+            .get(format!("http://{}/metrics", self.admin))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+        };
+        Some((
+            value("switchyard_process_allocations_total ")?,
+            value("switchyard_process_allocated_bytes_total ")?,
+        ))
+    }
+
+    /// CPU and memory now (zeros when `/proc` cannot be read).
+    pub fn usage(&self) -> Usage {
+        proc_usage(self.pid).unwrap_or_default()
+    }
+
+    /// Restarts VmHWM from the current RSS (`/proc/PID/clear_refs` 5).
+    /// Returns false when the kernel refused; the peak is then since start.
+    pub fn reset_peak(&self) -> bool {
+        std::fs::write(format!("/proc/{}/clear_refs", self.pid), "5").is_ok()
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+    }
+
+    /// Records a flat `perf` profile of this process for `d` into
+    /// `file`; returns when done. Errors are reported, never fatal.
+    pub async fn perf_record(&self, file: &std::path::Path, d: Duration) -> Result<(), String> {
+        let status = Command::new("perf")
+            .args(["record", "-F", "999", "-p", &self.pid.to_string(), "-o"])
+            .arg(file)
+            .args(["--", "sleep", &format!("{:.1}", d.as_secs_f64())])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .status()
+            .await
+            .map_err(|e| format!("perf: {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("perf record exited with {status}"))
+        }
+    }
+}
+
+/// CPU seconds this process (the load generator) has used.
+pub fn self_usage() -> Usage {
+    proc_usage(std::process::id()).unwrap_or_default()
+}
+
+/// Reads `/proc/PID/stat` (utime, stime) and `/proc/PID/status` (VmRSS, VmHWM).
+pub fn proc_usage(pid: u32) -> Option<Usage> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the `(comm)`, which may contain spaces: state is field 3.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 (1-based), i.e. 11 and 12 after state's 0.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb = |key: &str| -> u64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Some(Usage {
+        cpu_s: (utime + stime) / CLK_TCK,
+        rss_kb: kb("VmRSS:"),
+        hwm_kb: kb("VmHWM:"),
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_reads_its_own_proc_usage() {
+        let u = proc_usage(std::process::id()).unwrap();
+        assert!(u.rss_kb > 0);
+        assert!(u.hwm_kb >= u.rss_kb);
+    }
+
+    #[test]
+    fn bench_generated_config_is_valid() {
+        let p = Provider {
+            id: "primary",
+            kind: "openai",
+            url: "http://127.0.0.1:1/v1".into(),
+            max_concurrency: 10,
+            failover_max_concurrency: 5,
+            extra: "synthetic_probes = true\nbreaker = { consecutive_failures = 3 }".into(),
+            model_extra: "price = { input_per_mtok = 2.5, output_per_mtok = 10.0 }".into(),
+            timeout: "30s",
+        };
+        let text = config_text(
+            "retry_budget = { ratio = 0.2 }",
+            &[p],
+            &[("chat", &["primary"])],
+        );
+        let c = switchyard::config::Config::from_toml_str(&text).unwrap();
+        assert_eq!(c.providers[0].failover_max_concurrency, 5);
+        assert_eq!(c.routes[0].targets.len(), 1);
+        assert_eq!(c.providers[0].models[0].price.output_per_mtok, 10.0);
+    }
+}

@@ -1,0 +1,978 @@
+//! The router actor: owns the route table and each route's retry budget. It
+//! turns a request's route and needs into an ordered plan — capable targets
+//! only (fail closed), skipping tripped or cooling targets, sorted by health
+//! band, then priority, then weighted chance — and grants or refuses each
+//! retry and failover against the budget. It decides; it never touches a
+//! response byte, and it reads provider state from their published snapshots.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use super::provider::Unavailable;
+use super::registry::Registry;
+use crate::config::{
+    Capability, Config, FamilyFailover, MidStreamPolicy, RetryBudgetConfig, Rung,
+    SemanticCacheConfig,
+};
+use crate::policy::budget::RetryBudget;
+use crate::policy::next::RoutePolicy;
+use crate::policy::share::ShareWindow;
+pub use crate::request::Needs;
+use crate::sink::Tier;
+use crate::state::validation::record::{Records, RouteValidation};
+use crate::telemetry::metrics::{Metrics, RouteLabels, RouteTargetLabels};
+
+/// One target the request may be sent to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub provider: String,
+    pub model: String,
+    /// The route's first target: its traffic is the provider's own.
+    pub primary: bool,
+    /// Position in the route's fallback order.
+    pub position: usize,
+    /// The model declares streaming.
+    pub streams: bool,
+    /// One of the route's cheaper `downshift` targets.
+    pub downshift: bool,
+}
+
+/// The ordered candidates for one request and the route's policies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub route: String,
+    pub candidates: Vec<Candidate>,
+    pub default_max_tokens: Option<u32>,
+    pub service_tier: Option<String>,
+    pub deadline: Option<Duration>,
+    pub max_attempts: u32,
+    pub mid_stream: MidStreamPolicy,
+    pub side_effects: bool,
+    pub ladder: Vec<Rung>,
+    pub cache_ttl: Duration,
+    pub serve_fresh_within: Option<Duration>,
+    pub max_tokens_limit: Option<u32>,
+    /// The route's semantic cache settings, when it has one.
+    pub semantic: Option<Arc<SemanticCacheConfig>>,
+    /// Both caches are shared by every tenant (else each tenant has its own).
+    pub shared_across_tenants: bool,
+    /// When the plan is empty because every capable target is tripped or
+    /// cooling down: the soonest one may take traffic again.
+    pub unavailable_for: Option<Duration>,
+    /// Cost reservations are refused while the fleet ledger is away.
+    pub fail_closed: bool,
+    /// The route's prompt-cache affinity: how long a prefix stays warm.
+    pub cache_affinity: Option<Duration>,
+}
+
+impl Plan {
+    pub fn has_rung(&self, rung: Rung) -> bool {
+        self.ladder.contains(&rung)
+    }
+
+    /// The route's part of the next-step decision.
+    pub fn policy(&self) -> RoutePolicy {
+        RoutePolicy {
+            route: self.route.clone(),
+            max_attempts: self.max_attempts,
+            mid_stream: self.mid_stream,
+            side_effects: self.side_effects,
+            unavailable_for: self.unavailable_for,
+        }
+    }
+}
+
+impl Candidate {
+    /// The tier an answer from this candidate is served as.
+    pub fn tier(&self) -> Tier {
+        if self.downshift {
+            Tier::Downshift
+        } else if self.position == 0 {
+            Tier::Primary
+        } else {
+            Tier::Fallback
+        }
+    }
+}
+
+/// Why no plan could be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("unknown route `{0}`")]
+    UnknownRoute(String),
+    #[error("no target of route `{route}` has {}", missing.join(", "))]
+    NoCapableTarget { route: String, missing: Vec<String> },
+}
+
+impl From<PlanError> for crate::error::RequestError {
+    fn from(e: PlanError) -> Self {
+        match e {
+            PlanError::UnknownRoute(r) => crate::error::RequestError::UnknownRoute(r),
+            PlanError::NoCapableTarget { route, missing } => {
+                crate::error::RequestError::NoCapableTarget { route, missing }
+            }
+        }
+    }
+}
+
+pub enum RouterMsg {
+    Plan {
+        route: String,
+        needs: Needs,
+        /// Only this `provider/model` target may serve.
+        pin: Option<String>,
+        reply: RpcReplyPort<Result<Plan, PlanError>>,
+    },
+    /// A plan for an embeddings call: the route's `embeddings` targets of
+    /// one family (unless the route says `embedding_family_failover = "any"`).
+    PlanEmbeddings {
+        route: String,
+        pin: Option<String>,
+        reply: RpcReplyPort<Result<Plan, PlanError>>,
+    },
+    /// May this request make one more attempt (a retry or a failover)?
+    WithdrawRetry {
+        route: String,
+        reply: RpcReplyPort<bool>,
+    },
+    /// A request was answered; `primary` if by the route's first target.
+    Served { route: String, primary: bool },
+    /// Every route's state, for the admin surfaces.
+    Status(RpcReplyPort<Vec<RouteStatus>>),
+    /// A new, validated config: rebuild the route table.
+    Reload(Arc<Config>),
+    /// The golden-set validations now on record (replaces the previous).
+    Validations(Arc<Records>),
+}
+
+/// One route as the admin surfaces show it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RouteStatus {
+    pub name: String,
+    pub targets: Vec<String>,
+    pub failover_rate: f64,
+    pub retry_budget_remaining: f64,
+    /// The downshift rung uses only validated targets.
+    pub require_validated: bool,
+    /// The route's last golden-set validation, if any.
+    pub validation: Option<RouteValidation>,
+}
+
+struct RouteEntry {
+    targets: Vec<TargetInfo>,
+    ladder: Vec<Rung>,
+    cache_ttl: Duration,
+    serve_fresh_within: Option<Duration>,
+    max_tokens_limit: Option<u32>,
+    semantic: Option<Arc<SemanticCacheConfig>>,
+    shared_across_tenants: bool,
+    require_validated: bool,
+    default_max_tokens: Option<u32>,
+    service_tier: Option<String>,
+    deadline: Option<Duration>,
+    max_attempts: u32,
+    mid_stream: MidStreamPolicy,
+    side_effects: bool,
+    fail_closed: bool,
+    family_failover: FamilyFailover,
+    cache_affinity: Option<Duration>,
+    budget: RetryBudget,
+    /// Requests answered in the last minute, and how many by a non-primary target.
+    served: ShareWindow,
+}
+
+struct TargetInfo {
+    provider: String,
+    model: String,
+    capabilities: Vec<Capability>,
+    context_tokens: u32,
+    priority: u32,
+    weight: u32,
+    downshift: bool,
+    /// The embedding family (`family`, else the model's name).
+    family: String,
+    /// Health evidence ranks it below its route place now.
+    demoted: std::cell::Cell<bool>,
+}
+
+/// What a plan is for.
+#[derive(Debug, Clone, Copy)]
+enum Purpose<'a> {
+    /// A chat request with these needs.
+    Chat(&'a Needs),
+    /// An embeddings call.
+    Embeddings,
+}
+
+impl TargetInfo {
+    /// What this target lacks for the purpose, by name.
+    fn unmet_for(&self, purpose: Purpose<'_>) -> Vec<String> {
+        match purpose {
+            Purpose::Chat(needs) => self.unmet(needs),
+            // The regular targets only: `downshift` is a chat rung.
+            Purpose::Embeddings if self.downshift => vec!["embeddings".to_string()],
+            Purpose::Embeddings => (!self.capabilities.contains(&Capability::Embeddings))
+                .then(|| "embeddings".to_string())
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// The needs this target does not meet, by name.
+    fn unmet(&self, needs: &Needs) -> Vec<String> {
+        let mut missing = Vec::new();
+        for (needed, cap) in [
+            (needs.tools, Capability::Tools),
+            (needs.json, Capability::Json),
+            (needs.vision, Capability::Vision),
+            (needs.pdf, Capability::Pdf),
+            (needs.reasoning, Capability::Reasoning),
+            (needs.json_schema, Capability::JsonSchema),
+        ] {
+            if needed && !self.capabilities.contains(&cap) {
+                missing.push(cap.as_str().to_string());
+            }
+        }
+        if self.context_tokens < needs.min_context_tokens {
+            missing.push(format!("context_tokens >= {}", needs.min_context_tokens));
+        }
+        missing
+    }
+}
+
+/// The actor.
+pub struct RouterActor;
+
+/// What the actor starts with.
+pub struct RouterArgs {
+    pub config: Arc<Config>,
+    pub registry: Arc<Registry>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Mutable state: the route table built from the current config.
+pub struct RouterState {
+    /// Routes by name.
+    routes: HashMap<String, RouteEntry>,
+    /// Where the provider snapshots are read.
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    /// Weighted tie-breaking among equals, and the demoted targets' trickle.
+    rng: StdRng,
+    /// The golden-set validations on record.
+    validations: Arc<Records>,
+}
+
+fn build_routes(
+    config: &Config,
+    budget: &RetryBudgetConfig,
+    now: Instant,
+) -> HashMap<String, RouteEntry> {
+    config
+        .routes
+        .iter()
+        .map(|r| {
+            let downshift = if r.has_rung(Rung::Downshift) {
+                r.downshift.as_slice()
+            } else {
+                &[]
+            };
+            let targets = r
+                .targets
+                .iter()
+                .map(|t| (t, false))
+                .chain(downshift.iter().map(|t| (t, true)))
+                .enumerate()
+                .filter_map(|(i, (t, down))| {
+                    Some((i, t, down, config.resolve_target(&t.target).ok()?))
+                })
+                .map(|(i, t, down, at)| {
+                    let p = &config.providers[at.provider];
+                    let m = &p.models[at.model];
+                    TargetInfo {
+                        provider: p.id.clone(),
+                        model: m.name.clone(),
+                        capabilities: m.capabilities.clone(),
+                        context_tokens: m.context_tokens,
+                        priority: t.priority.unwrap_or(i as u32),
+                        weight: t.weight.max(1),
+                        downshift: down,
+                        family: m.family().to_string(),
+                        demoted: std::cell::Cell::new(false),
+                    }
+                })
+                .collect();
+            let entry = RouteEntry {
+                targets,
+                ladder: r.ladder.clone(),
+                cache_ttl: r.cache_ttl,
+                serve_fresh_within: r.serve_fresh_within,
+                max_tokens_limit: r.max_tokens_limit,
+                semantic: r.semantic_cache.clone().map(Arc::new),
+                shared_across_tenants: r.shared_across_tenants,
+                require_validated: r.require_validated,
+                default_max_tokens: r.default_max_tokens,
+                service_tier: r.service_tier.clone(),
+                deadline: r.deadline,
+                max_attempts: r.max_attempts,
+                mid_stream: r.mid_stream,
+                side_effects: r.side_effects,
+                fail_closed: r.fail_closed,
+                family_failover: r.embedding_family_failover,
+                cache_affinity: r.cache_affinity.map(|a| a.ttl),
+                budget: RetryBudget::new(budget, now),
+                served: ShareWindow::new(Duration::from_secs(60), now),
+            };
+            (r.name.clone(), entry)
+        })
+        .collect()
+}
+
+/// Health bands: scores within one band count as equal, so a hair of
+/// difference does not move a route off its primary.
+fn band(score: f64) -> u32 {
+    ((1.0 - score.clamp(0.0, 1.0)) / 0.2).floor() as u32
+}
+
+/// Share of requests that still reach a demoted target at its route place.
+const TRICKLE: f64 = 0.05;
+
+/// What the ranking knows of one live target.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Health {
+    score: f64,
+    /// Enough calls in the window (`health.min_calls`) for the score to count.
+    evidence: bool,
+}
+
+impl Health {
+    const UNKNOWN: Health = Health {
+        score: 1.0,
+        evidence: false,
+    };
+}
+
+/// The evidence rule: health may reorder a route only when every target
+/// compared has enough calls in its window; otherwise the operator's order
+/// holds (every band 0) and the breakers alone protect.
+fn bands(live: &[Health]) -> Vec<u32> {
+    if live.len() > 1 && live.iter().all(|h| h.evidence) {
+        live.iter().map(|h| band(h.score)).collect()
+    } else {
+        vec![0; live.len()]
+    }
+}
+
+/// Marks a target demoted or back at its route place: a gauge per target
+/// and an INFO line when that changes (no work when it does not).
+fn observe_demotion(route: &str, t: &TargetInfo, demoted: bool, metrics: &Metrics) {
+    if t.demoted.replace(demoted) == demoted {
+        return;
+    }
+    if demoted {
+        tracing::info!(%route, provider = %t.provider, model = %t.model, "health evidence ranks this target below its route place (it keeps a trickle of traffic)");
+    } else {
+        tracing::info!(%route, provider = %t.provider, model = %t.model, "target back at its route place");
+    }
+    metrics
+        .target_demoted
+        .get_or_create(&RouteTargetLabels {
+            route: route.to_string(),
+            provider: t.provider.clone(),
+            model: t.model.clone(),
+        })
+        .set(i64::from(demoted));
+}
+
+/// An embeddings plan's targets: numbered among the route's `embeddings`
+/// targets (the first is the primary), and kept to the first one's family
+/// unless the route allows `any` (a pinned call names its one target).
+fn embedding_targets(
+    capable: Vec<(usize, &TargetInfo)>,
+    failover: FamilyFailover,
+) -> Vec<(usize, &TargetInfo)> {
+    let family = capable.first().map(|(_, t)| t.family.clone());
+    capable
+        .into_iter()
+        .enumerate()
+        .map(|(position, (_, t))| (position, t))
+        .filter(|(_, t)| failover == FamilyFailover::Any || Some(&t.family) == family.as_ref())
+        .collect()
+}
+
+impl RouterState {
+    fn plan(
+        &mut self,
+        route: &str,
+        needs: &Needs,
+        pin: Option<&str>,
+        now: Instant,
+    ) -> Result<Plan, PlanError> {
+        self.plan_for(route, Purpose::Chat(needs), pin, now)
+    }
+
+    fn plan_for(
+        &mut self,
+        route: &str,
+        purpose: Purpose<'_>,
+        pin: Option<&str>,
+        now: Instant,
+    ) -> Result<Plan, PlanError> {
+        let validations = self.validations.clone();
+        let entry = self
+            .routes
+            .get_mut(route)
+            .ok_or_else(|| PlanError::UnknownRoute(route.to_string()))?;
+        let capable: Vec<(usize, &TargetInfo)> = entry
+            .targets
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.unmet_for(purpose).is_empty())
+            .filter(|(_, t)| pin.is_none_or(|p| p.split_once('/') == Some((&t.provider, &t.model))))
+            // A pinned request (a golden run) may reach an unvalidated target.
+            .filter(|(_, t)| {
+                pin.is_some()
+                    || !(t.downshift && entry.require_validated)
+                    || validations
+                        .routes
+                        .get(route)
+                        .is_some_and(|v| v.validated(&format!("{}/{}", t.provider, t.model)))
+            })
+            .collect();
+        let capable = match purpose {
+            Purpose::Embeddings => embedding_targets(capable, entry.family_failover),
+            Purpose::Chat(_) => capable,
+        };
+        if let Some(p) = pin.filter(|_| capable.is_empty()) {
+            let listed = entry
+                .targets
+                .iter()
+                .any(|t| p.split_once('/') == Some((&t.provider, &t.model)));
+            if !listed {
+                return Err(PlanError::NoCapableTarget {
+                    route: route.to_string(),
+                    missing: vec![format!("target `{p}` (not one of the route's targets)")],
+                });
+            }
+        }
+        if capable.is_empty() {
+            // Name what no target offers.
+            let mut missing: Vec<String> = Vec::new();
+            for t in &entry.targets {
+                for m in t.unmet_for(purpose) {
+                    if !missing.contains(&m) {
+                        missing.push(m);
+                    }
+                }
+            }
+            return Err(PlanError::NoCapableTarget {
+                route: route.to_string(),
+                missing,
+            });
+        }
+        entry.budget.deposit(now);
+        let mut soonest: Option<Duration> = None;
+        let mut live: Vec<(usize, &TargetInfo, Health)> = Vec::new();
+        for (position, t) in capable {
+            let read =
+                |s: &super::provider::ProviderSnapshot| match s.unavailable_for(&t.model, now) {
+                    Some(u) => Err(u),
+                    None => Ok(s.models.get(&t.model).map_or(Health::UNKNOWN, |m| Health {
+                        score: m.score,
+                        evidence: m.evidence,
+                    })),
+                };
+            let health = match self.registry.provider(&t.provider) {
+                Some(p) => match p.runtime.with_snapshot(read) {
+                    Ok(h) => h,
+                    Err(Unavailable::For(d)) => {
+                        soonest = Some(soonest.map_or(d, |s| s.min(d)));
+                        continue;
+                    }
+                    Err(Unavailable::UntilCleared) => continue,
+                },
+                None => Health::UNKNOWN,
+            };
+            live.push((position, t, health));
+        }
+        let bands = bands(&live.iter().map(|(_, _, h)| *h).collect::<Vec<_>>());
+        let best = bands.iter().copied().min().unwrap_or(0);
+        let mut ranked: Vec<((bool, u32, u32, f64), Candidate)> = Vec::new();
+        for ((position, t, _), band) in live.into_iter().zip(bands) {
+            let demoted = band > best;
+            if pin.is_none() {
+                observe_demotion(route, t, demoted, &self.metrics);
+            }
+            // A demoted target keeps a trickle of traffic at its place, so
+            // its recovery (or its breaker's opening) is seen.
+            let band = if demoted && self.rng.random_bool(TRICKLE) {
+                best
+            } else {
+                band
+            };
+            // Efraimidis-Spirakis key: a weighted random order among equals.
+            let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
+            let key = -u.ln() / f64::from(t.weight);
+            ranked.push((
+                (t.downshift, band, t.priority, key),
+                Candidate {
+                    provider: t.provider.clone(),
+                    model: t.model.clone(),
+                    primary: position == 0,
+                    position,
+                    streams: t.capabilities.contains(&Capability::Stream),
+                    downshift: t.downshift,
+                },
+            ));
+        }
+        // With no healthy target the plan is empty: the request goes straight
+        // down the ladder (cache, queue, refuse) with `unavailable_for` as its retry time.
+        let ranked_empty = ranked.is_empty();
+        ranked.sort_by(|(a, _), (b, _)| {
+            a.0.cmp(&b.0)
+                .then(a.1.cmp(&b.1))
+                .then(a.2.cmp(&b.2))
+                .then(a.3.total_cmp(&b.3))
+        });
+        self.metrics
+            .retry_budget_remaining
+            .get_or_create(&RouteLabels {
+                route: route.to_string(),
+            })
+            .set(entry.budget.remaining(now));
+        Ok(Plan {
+            route: route.to_string(),
+            candidates: ranked.into_iter().map(|(_, c)| c).collect(),
+            default_max_tokens: entry.default_max_tokens,
+            service_tier: entry.service_tier.clone(),
+            deadline: entry.deadline,
+            max_attempts: entry.max_attempts,
+            mid_stream: entry.mid_stream,
+            side_effects: entry.side_effects,
+            ladder: entry.ladder.clone(),
+            cache_ttl: entry.cache_ttl,
+            serve_fresh_within: entry.serve_fresh_within,
+            max_tokens_limit: entry.max_tokens_limit,
+            semantic: entry.semantic.clone(),
+            shared_across_tenants: entry.shared_across_tenants,
+            unavailable_for: if ranked_empty { soonest } else { None },
+            fail_closed: entry.fail_closed,
+            cache_affinity: entry.cache_affinity,
+        })
+    }
+}
+
+impl Actor for RouterActor {
+    type Msg = RouterMsg;
+    type State = RouterState;
+    type Arguments = RouterArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let now = Instant::now();
+        Ok(RouterState {
+            routes: build_routes(&args.config, &args.config.retry_budget, now),
+            registry: args.registry,
+            metrics: args.metrics,
+            rng: StdRng::from_os_rng(),
+            validations: Arc::default(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = Instant::now();
+        match message {
+            RouterMsg::Plan {
+                route,
+                needs,
+                pin,
+                reply,
+            } => {
+                let _ = reply.send(state.plan(&route, &needs, pin.as_deref(), now));
+            }
+            RouterMsg::PlanEmbeddings { route, pin, reply } => {
+                let plan = state.plan_for(&route, Purpose::Embeddings, pin.as_deref(), now);
+                let _ = reply.send(plan);
+            }
+            RouterMsg::WithdrawRetry { route, reply } => {
+                let granted = match state.routes.get_mut(&route) {
+                    Some(entry) => {
+                        let granted = entry.budget.try_withdraw(now);
+                        state
+                            .metrics
+                            .retry_budget_remaining
+                            .get_or_create(&RouteLabels {
+                                route: route.clone(),
+                            })
+                            .set(entry.budget.remaining(now));
+                        granted
+                    }
+                    None => false,
+                };
+                let _ = reply.send(granted);
+            }
+            RouterMsg::Served { route, primary } => {
+                if let Some(entry) = state.routes.get_mut(&route) {
+                    entry.served.record(!primary, now);
+                    let rate = entry.served.share(now);
+                    state
+                        .metrics
+                        .failover_rate
+                        .get_or_create(&RouteLabels { route })
+                        .set(rate);
+                }
+            }
+            RouterMsg::Status(reply) => {
+                let mut routes: Vec<RouteStatus> = state
+                    .routes
+                    .iter()
+                    .map(|(name, e)| RouteStatus {
+                        name: name.clone(),
+                        targets: e
+                            .targets
+                            .iter()
+                            .map(|t| format!("{}/{}", t.provider, t.model))
+                            .collect(),
+                        failover_rate: e.served.share(now),
+                        retry_budget_remaining: e.budget.remaining(now),
+                        require_validated: e.require_validated,
+                        validation: state.validations.routes.get(name).cloned(),
+                    })
+                    .collect();
+                routes.sort_by(|a, b| a.name.cmp(&b.name));
+                let _ = reply.send(routes);
+            }
+            RouterMsg::Reload(config) => {
+                let mut fresh = build_routes(&config, &config.retry_budget, now);
+                // Unchanged routes keep their budget and failover window.
+                for (name, entry) in fresh.iter_mut() {
+                    if let Some(old) = state.routes.remove(name) {
+                        entry.budget = old.budget;
+                        entry.served = old.served;
+                    }
+                }
+                state.routes = fresh;
+            }
+            RouterMsg::Validations(records) => state.validations = records,
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config::from_toml_str(
+            r#"
+[[providers]]
+id = "a"
+kind = "openai"
+base_url = "http://127.0.0.1:1/v1"
+  [[providers.models]]
+  name = "small"
+  capabilities = ["chat", "stream"]
+  context_tokens = 8000
+  [[providers.models]]
+  name = "big"
+  capabilities = ["chat", "stream", "tools", "json"]
+  context_tokens = 128000
+[[providers]]
+id = "b"
+kind = "anthropic"
+base_url = "http://127.0.0.1:2/v1"
+  [[providers.models]]
+  name = "claude"
+  capabilities = ["chat", "stream", "tools", "vision"]
+  context_tokens = 200000
+[[routes]]
+name = "chat"
+targets = ["a/small", "a/big", "b/claude"]
+[[routes]]
+name = "spread"
+targets = [{ target = "a/big", priority = 0, weight = 3 }, { target = "b/claude", priority = 0, weight = 1 }]
+[[routes]]
+name = "gated"
+targets = ["b/claude"]
+ladder = ["fallback", "downshift", "refuse"]
+downshift = ["a/small", "a/big"]
+require_validated = true
+"#,
+        )
+        .unwrap()
+    }
+
+    fn state() -> RouterState {
+        let now = Instant::now();
+        let config = config();
+        RouterState {
+            routes: build_routes(&config, &config.retry_budget, now),
+            registry: Arc::new(Registry::default()),
+            metrics: Arc::new(Metrics::new()),
+            rng: StdRng::seed_from_u64(7),
+            validations: Arc::default(),
+        }
+    }
+
+    fn names(p: &Plan) -> Vec<String> {
+        p.candidates
+            .iter()
+            .map(|c| format!("{}/{}", c.provider, c.model))
+            .collect()
+    }
+
+    #[test]
+    fn require_validated_downshifts_only_to_validated_targets_unless_pinned() {
+        use crate::state::validation::record::TargetValidation;
+        let mut s = state();
+        let plan = |s: &mut RouterState, pin: Option<&str>| {
+            names(
+                &s.plan("gated", &Needs::default(), pin, Instant::now())
+                    .unwrap(),
+            )
+        };
+        assert_eq!(plan(&mut s, None), ["b/claude"], "nothing validated yet");
+        let target = TargetValidation::sample;
+        let mut records = Records::default();
+        records.routes.insert(
+            "gated".into(),
+            RouteValidation {
+                route: "gated".into(),
+                validated_unix_ms: 1,
+                set: "s".into(),
+                set_sha256: "0".into(),
+                targets: vec![target("a/small", false), target("a/big", true)],
+            },
+        );
+        s.validations = Arc::new(records);
+        assert_eq!(plan(&mut s, None), ["b/claude", "a/big"]);
+        // A golden run reaches the unvalidated one, and only it.
+        assert_eq!(plan(&mut s, Some("a/small")), ["a/small"]);
+        let e = s
+            .plan("gated", &Needs::default(), Some("b/other"), Instant::now())
+            .unwrap_err();
+        assert!(
+            format!("{e:?}").contains("not one of the route's targets"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn plan_keeps_route_order_and_marks_primary() {
+        let p = state()
+            .plan("chat", &Needs::default(), None, Instant::now())
+            .unwrap();
+        assert_eq!(names(&p), ["a/small", "a/big", "b/claude"]);
+        assert_eq!(p.candidates.iter().filter(|c| c.primary).count(), 1);
+        assert!(p.candidates[0].primary);
+        assert_eq!(p.max_attempts, 3);
+    }
+
+    #[test]
+    fn tools_never_land_on_a_model_without_them() {
+        let needs = Needs {
+            tools: true,
+            ..Needs::default()
+        };
+        let p = state().plan("chat", &needs, None, Instant::now()).unwrap();
+        assert_eq!(names(&p), ["a/big", "b/claude"]);
+        assert!(
+            !p.candidates[0].primary,
+            "the primary was filtered out; the rest is failover traffic"
+        );
+    }
+
+    #[test]
+    fn context_and_vision_filter() {
+        let needs = Needs {
+            vision: true,
+            min_context_tokens: 150_000,
+            ..Needs::default()
+        };
+        let p = state().plan("chat", &needs, None, Instant::now()).unwrap();
+        assert_eq!(names(&p), ["b/claude"]);
+    }
+
+    #[test]
+    fn nothing_capable_fails_closed_naming_what_is_missing() {
+        let mut s = state();
+        let needs = Needs {
+            json: true,
+            vision: true,
+            ..Needs::default()
+        };
+        match s.plan("chat", &needs, None, Instant::now()).unwrap_err() {
+            PlanError::NoCapableTarget { missing, .. } => {
+                assert!(missing.contains(&"json".to_string()));
+                assert!(missing.contains(&"vision".to_string()));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            s.plan("nope", &Needs::default(), None, Instant::now())
+                .unwrap_err(),
+            PlanError::UnknownRoute("nope".into())
+        );
+    }
+
+    #[test]
+    fn equal_priority_targets_share_load_by_weight() {
+        let mut s = state();
+        let mut first_big = 0;
+        for _ in 0..4000 {
+            let p = s
+                .plan("spread", &Needs::default(), None, Instant::now())
+                .unwrap();
+            if p.candidates[0].model == "big" {
+                first_big += 1;
+            }
+        }
+        // weight 3 : 1 -> about 75 % first.
+        assert!((2800..=3200).contains(&first_big), "{first_big}");
+    }
+
+    #[test]
+    fn sparse_evidence_keeps_the_route_order() {
+        let h = |score, evidence| Health { score, evidence };
+        // The primary failed 2 of 4: no evidence, no reordering.
+        assert_eq!(bands(&[h(0.5, false), h(1.0, false)]), [0, 0]);
+        // Only one side has evidence: still the operator's order.
+        assert_eq!(bands(&[h(0.3, true), h(1.0, false)]), [0, 0]);
+        // Both have evidence: the bands apply.
+        assert_eq!(bands(&[h(0.3, true), h(1.0, true)]), [3, 0]);
+        assert_eq!(bands(&[h(0.3, true)]), [0], "alone: nothing to compare");
+    }
+
+    #[test]
+    fn a_demoted_target_keeps_a_trickle_and_is_shown() {
+        let mut s = state();
+        let live = [
+            Health {
+                score: 0.2,
+                evidence: true,
+            },
+            Health {
+                score: 1.0,
+                evidence: true,
+            },
+        ];
+        let b = bands(&live);
+        assert!(b[0] > b[1]);
+        // The trickle: about TRICKLE of plans keep a demoted target in place.
+        let kept = (0..10_000).filter(|_| s.rng.random_bool(TRICKLE)).count();
+        assert!((400..=600).contains(&kept), "{kept}");
+        let t = &s.routes["chat"].targets[0];
+        let metrics = Metrics::new();
+        observe_demotion("chat", t, true, &metrics);
+        assert!(metrics
+            .render()
+            .contains(r#"switchyard_target_demoted{route="chat",provider="a",model="small"} 1"#));
+        observe_demotion("chat", t, false, &metrics);
+        assert!(metrics
+            .render()
+            .contains(r#"switchyard_target_demoted{route="chat",provider="a",model="small"} 0"#));
+    }
+
+    #[test]
+    fn health_bands_treat_near_equal_scores_as_equal() {
+        assert_eq!(band(1.0), band(0.85));
+        assert!(band(0.5) > band(0.95));
+    }
+
+    fn embeddings_state() -> RouterState {
+        let config = Config::from_toml_str(
+            r#"
+[[providers]]
+id = "a"
+kind = "openai"
+base_url = "http://127.0.0.1:1/v1"
+  [[providers.models]]
+  name = "chat-model"
+  [[providers.models]]
+  name = "text-embedding-3-small"
+  capabilities = ["embeddings"]
+[[providers]]
+id = "b"
+kind = "openai"
+base_url = "http://127.0.0.1:2/v1"
+  [[providers.models]]
+  name = "te3-small"
+  capabilities = ["embeddings"]
+  family = "text-embedding-3-small"
+  [[providers.models]]
+  name = "other-embed"
+  capabilities = ["embeddings"]
+[[routes]]
+name = "embed"
+targets = ["a/chat-model", "a/text-embedding-3-small", "b/other-embed", "b/te3-small"]
+[[routes]]
+name = "any"
+targets = ["a/text-embedding-3-small", "b/other-embed"]
+embedding_family_failover = "any"
+[[routes]]
+name = "chat"
+targets = ["a/chat-model"]
+"#,
+        )
+        .unwrap();
+        let now = Instant::now();
+        RouterState {
+            routes: build_routes(&config, &config.retry_budget, now),
+            registry: Arc::new(Registry::default()),
+            metrics: Arc::new(Metrics::new()),
+            rng: StdRng::seed_from_u64(7),
+            validations: Arc::default(),
+        }
+    }
+
+    #[test]
+    fn embeddings_fail_over_only_within_the_first_targets_family() {
+        let mut s = embeddings_state();
+        let mut plan = |route: &str, pin: Option<&str>| {
+            s.plan_for(route, Purpose::Embeddings, pin, Instant::now())
+        };
+        let p = plan("embed", None).unwrap();
+        // The chat model is not a candidate; `b/other-embed` is another
+        // family; `b/te3-small` declares the first target's family.
+        assert_eq!(names(&p), ["a/text-embedding-3-small", "b/te3-small"]);
+        // Numbered among the embeddings targets: the first is the primary.
+        assert!(p.candidates[0].primary && p.candidates[0].position == 0);
+        assert!(!p.candidates[1].primary && p.candidates[1].position == 2);
+        // A route may allow any family.
+        let p = plan("any", None).unwrap();
+        assert_eq!(names(&p), ["a/text-embedding-3-small", "b/other-embed"]);
+        // A pin names its one target, whatever its family.
+        let p = plan("embed", Some("b/other-embed")).unwrap();
+        assert_eq!(names(&p), ["b/other-embed"]);
+        // A route without embeddings targets says what is missing.
+        let e = plan("chat", None).unwrap_err();
+        assert_eq!(
+            e,
+            PlanError::NoCapableTarget {
+                route: "chat".into(),
+                missing: vec!["embeddings".into()],
+            }
+        );
+        // And chat plans never see the embeddings purpose's filter.
+        let p = s
+            .plan("embed", &Needs::default(), None, Instant::now())
+            .unwrap();
+        assert_eq!(p.candidates.len(), 4);
+    }
+}

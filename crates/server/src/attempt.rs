@@ -1,0 +1,539 @@
+//! One upstream attempt: send the request with the permit it was given, read
+//! the body under first-token, idle and overall deadlines, decode it with the
+//! provider kind's [`Wire`] (chosen once; no per-kind branch here), pipe
+//! chunks into the sink as they arrive, and return exactly one classified end. It decides nothing and reports to no actor.
+//! Every byte it holds is bounded: the SSE line and event, the error and
+//! whole bodies, and the output forwarded (a stream that ignores `max_tokens`
+//! is cut as a protocol error, not passed on).
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::time::{timeout_at, Instant};
+
+use crate::chat::FinishReason;
+use crate::policy::outcome::{Failure, OutcomeClass};
+use crate::sink::EventSink;
+use crate::upstream::endpoint::{Endpoint, Secret};
+use crate::upstream::keys::Lease;
+use crate::upstream::wire::{Body, Call, Refused, Wire};
+use crate::upstream::{classify, ChatRequest, Completion, Dropped};
+
+/// Largest error body read from an upstream (the rest is ignored).
+const MAX_ERROR_BODY: usize = 64 * 1024;
+/// Largest non-streamed response body accepted.
+const MAX_BODY: usize = 16 * 1024 * 1024;
+/// Most output one attempt may forward, whatever `max_tokens` says.
+pub const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
+/// Non-empty deltas past `max_tokens` tolerated before a stream is cut: a
+/// tool call's opening and closing fragments may come on their own.
+const DELTA_SLACK: u32 = 8;
+/// Bytes a token may take before a stream counts as past its `max_tokens`
+/// (no tokenizer's tokens come near it; only a runaway stream does).
+const MAX_BYTES_PER_TOKEN: usize = 64;
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptEnd {
+    /// The stream passed its completion predicate.
+    Completed(Completion),
+    /// The upstream failed, classified.
+    Failed(Failure),
+    /// The caller went away; the upstream request was dropped.
+    ClientGone,
+    /// The caller's deadline passed; the upstream request was dropped.
+    DeadlineExceeded,
+}
+
+impl AttemptEnd {
+    /// The class reported to the provider actor.
+    pub fn class(&self) -> OutcomeClass {
+        match self {
+            AttemptEnd::Completed(c) => match c.finish_reason {
+                FinishReason::Refusal | FinishReason::ContentFilter => OutcomeClass::Refusal,
+                _ => OutcomeClass::Ok,
+            },
+            AttemptEnd::Failed(f) => f.class,
+            AttemptEnd::ClientGone | AttemptEnd::DeadlineExceeded => OutcomeClass::Cancelled,
+        }
+    }
+}
+
+/// The end plus what was measured on the way.
+#[derive(Debug, Clone)]
+pub struct AttemptResult {
+    pub end: AttemptEnd,
+    /// Key-local answers on the way (several keys): key name and event.
+    pub key_events: Vec<(String, &'static str)>,
+    /// Time to the first forwarded chunk.
+    pub ttft: Option<Duration>,
+    pub elapsed: Duration,
+    pub upstream_request_id: Option<String>,
+    /// The key (of a provider with several) the upstream answered with.
+    pub key: Option<String>,
+}
+
+/// Everything one attempt needs.
+pub struct AttemptInput<'a> {
+    pub endpoint: &'a Endpoint,
+    /// With `model` set to the target's model.
+    pub chat: &'a ChatRequest,
+    /// The caller's deadline.
+    pub deadline: Instant,
+    /// 1-based attempt number, sent upstream as `x-switchyard-attempt`.
+    pub attempt: u32,
+    /// Send with this key of a provider with several while it is usable
+    /// (prompt-cache affinity).
+    pub key: Option<&'a str>,
+}
+
+/// Which timer fired.
+enum Expired {
+    Deadline,
+    Timeout(&'static str),
+}
+
+fn expired(limit: Instant, deadline: Instant, what: &'static str) -> Expired {
+    if limit >= deadline {
+        Expired::Deadline
+    } else {
+        Expired::Timeout(what)
+    }
+}
+
+/// Runs one attempt to its end.
+pub async fn run(input: AttemptInput<'_>, sink: &mut EventSink) -> AttemptResult {
+    let started = Instant::now();
+    let max_tokens = input.chat.max_tokens;
+    let mut meta = Meta {
+        key_events: Vec::new(),
+        started,
+        ttft: None,
+        upstream_request_id: None,
+        key: None,
+        output: Output {
+            chunks: 0,
+            bytes: 0,
+            max_chunks: max_tokens,
+            max_bytes: max_tokens
+                .map_or(MAX_ANSWER_BYTES, |t| t as usize * MAX_BYTES_PER_TOKEN)
+                .clamp(4096, MAX_ANSWER_BYTES),
+        },
+    };
+    let end = run_inner(&input, sink, &mut meta).await;
+    AttemptResult {
+        end,
+        key_events: meta.key_events,
+        ttft: meta.ttft,
+        elapsed: started.elapsed(),
+        upstream_request_id: meta.upstream_request_id,
+        key: meta.key,
+    }
+}
+
+struct Meta {
+    key_events: Vec<(String, &'static str)>,
+    /// The key the upstream accepted the call with.
+    key: Option<String>,
+    started: Instant,
+    ttft: Option<Duration>,
+    upstream_request_id: Option<String>,
+    output: Output,
+}
+
+/// What the attempt forwarded, against its bounds.
+struct Output {
+    chunks: u32,
+    bytes: usize,
+    /// `max_tokens` as sent: every non-empty delta carries at least one
+    /// token (less a few structural fragments, `DELTA_SLACK`).
+    max_chunks: Option<u32>,
+    max_bytes: usize,
+}
+
+impl Output {
+    /// Counts `chunk`; `Err` when forwarding it would pass a bound.
+    fn admit(&mut self, chunk: &crate::chat::Chunk) -> Result<(), Failure> {
+        let bytes = chunk.output_bytes();
+        if bytes > 0 {
+            self.chunks += 1;
+        }
+        self.bytes += bytes;
+        if let Some(max) = self
+            .max_chunks
+            .filter(|max| self.chunks > max + DELTA_SLACK)
+        {
+            return Err(Failure::new(
+                OutcomeClass::Protocol,
+                format!(
+                    "the upstream sent more than max_tokens ({max}) deltas; the stream was cut"
+                ),
+            ));
+        }
+        if self.bytes > self.max_bytes {
+            return Err(Failure::new(
+                OutcomeClass::Protocol,
+                format!(
+                    "the upstream sent more than {} bytes of output for max_tokens {:?}; the stream was cut",
+                    self.max_bytes, self.max_chunks
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why forwarding stopped.
+enum Forward {
+    ClientGone,
+    /// The output passed its bound; nothing more is forwarded.
+    Cut(Failure),
+}
+
+async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Meta) -> AttemptEnd {
+    let rt = input.endpoint;
+    let wire = rt.kind.wire();
+    let first_limit = (meta.started + rt.first_token_timeout).min(input.deadline);
+    let bearer = match google_token(rt, sink, meta, first_limit).await {
+        Ok(bearer) => bearer,
+        Err(end) => return end,
+    };
+    // The key's lease lives as long as the stream.
+    let (response, _lease) = match send(input, wire, bearer.as_ref(), sink, meta, first_limit).await
+    {
+        Ok(sent) => sent,
+        Err(end) => return end,
+    };
+    // Anthropic and Gemini are always streamed (Anthropic's SDKs refuse long
+    // non-streamed calls); the non-streaming path is OpenAI's.
+    let end = if input.chat.stream || wire.quirks().always_streamed {
+        stream_body(input, wire, response, sink, meta, first_limit).await
+    } else {
+        whole_body(input, wire, response, sink, meta, first_limit).await
+    };
+    match end {
+        AttemptEnd::Failed(f) => AttemptEnd::Failed(passed_on(f, rt, meta)),
+        other => other,
+    }
+}
+
+/// A Google service account's cached OAuth token (fetched once for all
+/// requests); `None` for every other way of signing in.
+async fn google_token(
+    rt: &Endpoint,
+    sink: &mut EventSink,
+    meta: &Meta,
+    first_limit: Instant,
+) -> Result<Option<Secret>, AttemptEnd> {
+    let Some(auth) = &rt.vertex else {
+        return Ok(None);
+    };
+    let token = tokio::select! {
+        _ = sink.closed() => return Err(AttemptEnd::ClientGone),
+        t = auth.token(&rt.http, first_limit) => t,
+    };
+    match token {
+        Ok(t) => Ok(Some(t)),
+        Err(f) => Err(AttemptEnd::Failed(passed_on(f, rt, meta))),
+    }
+}
+
+/// Sends until an upstream answers 2xx: with several keys, a key-local
+/// refusal moves the call to another key. `Err` is how the attempt ended.
+async fn send(
+    input: &AttemptInput<'_>,
+    wire: &dyn Wire,
+    bearer: Option<&Secret>,
+    sink: &mut EventSink,
+    meta: &mut Meta,
+    first_limit: Instant,
+) -> Result<(reqwest::Response, Option<Lease>), AttemptEnd> {
+    let rt = input.endpoint;
+    let mut tried = Vec::new();
+    loop {
+        let lease = match &rt.keys {
+            None => None,
+            Some(pool) => match pool.pick_preferring(Instant::now(), &tried, input.key) {
+                Ok(lease) => Some(lease),
+                Err(f) => return Err(AttemptEnd::Failed(passed_on(f, rt, meta))),
+            },
+        };
+        let key = match (&lease, &rt.keys) {
+            (Some(l), Some(pool)) => Some(&pool.keys[l.index].secret),
+            _ => rt.api_key.as_ref(),
+        };
+        let response = send_once(input, wire, bearer, key, sink, first_limit).await?;
+        meta.upstream_request_id = request_id(response.headers()).map(|id| rt.upstream_id(&id));
+        if response.status().is_success() {
+            if let (Some(l), Some(pool)) = (&lease, &rt.keys) {
+                meta.key = Some(pool.keys[l.index].name.clone());
+            }
+            return Ok((response, lease));
+        }
+        let failure = match failed_response(wire, response, sink, first_limit).await {
+            Ok(end) => return Err(end),
+            Err(f) => f,
+        };
+        if let (Some(l), Some(pool)) = (&lease, &rt.keys) {
+            if let Some(event) =
+                pool.note(l.index, failure.class, failure.retry_after, Instant::now())
+            {
+                let name = pool.keys[l.index].name.clone();
+                tracing::warn!(provider = %rt.id, key = %name, ?event, "key-local refusal: the next key serves");
+                meta.key_events.push((name, event.as_str()));
+                tried.push(l.index);
+                continue;
+            }
+        }
+        return Err(AttemptEnd::Failed(passed_on(failure, rt, meta)));
+    }
+}
+
+/// One request with one key, up to its response headers.
+async fn send_once(
+    input: &AttemptInput<'_>,
+    wire: &dyn Wire,
+    bearer: Option<&Secret>,
+    key: Option<&Secret>,
+    sink: &mut EventSink,
+    first_limit: Instant,
+) -> Result<reqwest::Response, AttemptEnd> {
+    let mut dropped = Dropped::default();
+    let request =
+        build_request(input, wire, bearer, key, &mut dropped).map_err(AttemptEnd::Failed)?;
+    if !dropped.is_empty() {
+        sink.set_dropped(dropped.into_names());
+    }
+    let response = tokio::select! {
+        _ = sink.closed() => return Err(AttemptEnd::ClientGone),
+        r = timeout_at(first_limit, request.send()) => r,
+    };
+    match response {
+        Err(_) => Err(timed_out(expired(
+            first_limit,
+            input.deadline,
+            "no response headers before the first-token timeout",
+        ))),
+        Ok(Err(e)) => Err(AttemptEnd::Failed(classify::classify_transport(&e))),
+        Ok(Ok(r)) => Ok(r),
+    }
+}
+
+/// A non-2xx answer: its classified failure, or how the attempt ended
+/// anyway (the caller left; the wire read an answer, e.g. Azure's content
+/// filter).
+async fn failed_response(
+    wire: &dyn Wire,
+    response: reqwest::Response,
+    sink: &mut EventSink,
+    first_limit: Instant,
+) -> Result<AttemptEnd, Failure> {
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = tokio::select! {
+        _ = sink.closed() => return Ok(AttemptEnd::ClientGone),
+        b = timeout_at(first_limit, read_capped(response, MAX_ERROR_BODY)) => b.unwrap_or_default(),
+    };
+    match wire.refused(status.as_u16(), &headers, &body) {
+        Refused::Answered(completion) => Ok(AttemptEnd::Completed(completion)),
+        Refused::Failed(failure) => Err(failure),
+    }
+}
+
+/// A failure as it may travel on: the request id filled in, the endpoint's
+/// key redacted from anything the upstream wrote, its wait capped.
+fn passed_on(mut f: Failure, rt: &Endpoint, meta: &Meta) -> Failure {
+    f.upstream_request_id = f
+        .upstream_request_id
+        .map(|id| rt.upstream_id(&id))
+        .or_else(|| meta.upstream_request_id.clone());
+    f.message = rt.redact(&f.message);
+    f.retry_after = f.retry_after.map(|d| d.min(rt.max_retry_after));
+    f
+}
+
+fn timed_out(e: Expired) -> AttemptEnd {
+    match e {
+        Expired::Deadline => AttemptEnd::DeadlineExceeded,
+        Expired::Timeout(what) => AttemptEnd::Failed(Failure::new(OutcomeClass::Timeout, what)),
+    }
+}
+
+/// The attempt's HTTP request, and what its wire left out of the caller's.
+fn build_request(
+    input: &AttemptInput<'_>,
+    wire: &dyn Wire,
+    bearer: Option<&Secret>,
+    key: Option<&Secret>,
+    dropped: &mut Dropped,
+) -> Result<reqwest::RequestBuilder, Failure> {
+    let rt = input.endpoint;
+    dropped.door(input.chat);
+    let call = Call {
+        chat: input.chat,
+        endpoint: rt,
+        key: key.map(Secret::expose),
+        bearer: bearer.map(Secret::expose),
+        now: std::time::SystemTime::now(),
+    };
+    let request = wire.request(&call, dropped)?;
+    let builder = rt
+        .http
+        .post(request.url)
+        .headers(request.headers)
+        .header("x-switchyard-attempt", input.attempt.to_string());
+    Ok(match request.body {
+        Body::Json(body) => builder.json(&body),
+        Body::Bytes(body) => builder.body(body),
+    })
+}
+
+fn request_id(headers: &reqwest::header::HeaderMap) -> Option<String> {
+    ["x-request-id", "request-id"]
+        .iter()
+        .find_map(|h| headers.get(*h)?.to_str().ok().map(str::to_string))
+}
+
+pub(crate) async fn read_capped(response: reqwest::Response, cap: usize) -> Vec<u8> {
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(Ok(bytes)) = stream.next().await {
+        let room = cap.saturating_sub(body.len());
+        body.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        if body.len() >= cap {
+            break;
+        }
+    }
+    body
+}
+
+async fn stream_body(
+    input: &AttemptInput<'_>,
+    wire: &dyn Wire,
+    response: reqwest::Response,
+    sink: &mut EventSink,
+    meta: &mut Meta,
+    first_limit: Instant,
+) -> AttemptEnd {
+    let rt = input.endpoint;
+    let mut body = response.bytes_stream();
+    let mut parser = wire.framer();
+    let mut decoder = wire.decoder();
+    let mut events = Vec::new();
+    let mut chunks = Vec::new();
+    let mut last_activity = Instant::now();
+    // One timer for the whole stream, moved as the limit moves.
+    let timer = tokio::time::sleep_until(first_limit);
+    tokio::pin!(timer);
+    loop {
+        let limit = if meta.ttft.is_none() {
+            first_limit
+        } else {
+            (last_activity + rt.idle_timeout).min(input.deadline)
+        };
+        if timer.deadline() != limit {
+            timer.as_mut().reset(limit);
+        }
+        let what = if meta.ttft.is_none() {
+            "no token before the first-token timeout"
+        } else {
+            "stream went idle past the idle timeout"
+        };
+        // Bytes that are already there win over the timer, as they did
+        // inside `timeout_at`.
+        let next = tokio::select! {
+            biased;
+            n = body.next() => Ok(n),
+            _ = &mut timer => Err(()),
+            _ = sink.closed() => return AttemptEnd::ClientGone,
+        };
+        // A line or event past its bound ends the stream, after the events
+        // completed before it are decoded and forwarded (as they would have
+        // been had the bytes arrived in smaller pieces).
+        let (eof, too_large) = match next {
+            Err(_) => return timed_out(expired(limit, input.deadline, what)),
+            Ok(Some(Err(e))) => {
+                let mut f = classify::classify_transport(&e);
+                if f.class == OutcomeClass::Connect || f.class == OutcomeClass::Timeout {
+                    f.class = OutcomeClass::Truncated;
+                }
+                return AttemptEnd::Failed(f);
+            }
+            Ok(Some(Ok(bytes))) => {
+                let parsed = parser.feed(&bytes, &mut events);
+                // Idle is measured in events, not bytes: one byte a second
+                // must not keep a dead stream alive.
+                if !events.is_empty() {
+                    last_activity = Instant::now();
+                }
+                (false, parsed.err())
+            }
+            Ok(None) => (true, parser.finish(&mut events).err()),
+        };
+        for event in events.drain(..) {
+            let decoded = decoder.on_event(&event, &mut chunks);
+            // Forward what the frame carried, even before failing.
+            match forward(&mut chunks, sink, meta).await {
+                Ok(()) => {}
+                Err(Forward::ClientGone) => return AttemptEnd::ClientGone,
+                Err(Forward::Cut(f)) => return AttemptEnd::Failed(f),
+            }
+            if let Err(f) = decoded {
+                return AttemptEnd::Failed(f);
+            }
+        }
+        if let Some(f) = too_large {
+            return AttemptEnd::Failed(f);
+        }
+        if eof {
+            return match decoder.finish() {
+                Ok(c) => AttemptEnd::Completed(c),
+                Err(f) => AttemptEnd::Failed(f),
+            };
+        }
+    }
+}
+
+async fn forward(
+    chunks: &mut Vec<crate::chat::Chunk>,
+    sink: &mut EventSink,
+    meta: &mut Meta,
+) -> Result<(), Forward> {
+    for chunk in chunks.drain(..) {
+        meta.output.admit(&chunk).map_err(Forward::Cut)?;
+        if meta.ttft.is_none() {
+            meta.ttft = Some(meta.started.elapsed());
+        }
+        sink.chunk(chunk).await.map_err(|_| Forward::ClientGone)?;
+    }
+    Ok(())
+}
+
+async fn whole_body(
+    input: &AttemptInput<'_>,
+    wire: &dyn Wire,
+    response: reqwest::Response,
+    sink: &mut EventSink,
+    meta: &mut Meta,
+    first_limit: Instant,
+) -> AttemptEnd {
+    let body = tokio::select! {
+        _ = sink.closed() => return AttemptEnd::ClientGone,
+        b = timeout_at(first_limit, read_capped(response, MAX_BODY)) => b,
+    };
+    let Ok(body) = body else {
+        return timed_out(expired(
+            first_limit,
+            input.deadline,
+            "no complete response before the first-token timeout",
+        ));
+    };
+    match wire.decode_whole(&body) {
+        Ok((mut chunks, completion)) => match forward(&mut chunks, sink, meta).await {
+            Ok(()) => AttemptEnd::Completed(completion),
+            Err(Forward::ClientGone) => AttemptEnd::ClientGone,
+            Err(Forward::Cut(f)) => AttemptEnd::Failed(f),
+        },
+        Err(f) => AttemptEnd::Failed(f),
+    }
+}
