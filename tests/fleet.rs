@@ -155,9 +155,11 @@ async fn a_batch_created_on_one_replica_finishes_and_is_read_on_the_other() {
     let ids = ids.to_str().unwrap();
     let key = ["--api-key", "aaaaaaaaaaaaaaaaaaaaaaaa"];
     batch_phase(&a.sy, "submit", &[&["--out", ids][..], &key[..]].concat()).await;
+    // The log is cleared before the fault: a job the fleet retries the
+    // moment its upstream recovers is served after the clear, never before.
     for r in [&a, &b] {
-        r.mock.set_fault(json!({})).await;
         r.mock.clear().await;
+        r.mock.set_fault(json!({})).await;
     }
     // The file, the batch and its jobs live in Redis: B reads and finishes it.
     batch_phase(&b.sy, "finish", &[&["--ids", ids][..], &key[..]].concat()).await;

@@ -25,7 +25,6 @@ use crate::api::door::{self, HttpState};
 use crate::api::intake::Intake;
 use crate::api::listener;
 use crate::api::router_service::RouterService;
-use crate::api::tls::{self, TlsState};
 use crate::config::AuthMode;
 use crate::config::{Config, ConfigError};
 use crate::proto;
@@ -36,6 +35,7 @@ use crate::state::jobs::Jobs;
 use crate::state::validation::store::ValidationStore;
 use crate::task::{Parts, Tasks};
 use crate::telemetry::metrics::Metrics;
+use crate::tls::{self, TlsState};
 
 /// Starting the service failed.
 #[derive(Debug, thiserror::Error)]
@@ -368,8 +368,13 @@ impl Core {
         let supervisor_done = tokio::spawn(async move {
             let _ = supervisor_handle.await;
         });
+        let router = registry.clone();
         let validations = ValidationStore::open(
-            registry.clone(),
+            Box::new(move |records| {
+                if let Some(router) = router.router() {
+                    let _ = router.cast(crate::actors::router::RouterMsg::Validations(records));
+                }
+            }),
             config.golden.as_ref().map(|g| g.record.clone()),
         )
         .await;

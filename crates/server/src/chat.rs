@@ -453,3 +453,16 @@ pub struct Completion {
     /// The answer's reasoning blocks, whole, with their signatures.
     pub reasoning: Vec<ReasoningBlock>,
 }
+
+/// What a request needs from a target.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Needs {
+    pub tools: bool,
+    pub json: bool,
+    pub vision: bool,
+    /// Documents (PDF).
+    pub pdf: bool,
+    pub reasoning: bool,
+    pub json_schema: bool,
+    pub min_context_tokens: u32,
+}

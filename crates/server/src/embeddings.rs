@@ -2,7 +2,7 @@
 //! and the request task share it: the validated call, its validation
 //! against the limits, and the served answer, which names the model that
 //! served (vectors of different models are not comparable). The call runs
-//! in the request task ([`crate::task`], `Tasks::embed`).
+//! in the request task (`task::Tasks::embed`).
 
 use tokio::time::Instant;
 

@@ -5,7 +5,8 @@
 //! this one does not link.
 //!
 //! The crate map, bottom layer first; each layer depends only on those below
-//! it (DESIGN.md §1). `config`, `error`, `chat` and `job` sit beside the layers.
+//! it (DESIGN.md §1). `config`, `error`, `chat`, `job`, `tls` and
+//! `telemetry` sit beside the layers.
 //!
 //! | layer | modules | owns |
 //! |---|---|---|
@@ -14,9 +15,10 @@
 //! | attempt | [`attempt`], [`sink`] | one upstream attempt with a permit it is given; the event sink to the caller |
 //! | state | [`state`] | stores: one home per store ([`state::cache`], [`state::cost`], [`state::idempotency`], [`state::tenants`], [`state::responses`], [`state::affinity`], [`state::jobs`], [`state::files`], [`state::journal`], [`state::validation`]) with its embedded and Redis implementation and what a Redis outage does to it; the Redis client ([`state::redis`]) |
 //! | actors | [`actors`] | supervisor, provider, router and recovery actors: policy wired to messages; [`actors::client`], the one door the rest of the crate calls them through |
+//! | config in force | [`reload`] | the config in force and its reload (SIGHUP, a change of the file, `Admin.ReloadConfig`), read by the doors |
 //! | request task | [`task`], [`request`], [`semantic`], [`embeddings`] | one per request, a file per step: [`task`] runs it (claim, plan, reserve, the rungs [`policy::ladder`] names, settle), its live walk as [`policy::next`] says, the exact and semantic cache rungs, the queue rung, the bill (an embeddings call: the same walk, no ladder) |
 //! | api | [`api`] | the one intake ([`api::intake`]), gRPC services, the HTTP doors (OpenAI Chat Completions, Responses, embeddings and models; Anthropic Messages; Batch), jobs, the one error table ([`api::errors`]: gRPC, OpenAI and Anthropic envelopes, Admin API) |
-//! | app | [`app`], [`reload`], [`telemetry`] | assembly, config reload, metrics and tracing |
+//! | app | [`app`] | assembly: stores, actors, doors and listeners, started and stopped in order |
 
 pub mod actors;
 pub mod api;
@@ -37,6 +39,7 @@ pub mod sink;
 pub mod state;
 pub mod task;
 pub mod telemetry;
+pub mod tls;
 pub mod upstream;
 
 /// Generated gRPC types and services for `switchyard.v1`.

@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actors::provider::ProviderRuntime;
 use crate::actors::supervisor::{ReloadReport, SupervisorMsg};
-use crate::api::tls::{self, TlsState};
 use crate::config::{Config, ConfigError};
+use crate::tls::{self, TlsState};
 
 /// Re-reads the config file and applies it if valid (SIGHUP, file change,
 /// `Admin.ReloadConfig`). Providers and routes, their policies, budgets and

@@ -8,18 +8,7 @@ use tokio::time::Instant;
 use crate::chat::ChatRequest;
 use crate::state::idempotency::Fingerprint;
 
-/// What a request needs from a target.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Needs {
-    pub tools: bool,
-    pub json: bool,
-    pub vision: bool,
-    /// Documents (PDF).
-    pub pdf: bool,
-    pub reasoning: bool,
-    pub json_schema: bool,
-    pub min_context_tokens: u32,
-}
+pub use crate::chat::Needs;
 
 /// A validated request, ready to route.
 #[derive(Debug, Clone)]

@@ -14,8 +14,8 @@ use super::provider::{Permit, ProviderMsg, Refusal, TrafficClass};
 use super::recovery::RecoveryMsg;
 use super::registry::{ProviderEntry, Registry};
 use super::router::{Plan, RouterMsg};
+use crate::chat::Needs;
 use crate::error::RequestError;
-use crate::request::Needs;
 
 /// How long a request task waits for an actor's reply before treating the
 /// actor as unavailable (it is being restarted).

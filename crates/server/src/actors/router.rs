@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::provider::Unavailable;
 use super::registry::Registry;
+pub use crate::chat::Needs;
 use crate::config::{
     Capability, Config, FamilyFailover, MidStreamPolicy, RetryBudgetConfig, Rung,
     SemanticCacheConfig,
@@ -23,7 +24,6 @@ use crate::config::{
 use crate::policy::budget::RetryBudget;
 use crate::policy::next::RoutePolicy;
 use crate::policy::share::ShareWindow;
-pub use crate::request::Needs;
 use crate::sink::Tier;
 use crate::state::validation::record::{Records, RouteValidation};
 use crate::telemetry::metrics::{Metrics, RouteLabels, RouteTargetLabels};

@@ -20,4 +20,3 @@ pub mod listener;
 pub mod openai;
 pub mod responses;
 pub mod router_service;
-pub mod tls;

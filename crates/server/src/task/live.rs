@@ -161,7 +161,7 @@ impl Tasks {
             .plan
             .service_tier
             .clone()
-            .filter(|t| takes_tier(entry.runtime.kind, t));
+            .filter(|t| entry.runtime.kind.quirks().takes_service_tier(t));
         let result = self
             .send(call, &entry, chat, tried.attempts(), traffic, sink)
             .await;
@@ -523,16 +523,5 @@ fn log_attempt(call: &Call<'_>, attempt: u32, result: &AttemptResult) {
             http_status = f.http_status,
             "attempt failed"
         );
-    }
-}
-
-/// Whether a provider's API takes that service tier value.
-fn takes_tier(kind: crate::upstream::ProviderKind, tier: &str) -> bool {
-    use crate::upstream::ProviderKind as K;
-    match kind {
-        K::Openai => matches!(tier, "auto" | "default" | "flex" | "priority"),
-        K::Anthropic => matches!(tier, "auto" | "standard_only"),
-        // Azure, the cloud hosts and Gemini take no tier.
-        _ => false,
     }
 }

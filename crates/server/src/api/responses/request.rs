@@ -171,49 +171,20 @@ fn opt_f32(body: &Map<String, Value>, key: &str) -> Result<Option<f32>, OpenAiEr
     opt(body, key, "a number", Value::as_f64).map(|n| n.map(|n| n as f32))
 }
 
-/// Parses a Responses API body.
+/// Parses a Responses API body. Fields are checked in a fixed order, so a
+/// body with several faults is always refused for the same one.
 pub(super) fn parse(bytes: &[u8]) -> Result<Ask, OpenAiError> {
-    let body: Map<String, Value> = match serde_json::from_slice(bytes) {
-        Ok(Value::Object(o)) => o,
-        Ok(_) => {
-            return Err(OpenAiError::invalid(
-                "the body must be a JSON object".into(),
-                None,
-            ))
-        }
-        Err(e) => {
-            return Err(OpenAiError::invalid(
-                format!("invalid JSON body: {e}"),
-                None,
-            ))
-        }
-    };
+    let body = object(bytes)?;
     let model = opt_str(&body, "model")?.unwrap_or_default();
     if model.is_empty() {
         return Err(bad("model", "required (a route name)"));
     }
-    for refused in ["prompt", "conversation"] {
-        if body.get(refused).is_some_and(|v| !v.is_null()) {
-            return Err(bad(
-                refused,
-                format_args!("`{refused}` is not supported by Switchyard (stored OpenAI prompts and conversations live at OpenAI); send the input itself, or chain with previous_response_id"),
-            ));
-        }
-    }
+    refuse_stored_at_openai(&body)?;
     let mut dropped = Dropped::default();
     let mut passthrough = Map::new();
     let mut names = ToolNames::new();
     let mut additional = Vec::new();
-    let input = match body.get("input") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(s)) => vec![proto::Message {
-            role: "user".into(),
-            content: s.clone(),
-            ..Default::default()
-        }],
-        Some(Value::Array(items)) => input_items(items, &mut additional, &mut dropped)?,
-        Some(_) => return Err(bad("input", "must be a string or an array of items")),
-    };
+    let input = input_of(&body, &mut additional, &mut dropped)?;
     let previous_response_id = opt_str(&body, "previous_response_id")?;
     if input.is_empty() && previous_response_id.is_none() {
         return Err(bad("input", "required (a string or input items)"));
@@ -223,77 +194,15 @@ pub(super) fn parse(bytes: &[u8]) -> Result<Ask, OpenAiError> {
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return Err(bad("instructions", "must be a string")),
     };
-    let given_tools = match body.get("tools") {
-        None | Some(Value::Null) => &[][..],
-        Some(Value::Array(t)) => t.as_slice(),
-        Some(_) => return Err(bad("tools", "must be an array")),
-    };
-    let mut built_in = Vec::new();
-    let mut tools = tool_list(
-        given_tools,
-        "tools",
-        &mut names,
-        &mut built_in,
-        &mut dropped,
-    )?;
-    for (at, list) in &additional {
-        tools.extend(tool_list(
-            list,
-            at,
-            &mut names,
-            &mut built_in,
-            &mut dropped,
-        )?);
-    }
-    let tool_choice = tool_choice(body.get("tool_choice"), &mut tools, &names, &built_in)?;
-    if let Some((at, kind)) = built_in.first() {
-        if tools.is_empty() {
-            return Err(bad(
-                at,
-                format_args!("`{kind}` is a built-in OpenAI tool Switchyard cannot run (only `function`, `custom` and `namespace` tools)"),
-            ));
-        }
-        for (_, kind) in &built_in {
-            dropped.note(format!("tools.{kind}"));
-        }
-    }
-    let mut seen = std::collections::HashSet::new();
-    for (i, t) in tools.iter().enumerate() {
-        if !seen.insert(t.name.as_str()) {
-            return Err(bad(
-                &format!("tools[{i}].name"),
-                format_args!("`{}` is offered twice", shown(&t.name)),
-            ));
-        }
-    }
+    let (tools, tool_choice) = tools_of(&body, &additional, &mut names, &mut dropped)?;
     let (response_format, json_schema) = text_format(&body, &mut passthrough)?;
     let reasoning = reasoning(&body, &mut dropped)?;
-    let include = match body.get("include") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.as_str().map(str::to_string))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| bad("include", "must be an array of strings"))?,
-        Some(_) => return Err(bad("include", "must be an array of strings")),
-    };
-    for i in &include {
-        if i != "reasoning.encrypted_content" {
-            dropped.note(format!("include.{i}"));
-        }
-    }
+    include_of(&body, &mut dropped)?;
     other_fields(&body, &tools, &mut passthrough, &mut dropped)?;
     let max_output_tokens = opt(&body, "max_output_tokens", "a positive integer", |v| {
         v.as_u64().filter(|n| *n > 0)
     })?;
-    let background = opt_bool(&body, "background")?.unwrap_or(false);
-    let store = opt_bool(&body, "store")?.unwrap_or(true);
-    if background && !store {
-        return Err(bad(
-            "background",
-            "a background response is kept to be polled: it needs `store: true`",
-        ));
-    }
+    let (background, store) = kept(&body)?;
     let stream = opt_bool(&body, "stream")?.unwrap_or(false);
     // Always named: it also binds the tools' `strict` to OpenAI's wire.
     let passthrough = Some(proto::Passthrough {
@@ -326,6 +235,128 @@ pub(super) fn parse(bytes: &[u8]) -> Result<Ask, OpenAiError> {
         background,
         store,
     })
+}
+
+/// The body as a JSON object.
+fn object(bytes: &[u8]) -> Result<Map<String, Value>, OpenAiError> {
+    match serde_json::from_slice(bytes) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(OpenAiError::invalid(
+            "the body must be a JSON object".into(),
+            None,
+        )),
+        Err(e) => Err(OpenAiError::invalid(
+            format!("invalid JSON body: {e}"),
+            None,
+        )),
+    }
+}
+
+/// Stored prompts and conversations live at OpenAI: refused by name.
+fn refuse_stored_at_openai(body: &Map<String, Value>) -> Result<(), OpenAiError> {
+    for refused in ["prompt", "conversation"] {
+        if body.get(refused).is_some_and(|v| !v.is_null()) {
+            return Err(bad(
+                refused,
+                format_args!("`{refused}` is not supported by Switchyard (stored OpenAI prompts and conversations live at OpenAI); send the input itself, or chain with previous_response_id"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `input`: a string (one user message) or input items; Codex's
+/// `additional_tools` items are collected into `additional`.
+fn input_of(
+    body: &Map<String, Value>,
+    additional: &mut Vec<(String, Vec<Value>)>,
+    dropped: &mut Dropped,
+) -> Result<Vec<proto::Message>, OpenAiError> {
+    match body.get("input") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![proto::Message {
+            role: "user".into(),
+            content: s.clone(),
+            ..Default::default()
+        }]),
+        Some(Value::Array(items)) => input_items(items, additional, dropped),
+        Some(_) => Err(bad("input", "must be a string or an array of items")),
+    }
+}
+
+/// `tools` (with the input's `additional_tools`) and `tool_choice`: built-in
+/// OpenAI tools are refused when they are the only tools, and otherwise
+/// left out and named as dropped; a name offered twice is refused.
+fn tools_of(
+    body: &Map<String, Value>,
+    additional: &[(String, Vec<Value>)],
+    names: &mut ToolNames,
+    dropped: &mut Dropped,
+) -> Result<(Vec<proto::Tool>, Option<proto::ToolChoice>), OpenAiError> {
+    let given_tools = match body.get("tools") {
+        None | Some(Value::Null) => &[][..],
+        Some(Value::Array(t)) => t.as_slice(),
+        Some(_) => return Err(bad("tools", "must be an array")),
+    };
+    let mut built_in = Vec::new();
+    let mut tools = tool_list(given_tools, "tools", names, &mut built_in, dropped)?;
+    for (at, list) in additional {
+        tools.extend(tool_list(list, at, names, &mut built_in, dropped)?);
+    }
+    let tool_choice = tool_choice(body.get("tool_choice"), &mut tools, names, &built_in)?;
+    if let Some((at, kind)) = built_in.first() {
+        if tools.is_empty() {
+            return Err(bad(
+                at,
+                format_args!("`{kind}` is a built-in OpenAI tool Switchyard cannot run (only `function`, `custom` and `namespace` tools)"),
+            ));
+        }
+        for (_, kind) in &built_in {
+            dropped.note(format!("tools.{kind}"));
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, t) in tools.iter().enumerate() {
+        if !seen.insert(t.name.as_str()) {
+            return Err(bad(
+                &format!("tools[{i}].name"),
+                format_args!("`{}` is offered twice", shown(&t.name)),
+            ));
+        }
+    }
+    Ok((tools, tool_choice))
+}
+
+/// `include`: encrypted reasoning is kept; anything else is named dropped.
+fn include_of(body: &Map<String, Value>, dropped: &mut Dropped) -> Result<(), OpenAiError> {
+    let include = match body.get("include") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("include", "must be an array of strings"))?,
+        Some(_) => return Err(bad("include", "must be an array of strings")),
+    };
+    for i in &include {
+        if i != "reasoning.encrypted_content" {
+            dropped.note(format!("include.{i}"));
+        }
+    }
+    Ok(())
+}
+
+/// `background` and `store`: a background response needs to be stored.
+fn kept(body: &Map<String, Value>) -> Result<(bool, bool), OpenAiError> {
+    let background = opt_bool(body, "background")?.unwrap_or(false);
+    let store = opt_bool(body, "store")?.unwrap_or(true);
+    if background && !store {
+        return Err(bad(
+            "background",
+            "a background response is kept to be polled: it needs `store: true`",
+        ));
+    }
+    Ok((background, store))
 }
 
 /// The request parameters a response object repeats, with OpenAI's defaults.

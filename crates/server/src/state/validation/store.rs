@@ -1,8 +1,9 @@
 //! The server's copy of the validation records: what `Admin.RecordValidation`
 //! stores (and writes to the `[golden] record` file) and what that file
-//! holds (re-read when it changes, so replicas sharing it agree). Publishes
-//! the records to the router actor on every change and every few seconds,
-//! so a restarted router has them again at once. File I/O runs on the
+//! holds (re-read when it changes, so replicas sharing it agree). Hands
+//! the records to its `publish` function (the app's: a cast to the router
+//! actor) on every change and every few seconds, so a restarted router has
+//! them again at once. File I/O runs on the
 //! blocking pool, never in an actor.
 
 use std::path::PathBuf;
@@ -11,15 +12,16 @@ use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::actors::registry::Registry;
-use crate::actors::router::RouterMsg;
 use crate::state::validation::record::{Records, RouteValidation};
+
+/// Where the records go on every change and every tick (the router actor).
+pub type Publish = Box<dyn Fn(Arc<Records>) + Send + Sync>;
 
 /// How often the record file is looked at and the router reminded.
 const TICK: Duration = Duration::from_secs(2);
 
 pub struct ValidationStore {
-    registry: Arc<Registry>,
+    publish: Publish,
     path: Option<PathBuf>,
     records: Mutex<Arc<Records>>,
     /// The file's modification time when last read.
@@ -29,9 +31,9 @@ pub struct ValidationStore {
 impl ValidationStore {
     /// Reads the record file, if one is configured (a broken file is
     /// logged and treated as empty: no target counts as validated).
-    pub async fn open(registry: Arc<Registry>, path: Option<PathBuf>) -> Arc<Self> {
+    pub async fn open(publish: Publish, path: Option<PathBuf>) -> Arc<Self> {
         let store = Arc::new(ValidationStore {
-            registry,
+            publish,
             path,
             records: Mutex::default(),
             seen: Mutex::default(),
@@ -81,9 +83,7 @@ impl ValidationStore {
     }
 
     fn publish(&self) {
-        if let Some(router) = self.registry.router() {
-            let _ = router.cast(RouterMsg::Validations(self.current()));
-        }
+        (self.publish)(self.current());
     }
 
     /// Re-reads the file if it changed since the last read (one trip to
@@ -147,7 +147,7 @@ mod tests {
     async fn records_reach_the_file_and_the_file_wins_unless_broken() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("golden.json");
-        let store = ValidationStore::open(Arc::new(Registry::default()), Some(path.clone())).await;
+        let store = ValidationStore::open(Box::new(|_| {}), Some(path.clone())).await;
         assert!(store.current().routes.is_empty());
         assert!(store.record(route("a", "p/m")).await.unwrap(), "persisted");
         assert!(Records::load(&path).unwrap().routes["a"].validated("p/m"));
@@ -165,7 +165,7 @@ mod tests {
         store.reread().await;
         assert!(store.current().routes.contains_key("b"));
         // Without a file, records live in memory only.
-        let memory = ValidationStore::open(Arc::new(Registry::default()), None).await;
+        let memory = ValidationStore::open(Box::new(|_| {}), None).await;
         assert!(!memory.record(route("a", "p/m")).await.unwrap());
         assert!(memory.current().routes["a"].validated("p/m"));
     }

@@ -2,6 +2,7 @@
 //! client CA are read from their PEM files at start and again at every config
 //! reload, and new connections use whatever is current (open ones keep theirs).
 //! With `client_ca`, callers must present a certificate signed by it.
+//! Beside `config`, below the doors and the reloader that both use it.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -11,14 +12,13 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use super::listener::Capped;
 use crate::config::TlsConfig;
 
 /// Reads the PEM files into a server config (h2 only).
@@ -93,11 +93,14 @@ impl TlsState {
 
 /// Completes each accepted connection's handshake in its own task (a slow or
 /// failed handshake holds up no one) and yields TLS streams.
-pub fn incoming(
-    accepted: impl Stream<Item = std::io::Result<Capped<TcpStream>>> + Send + 'static,
+pub fn incoming<S>(
+    accepted: impl Stream<Item = std::io::Result<S>> + Send + 'static,
     tls: Arc<TlsState>,
     stop: CancellationToken,
-) -> ReceiverStream<Result<TlsStream<Capped<TcpStream>>, std::io::Error>> {
+) -> ReceiverStream<Result<TlsStream<S>, std::io::Error>>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let mut accepted = std::pin::pin!(accepted);
