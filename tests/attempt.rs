@@ -75,7 +75,7 @@ async fn attempt_for(
     let ep = endpoint(mock);
     let (tx, rx) = mpsc::channel(64);
     let mut rx = caller_stays.then_some(rx);
-    let mut sink = EventSink::new(tx, false);
+    let mut sink = EventSink::new(tx, switchyard::sink::Delivery::Resettable);
     sink.begin_attempt(Started {
         provider: "p".into(),
         model: "m".into(),
@@ -83,6 +83,7 @@ async fn attempt_for(
         tier: Tier::Primary,
         request_id: "r".into(),
         dropped: Vec::new(),
+        resume_token: None,
     });
     let chat = chat();
     let result = run(
@@ -97,7 +98,7 @@ async fn attempt_for(
     )
     .await;
     let mut events = Vec::new();
-    while let Some(Ok(Ok(e))) = rx.as_mut().map(|rx| rx.try_recv()) {
+    while let Some(Ok((_, Ok(e)))) = rx.as_mut().map(|rx| rx.try_recv()) {
         events.push(e);
     }
     (result, sink, events)

@@ -437,9 +437,11 @@ async fn bearer_auth_is_the_grpc_auth() {
 }
 
 #[tokio::test]
-async fn a_reset_route_still_ends_the_http_stream_with_an_error() {
+async fn a_reset_route_ends_the_http_stream_with_an_error_and_sends_no_second_attempt() {
     // OpenAI clients cannot discard output: `mid_stream = "reset"` ends the
-    // stream with an error frame, like `fail`, instead of restarting it.
+    // stream with an error frame, like `fail`, and the request task stops
+    // there (the ladder knows the caller cannot take a `Reset`): no attempt
+    // is sent whose output nobody could read.
     let f = front_with("", "mid_stream = \"reset\"", &[], &[]).await;
     f.a.set_fault(json!({"type": "abort", "after_tokens": 3}))
         .await;
@@ -458,10 +460,15 @@ async fn a_reset_route_still_ends_the_http_stream_with_an_error() {
     assert_eq!(text, "tok0 tok1 tok2 ", "only the first attempt's output");
     let last: Value = serde_json::from_str(fr.last().unwrap()).unwrap();
     assert_eq!(last["error"]["code"], "UPSTREAM_STREAM_TRUNCATED", "{body}");
-    assert!(last["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("discarded"));
+    let message = last["error"]["message"].as_str().unwrap();
+    assert!(message.contains("primary"), "{message}");
+    assert!(message.contains("must be discarded"), "{message}");
+    assert_eq!(f.a.requests().await.len(), 1);
+    assert_eq!(
+        f.b.requests().await.len(),
+        0,
+        "the secondary was never asked for an answer nobody could read"
+    );
 
     // A unary caller never saw the partial output: it gets the secondary's answer.
     let r = f.post(hello(false)).await;
@@ -470,6 +477,7 @@ async fn a_reset_route_still_ends_the_http_stream_with_an_error() {
         header(&r, "x-switchyard-served-by"),
         "secondary/claude-sonnet-4-5"
     );
+    assert_eq!(f.b.requests().await.len(), 1);
 }
 
 #[tokio::test]

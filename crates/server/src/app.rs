@@ -333,6 +333,8 @@ impl Core {
             backoff: config.backoff.clone(),
             default_deadline: config.server.default_deadline,
             jobs: jobs.clone(),
+            journal: stores.journal.clone(),
+            journal_lease: config.state.lease,
         }));
         let intake = Intake::new(
             tasks.clone(),

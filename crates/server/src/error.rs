@@ -47,7 +47,7 @@ pub enum RequestError {
         attempts: u32,
     },
     /// The serving upstream failed after output reached the caller.
-    #[error("stream from {provider} failed after {tokens_emitted} chunk(s): {}: {}", failure.class, failure.message)]
+    #[error("stream from {provider} failed after {tokens_emitted} chunk(s): {}: {}; the partial output is incomplete and must be discarded", failure.class, failure.message)]
     MidStream {
         failure: Failure,
         provider: String,
@@ -127,6 +127,30 @@ pub enum RequestError {
         held: u64,
         max: u64,
     },
+    /// No stream of this tenant has that resume token (or it expired long ago).
+    #[error("no stream of this tenant has that resume token")]
+    ResumeNotFound,
+    /// The stream's journal lived out `resume.ttl` after its last event.
+    #[error("the stream's journal expired (resume.ttl after its last event)")]
+    ResumeExpired,
+    /// The stream passed a journal bound: it holds nothing to resume.
+    #[error("the stream is not resumable: it passed {0}")]
+    NotResumable(&'static str),
+    /// The stream's writer is gone (its replica died) before it finished.
+    #[error("the stream's replica stopped before it finished; it cannot be resumed")]
+    ResumeOwnerGone,
+    /// The caller hung up and its stream was cancelled (`on_caller_gone =
+    /// "cancel"`): what a reconnect to it learns.
+    #[error("the stream was cancelled when its caller hung up (on_caller_gone = \"cancel\"; send an idempotency key, or set \"finish\", to have it complete)")]
+    CallerGone,
+    /// How a journaled stream ended, replayed to a resumed caller: the row's
+    /// reason, the message and the retry hint it was first told with.
+    #[error("{message}")]
+    Journaled {
+        reason: String,
+        message: String,
+        retry_after: Option<Duration>,
+    },
 }
 
 impl RequestError {
@@ -149,6 +173,7 @@ impl RequestError {
             RequestError::Draining | RequestError::StateUnavailable(_) => {
                 Some(Duration::from_secs(1))
             }
+            RequestError::Journaled { retry_after, .. } => *retry_after,
             _ => None,
         }
     }

@@ -30,6 +30,9 @@ pub struct RequestSpec {
     pub from_queue: bool,
     /// Only this `provider/model` target of the route may serve.
     pub pin: Option<String>,
+    /// A reconnect of the idempotency key's stream: the caller holds its
+    /// items up to this one (`resume_after_seq`, the HTTP `Last-Event-ID`).
+    pub resume_after: Option<u64>,
 }
 
 /// Who a stored answer belongs to.
@@ -241,6 +244,7 @@ mod tests {
             source: None,
             from_queue: false,
             pin: None,
+            resume_after: None,
         }
     }
 

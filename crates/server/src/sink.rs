@@ -3,8 +3,11 @@
 //! failure before it stays invisible and can fail over), knows whether output
 //! was committed, notices when the caller went away, and gives up on a caller
 //! that stops reading (the request's deadline and `server.send_timeout` bound
-//! every send), so a slow consumer never holds a provider permit. `Events` is
-//! the door's end: it never ends without a terminal item.
+//! every send), so a slow consumer never holds a provider permit. It numbers
+//! every item it sends (`seq`, from 1) and, for a journaled stream, writes
+//! each one to its [`Tee`] first, so a caller can resume the stream from any
+//! item it holds. `Events` is the door's end: it never ends without a
+//! terminal item, and tells each item's number.
 
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -55,6 +58,9 @@ pub struct Started {
     /// What the target's wire could not carry and was left out.
     #[serde(default)]
     pub dropped: Vec<String>,
+    /// The stream's resume token, stamped by a journaled stream's sink.
+    #[serde(default)]
+    pub resume_token: Option<String>,
 }
 
 /// The last event of a served request.
@@ -87,6 +93,9 @@ pub struct Finished {
     /// What the serving attempt's wire left out.
     #[serde(default)]
     pub dropped: Vec<String>,
+    /// The whole stream is in its journal (stamped by the sink).
+    #[serde(default)]
+    pub resumable: bool,
 }
 
 /// What flows to the caller, in order: `Started`, chunks, then `Finished`
@@ -117,6 +126,20 @@ pub struct QueuedJob {
 /// One item of the channel: an event, or the terminal error.
 pub type Item = Result<Event, RequestError>;
 
+/// Where a journaled stream's items are written too, before the caller gets
+/// them, so the caller can resume from any item it holds (`task::journal`
+/// writes them to the resume journal).
+pub trait Tee: Send + Sync {
+    /// The resume token callers name the stream by.
+    fn token(&self) -> &str;
+    /// Writes item `seq`; the stream's last is `Finished`, `Queued` or an
+    /// error. A failed write leaves the stream unresumable, never stalled.
+    fn write<'a>(&'a mut self, seq: u64, item: &'a Item)
+        -> futures_util::future::BoxFuture<'a, ()>;
+    /// Every item so far was stored: a reconnect gets the whole stream.
+    fn whole(&self) -> bool;
+}
+
 /// The caller hung up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientGone;
@@ -128,7 +151,7 @@ type Abandoned = Arc<OnceLock<RequestError>>;
 /// The request task's side of the channel.
 pub struct EventSink {
     /// `None` for a sink that discards everything (synthetic probes).
-    tx: Option<mpsc::Sender<Item>>,
+    tx: Option<mpsc::Sender<(u64, Item)>>,
     /// Set once the sink gave up on the caller; every later send fails.
     abandoned: Abandoned,
     /// The request's deadline: no send waits past it.
@@ -148,14 +171,22 @@ pub struct EventSink {
     committed: bool,
     /// Characters of output forwarded in the current attempt (usage estimates).
     attempt_chars: usize,
-    /// The caller buffers the whole answer (unary): partial output can be
-    /// discarded with a `Reset`, so nothing is ever committed.
-    buffered: bool,
+    /// How the caller takes the answer.
+    delivery: Delivery,
     /// Events of the current answer, kept for the idempotency record and cache.
     recording: Option<Vec<Event>>,
     /// Called with the recorded answer just before `Finished` is sent, so a
     /// duplicate arriving right after the caller's answer already finds it.
     on_finish: Option<FinishHook>,
+    /// The number of the last item sent (the first is 1).
+    seq: u64,
+    /// The stream's journal, when it has one.
+    tee: Option<Box<dyn Tee>>,
+    /// The caller hanging up does not end the request: the answer completes
+    /// into the journal (`on_caller_gone = "finish"`, with a tee only).
+    finish_when_gone: bool,
+    /// The stream's last item (`Finished`, `Queued`, an error) was sent.
+    ended: bool,
 }
 
 /// Stores a finished answer (idempotency record, response cache).
@@ -166,9 +197,13 @@ pub type FinishHook =
 /// in order and, if the task gave up on this caller (it stopped reading past
 /// the deadline or `server.send_timeout`), that error last.
 pub struct Events {
-    rx: mpsc::Receiver<Item>,
+    rx: mpsc::Receiver<(u64, Item)>,
     abandoned: Abandoned,
     ended: bool,
+    /// The number of the last item returned.
+    seq: u64,
+    /// A reconnect: the caller holds the items up to this one.
+    after: u64,
 }
 
 impl Events {
@@ -176,13 +211,37 @@ impl Events {
         std::future::poll_fn(|cx| self.poll_recv(cx)).await
     }
 
+    /// The number of the item `recv` returned last (`CompletionEvent.seq`,
+    /// the SSE `id`): the same on a resumed stream.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Marks a reconnect whose caller holds the items up to `after`: its
+    /// door sends only what follows (an SSE door still reads the rest, to
+    /// frame what follows as the first stream did).
+    pub fn resumed_after(&mut self, after: u64) {
+        self.after = after;
+    }
+
+    /// The item the reconnecting caller holds up to (0 for a new stream).
+    pub fn after(&self) -> u64 {
+        self.after
+    }
+
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Item>> {
         match self.rx.poll_recv(cx) {
+            Poll::Ready(Some((seq, item))) => {
+                self.seq = seq;
+                Poll::Ready(Some(item))
+            }
             Poll::Ready(None) if !self.ended => {
                 self.ended = true;
+                self.seq += 1;
                 Poll::Ready(self.abandoned.get().cloned().map(Err))
             }
-            other => other,
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -217,11 +276,25 @@ impl Default for SendLimits {
     }
 }
 
+/// How a caller takes its answer, which decides what a failure after
+/// output may still do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// One assembled answer (unary, non-streaming HTTP, jobs): partial
+    /// output is discarded with a `Reset`, so nothing is ever committed.
+    Buffered,
+    /// A stream whose client discards what it holds on a `Reset` (gRPC).
+    Resettable,
+    /// A stream whose client cannot discard what it holds (the HTTP doors'
+    /// SSE): once output is out, a failed attempt ends the stream.
+    Final,
+}
+
 /// A request's channel: the task's sink and the door's events.
-pub fn channel(limits: SendLimits, buffered: bool) -> (EventSink, Events) {
+pub fn channel(limits: SendLimits, delivery: Delivery) -> (EventSink, Events) {
     let (tx, rx) = mpsc::channel(limits.buffer.max(1));
     let abandoned = Abandoned::default();
-    let mut sink = EventSink::new(tx, buffered);
+    let mut sink = EventSink::new(tx, delivery);
     sink.abandoned = abandoned.clone();
     sink.send_timeout = limits.send_timeout;
     sink.max_recorded_bytes = limits.max_recorded_bytes;
@@ -229,22 +302,24 @@ pub fn channel(limits: SendLimits, buffered: bool) -> (EventSink, Events) {
         rx,
         abandoned,
         ended: false,
+        seq: 0,
+        after: 0,
     };
     (sink, events)
 }
 
 impl EventSink {
-    pub fn new(tx: mpsc::Sender<Item>, buffered: bool) -> Self {
-        Self::with(Some(tx), buffered)
+    pub fn new(tx: mpsc::Sender<(u64, Item)>, delivery: Delivery) -> Self {
+        Self::with(Some(tx), delivery)
     }
 
     /// A sink with no caller behind it: output is counted and dropped, and it
     /// never reports the caller gone.
     pub fn discard() -> Self {
-        Self::with(None, true)
+        Self::with(None, Delivery::Buffered)
     }
 
-    fn with(tx: Option<mpsc::Sender<Item>>, buffered: bool) -> Self {
+    fn with(tx: Option<mpsc::Sender<(u64, Item)>>, delivery: Delivery) -> Self {
         let limits = SendLimits::default();
         EventSink {
             tx,
@@ -258,10 +333,51 @@ impl EventSink {
             attempt_chunks: 0,
             committed: false,
             attempt_chars: 0,
-            buffered,
+            delivery,
             recording: None,
             on_finish: None,
+            seq: 0,
+            tee: None,
+            finish_when_gone: false,
+            ended: false,
         }
+    }
+
+    /// Ends a journaled stream that stopped without its last item (its
+    /// caller hung up and the request was cancelled): the journal says so,
+    /// so a reconnect learns it at once instead of waiting on a lease.
+    pub async fn close(&mut self) {
+        if self.ended {
+            return;
+        }
+        if let Some(tee) = &mut self.tee {
+            self.ended = true;
+            self.seq += 1;
+            tee.write(self.seq, &Err(RequestError::CallerGone)).await;
+        }
+    }
+
+    /// Writes every item to `tee` too (a journaled stream); with
+    /// `finish_when_gone`, the caller hanging up no longer ends the request.
+    pub fn set_tee(&mut self, tee: Box<dyn Tee>, finish_when_gone: bool) {
+        self.tee = Some(tee);
+        self.finish_when_gone = finish_when_gone;
+    }
+
+    /// Whether the caller hanging up lets the request finish into its
+    /// journal (the route's `on_caller_gone`; only a journaled stream can).
+    pub fn finish_when_gone(&mut self, finish: bool) {
+        self.finish_when_gone = finish;
+    }
+
+    /// The stream's resume token, when it is journaled.
+    pub fn resume_token(&self) -> Option<&str> {
+        self.tee.as_deref().map(Tee::token)
+    }
+
+    /// The request runs on without its caller (into the journal).
+    fn detached_when_gone(&self) -> bool {
+        self.finish_when_gone && self.tee.is_some()
     }
 
     /// No send waits past `deadline` (the whole request's).
@@ -338,6 +454,13 @@ impl EventSink {
         self.send(event).await
     }
 
+    /// Sends a journaled item under its own number (a resumed stream):
+    /// nothing is recorded, stamped or journaled again.
+    pub async fn forward(&mut self, seq: u64, item: Item) -> Result<(), ClientGone> {
+        self.seq = seq;
+        self.deliver(item).await
+    }
+
     /// Answers with a job instead of tokens (the `queue` rung).
     pub async fn queued(&mut self, job: QueuedJob) -> Result<(), ClientGone> {
         self.pending_start = None;
@@ -350,9 +473,19 @@ impl EventSink {
         if self.abandoned.get().is_some() {
             return;
         }
+        self.seq += 1;
+        self.ended = true;
+        let item = Err(error);
+        if let Some(tee) = &mut self.tee {
+            tee.write(self.seq, &item).await;
+        }
         if let Some(tx) = &self.tx {
-            if let Err(SendFailed::GaveUp(_)) = self.bounded(tx.send(Err(error.clone()))).await {
-                let _ = self.abandoned.set(error);
+            if let Err(SendFailed::GaveUp(_)) =
+                self.bounded(tx.send((self.seq, item.clone()))).await
+            {
+                if let Err(error) = item {
+                    let _ = self.abandoned.set(error);
+                }
             }
         }
     }
@@ -360,7 +493,13 @@ impl EventSink {
     /// Output of the current attempt reached a streaming caller: the attempt
     /// can no longer be replaced transparently.
     pub fn committed(&self) -> bool {
-        !self.buffered && self.committed
+        self.delivery != Delivery::Buffered && self.committed
+    }
+
+    /// The caller can discard output it holds, so a failed attempt may be
+    /// replaced after a `Reset` (`mid_stream = "reset"`).
+    pub fn can_reset(&self) -> bool {
+        self.delivery != Delivery::Final
     }
 
     /// Some output of the current attempt was forwarded.
@@ -378,6 +517,9 @@ impl EventSink {
 
     /// Resolves when the caller has gone away (or was given up on).
     pub async fn closed(&self) {
+        if self.detached_when_gone() {
+            return std::future::pending().await;
+        }
         if self.abandoned.get().is_some() {
             return;
         }
@@ -388,6 +530,9 @@ impl EventSink {
     }
 
     pub fn is_closed(&self) -> bool {
+        if self.detached_when_gone() {
+            return false;
+        }
         self.abandoned.get().is_some() || self.tx.as_ref().is_some_and(|tx| tx.is_closed())
     }
 
@@ -414,9 +559,16 @@ impl EventSink {
         }
     }
 
-    async fn send(&mut self, event: Event) -> Result<(), ClientGone> {
+    async fn send(&mut self, mut event: Event) -> Result<(), ClientGone> {
         if self.abandoned.get().is_some() {
             return Err(ClientGone);
+        }
+        if let Some(tee) = &self.tee {
+            match &mut event {
+                Event::Started(s) => s.resume_token = Some(tee.token().to_string()),
+                Event::Finished(f) => f.resumable = tee.whole(),
+                _ => {}
+            }
         }
         if let Some(recording) = &mut self.recording {
             if matches!(event, Event::Reset { .. }) {
@@ -440,19 +592,33 @@ impl EventSink {
                 }
             }
         }
+        self.seq += 1;
+        self.ended |= matches!(event, Event::Finished(_) | Event::Queued(_));
+        let item = Ok(event);
+        if let Some(tee) = &mut self.tee {
+            tee.write(self.seq, &item).await;
+        }
+        self.deliver(item).await
+    }
+
+    /// Hands item `self.seq` to the caller, bounded.
+    async fn deliver(&mut self, item: Item) -> Result<(), ClientGone> {
+        if self.abandoned.get().is_some() {
+            return Err(ClientGone);
+        }
         if let Some(tx) = &self.tx {
             // Room now (the common case): no timer at all.
-            let event = match tx.try_send(Ok(event)) {
+            let sent = match tx.try_send((self.seq, item)) {
                 Ok(()) => {
                     self.committed = true;
                     return Ok(());
                 }
-                Err(mpsc::error::TrySendError::Closed(_)) => return Err(ClientGone),
-                Err(mpsc::error::TrySendError::Full(event)) => event,
+                Err(mpsc::error::TrySendError::Closed(_)) => return self.gone(),
+                Err(mpsc::error::TrySendError::Full(sent)) => sent,
             };
-            match self.bounded(tx.send(event)).await {
+            match self.bounded(tx.send(sent)).await {
                 Ok(()) => {}
-                Err(SendFailed::Gone) => return Err(ClientGone),
+                Err(SendFailed::Gone) => return self.gone(),
                 Err(SendFailed::GaveUp(e)) => {
                     tracing::warn!(error = %e, "the caller stopped reading; the request is dropped");
                     let _ = self.abandoned.set(e);
@@ -462,6 +628,18 @@ impl EventSink {
         }
         self.committed = true;
         Ok(())
+    }
+
+    /// The caller hung up: the request ends, unless it finishes into its
+    /// journal (then nothing more is sent to the caller).
+    fn gone(&mut self) -> Result<(), ClientGone> {
+        if self.detached_when_gone() {
+            if self.tx.take().is_some() {
+                tracing::info!("the caller hung up: the answer completes into its journal");
+            }
+            return Ok(());
+        }
+        Err(ClientGone)
     }
 }
 
@@ -507,6 +685,7 @@ mod tests {
             tier: Tier::Primary,
             request_id: "r".into(),
             dropped: Vec::new(),
+            resume_token: None,
         }
     }
 
@@ -528,12 +707,13 @@ mod tests {
             service_tier: None,
             reasoning: Vec::new(),
             dropped: Vec::new(),
+            resumable: false,
         }
     }
 
-    fn drain(rx: &mut mpsc::Receiver<Item>) -> Vec<Event> {
+    fn drain(rx: &mut mpsc::Receiver<(u64, Item)>) -> Vec<Event> {
         let mut out = Vec::new();
-        while let Ok(item) = rx.try_recv() {
+        while let Ok((_, item)) = rx.try_recv() {
             out.push(item.unwrap());
         }
         out
@@ -542,7 +722,7 @@ mod tests {
     #[tokio::test]
     async fn started_waits_for_the_first_chunk_so_a_failed_attempt_is_invisible() {
         let (tx, mut rx) = mpsc::channel(16);
-        let mut sink = EventSink::new(tx, false);
+        let mut sink = EventSink::new(tx, Delivery::Resettable);
         sink.begin_attempt(started(1));
         assert!(drain(&mut rx).is_empty(), "nothing before the first chunk");
         assert!(!sink.committed() && !sink.attempt_had_output());
@@ -559,7 +739,7 @@ mod tests {
     #[tokio::test]
     async fn a_buffered_caller_is_never_committed() {
         let (tx, _rx) = mpsc::channel(16);
-        let mut sink = EventSink::new(tx, true);
+        let mut sink = EventSink::new(tx, Delivery::Buffered);
         sink.begin_attempt(started(1));
         sink.chunk(Chunk::Text("partial".into())).await.unwrap();
         assert!(!sink.committed(), "a unary caller can still be failed over");
@@ -570,7 +750,7 @@ mod tests {
     async fn the_recording_restarts_at_a_reset_and_is_stored_before_finished() {
         let (tx, rx) = mpsc::channel(16);
         let rx = Arc::new(Mutex::new(rx));
-        let mut sink = EventSink::new(tx, false);
+        let mut sink = EventSink::new(tx, Delivery::Resettable);
         // (what was stored, what the caller held at that moment)
         type Seen = Option<(Vec<Event>, Vec<Event>)>;
         let stored: Arc<Mutex<Seen>> = Arc::default();
@@ -608,7 +788,7 @@ mod tests {
             send_timeout: Duration::from_secs(10),
             max_recorded_bytes: 1 << 20,
         };
-        let (mut sink, mut events) = channel(limits, false);
+        let (mut sink, mut events) = channel(limits, Delivery::Resettable);
         sink.set_deadline(Instant::now() + Duration::from_secs(60));
         sink.begin_attempt(started(1));
         sink.chunk(Chunk::Text("a".into())).await.unwrap(); // Started + chunk fill the buffer
@@ -642,7 +822,7 @@ mod tests {
             buffer: 1,
             ..SendLimits::default()
         };
-        let (mut sink, mut events) = channel(limits, false);
+        let (mut sink, mut events) = channel(limits, Delivery::Resettable);
         sink.set_deadline(Instant::now() + Duration::from_secs(2));
         sink.begin_attempt(started(1));
         let t0 = Instant::now();
@@ -655,7 +835,7 @@ mod tests {
             Some(Err(RequestError::DeadlineExceeded { .. }))
         ));
         // A task that ends normally adds nothing after its last item.
-        let (mut sink, mut events) = channel(SendLimits::default(), false);
+        let (mut sink, mut events) = channel(SendLimits::default(), Delivery::Resettable);
         sink.fail(RequestError::Draining).await;
         drop(sink);
         assert_eq!(events.recv().await, Some(Err(RequestError::Draining)));
@@ -668,7 +848,7 @@ mod tests {
             max_recorded_bytes: 1000,
             ..SendLimits::default()
         };
-        let (mut sink, mut events) = channel(limits, false);
+        let (mut sink, mut events) = channel(limits, Delivery::Resettable);
         let kept = Arc::new(Mutex::new(false));
         let flag = kept.clone();
         sink.record(Box::new(move |_| {
@@ -687,10 +867,135 @@ mod tests {
         assert!(!*kept.lock().unwrap(), "2 KB recorded against a 1 KB bound");
     }
 
+    /// A tee that keeps what it is given, and can be told it is full.
+    struct Kept {
+        items: Arc<Mutex<Vec<(u64, Item)>>>,
+        room: usize,
+    }
+
+    impl Tee for Kept {
+        fn token(&self) -> &str {
+            "tok"
+        }
+        fn write<'a>(
+            &'a mut self,
+            seq: u64,
+            item: &'a Item,
+        ) -> futures_util::future::BoxFuture<'a, ()> {
+            let mut items = self.items.lock().unwrap();
+            if items.len() < self.room {
+                items.push((seq, item.clone()));
+            }
+            Box::pin(async {})
+        }
+        fn whole(&self) -> bool {
+            self.items.lock().unwrap().len() < self.room
+        }
+    }
+
+    #[tokio::test]
+    async fn items_are_numbered_from_one_and_journaled_before_the_caller_gets_them() {
+        let (mut sink, mut events) = channel(SendLimits::default(), Delivery::Final);
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        sink.set_tee(
+            Box::new(Kept {
+                items: kept.clone(),
+                room: 10,
+            }),
+            false,
+        );
+        assert_eq!(sink.resume_token(), Some("tok"));
+        sink.begin_attempt(started(1));
+        sink.chunk(Chunk::Text("a".into())).await.unwrap();
+        sink.chunk(Chunk::Text("b".into())).await.unwrap();
+        sink.finish(finished()).await.unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let item = events.recv().await.unwrap().unwrap();
+            seen.push((events.seq(), item));
+        }
+        assert_eq!(
+            seen.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+            [1, 2, 3, 4]
+        );
+        assert!(
+            matches!(&seen[0].1, Event::Started(s) if s.resume_token.as_deref() == Some("tok")),
+            "Started names the journal"
+        );
+        assert!(matches!(&seen[3].1, Event::Finished(f) if f.resumable));
+        let kept = kept.lock().unwrap();
+        assert_eq!(kept.len(), 4);
+        assert_eq!(
+            kept.iter()
+                .map(|(s, i)| (*s, i.clone().unwrap()))
+                .collect::<Vec<_>>(),
+            seen,
+            "the journal holds exactly what the caller got, numbered alike"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_past_its_journal_bound_finishes_unresumable() {
+        let (mut sink, mut events) = channel(SendLimits::default(), Delivery::Final);
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        sink.set_tee(
+            Box::new(Kept {
+                items: kept,
+                room: 2,
+            }),
+            false,
+        );
+        sink.begin_attempt(started(1));
+        for t in ["a", "b", "c"] {
+            sink.chunk(Chunk::Text(t.into())).await.unwrap();
+        }
+        sink.finish(finished()).await.unwrap();
+        drop(sink);
+        let mut last = None;
+        while let Some(item) = events.recv().await {
+            last = Some(item.unwrap());
+        }
+        assert!(matches!(last, Some(Event::Finished(f)) if !f.resumable));
+    }
+
+    #[tokio::test]
+    async fn a_detached_stream_finishes_into_its_journal_after_the_caller_hangs_up() {
+        let (mut sink, events) = channel(SendLimits::default(), Delivery::Final);
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        sink.set_tee(
+            Box::new(Kept {
+                items: kept.clone(),
+                room: 10,
+            }),
+            true,
+        );
+        sink.begin_attempt(started(1));
+        sink.chunk(Chunk::Text("a".into())).await.unwrap();
+        drop(events);
+        assert!(!sink.is_closed(), "the request runs on");
+        sink.chunk(Chunk::Text("b".into())).await.unwrap();
+        sink.finish(finished()).await.unwrap();
+        assert_eq!(kept.lock().unwrap().len(), 4, "every item is journaled");
+
+        // Without the option (or without a journal) the request ends.
+        let (mut sink, events) = channel(SendLimits::default(), Delivery::Final);
+        sink.set_tee(
+            Box::new(Kept {
+                items: Arc::default(),
+                room: 10,
+            }),
+            false,
+        );
+        drop(events);
+        assert!(sink.is_closed());
+        sink.begin_attempt(started(1));
+        assert_eq!(sink.chunk(Chunk::Text("x".into())).await, Err(ClientGone));
+    }
+
     #[tokio::test]
     async fn a_caller_that_went_away_is_seen() {
         let (tx, rx) = mpsc::channel(1);
-        let mut sink = EventSink::new(tx, false);
+        let mut sink = EventSink::new(tx, Delivery::Resettable);
         drop(rx);
         assert!(sink.is_closed());
         sink.begin_attempt(started(1));

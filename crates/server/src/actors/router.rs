@@ -18,7 +18,7 @@ use super::provider::Unavailable;
 use super::registry::Registry;
 pub use crate::chat::Needs;
 use crate::config::{
-    Capability, Config, FamilyFailover, MidStreamPolicy, RetryBudgetConfig, Rung,
+    Capability, Config, FamilyFailover, MidStreamPolicy, OnCallerGone, RetryBudgetConfig, Rung,
     SemanticCacheConfig,
 };
 use crate::policy::budget::RetryBudget;
@@ -53,6 +53,8 @@ pub struct Plan {
     pub deadline: Option<Duration>,
     pub max_attempts: u32,
     pub mid_stream: MidStreamPolicy,
+    /// What the request does when its caller hangs up (unset: by key).
+    pub on_caller_gone: Option<OnCallerGone>,
     pub side_effects: bool,
     pub ladder: Vec<Rung>,
     pub cache_ttl: Duration,
@@ -178,6 +180,7 @@ struct RouteEntry {
     deadline: Option<Duration>,
     max_attempts: u32,
     mid_stream: MidStreamPolicy,
+    on_caller_gone: Option<OnCallerGone>,
     side_effects: bool,
     fail_closed: bool,
     family_failover: FamilyFailover,
@@ -322,6 +325,7 @@ fn build_routes(
                 deadline: r.deadline,
                 max_attempts: r.max_attempts,
                 mid_stream: r.mid_stream,
+                on_caller_gone: r.on_caller_gone,
                 side_effects: r.side_effects,
                 fail_closed: r.fail_closed,
                 family_failover: r.embedding_family_failover,
@@ -554,6 +558,7 @@ impl RouterState {
             deadline: entry.deadline,
             max_attempts: entry.max_attempts,
             mid_stream: entry.mid_stream,
+            on_caller_gone: entry.on_caller_gone,
             side_effects: entry.side_effects,
             ladder: entry.ladder.clone(),
             cache_ttl: entry.cache_ttl,

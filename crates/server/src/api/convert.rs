@@ -79,6 +79,7 @@ pub fn request_spec(
         source: Some(source),
         from_queue: false,
         pin,
+        resume_after: req.resume_after_seq,
         request_id,
         tenant,
         idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
@@ -333,6 +334,7 @@ fn started(s: Started) -> proto::Started {
         tier: tier(s.tier) as i32,
         request_id: s.request_id,
         dropped: s.dropped,
+        resume_token: s.resume_token.unwrap_or_default(),
     }
 }
 
@@ -359,11 +361,13 @@ fn finished(f: &Finished) -> proto::Finished {
             .map(content::reasoning_block_proto)
             .collect(),
         dropped: f.dropped.clone(),
+        resumable: f.resumable,
     }
 }
 
 /// One internal event as a gRPC stream message.
-pub fn event(e: Event) -> proto::CompletionEvent {
+/// Event `seq` of a stream (`CompletionEvent.seq`).
+pub fn event(seq: u64, e: Event) -> proto::CompletionEvent {
     use proto::completion_event::Event as E;
     let inner = match e {
         Event::Started(s) => E::Started(started(s)),
@@ -399,7 +403,10 @@ pub fn event(e: Event) -> proto::CompletionEvent {
         Event::Finished(f) => E::Finished(finished(&f)),
         Event::Queued(q) => E::Job(job(&q.record, q.position, q.eta)),
     };
-    proto::CompletionEvent { event: Some(inner) }
+    proto::CompletionEvent {
+        seq,
+        event: Some(inner),
+    }
 }
 
 /// Folds the event stream of one request into a unary response.
@@ -667,6 +674,7 @@ mod tests {
                 service_tier: None,
                 reasoning: Vec::new(),
                 dropped: Vec::new(),
+                resumable: false,
             })))
             .unwrap();
         assert_eq!(done.text, "");

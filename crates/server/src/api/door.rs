@@ -142,6 +142,20 @@ impl HttpState {
         if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
             request.idempotency_key = key.to_string();
         }
+        // A reconnect of the key's stream: the caller holds its events up
+        // to `Last-Event-ID` (without a key, the header names nothing). The
+        // Responses door resumes by `starting_after` on a stored response.
+        let after = match headers.get("last-event-id") {
+            Some(v)
+                if stream
+                    && !request.idempotency_key.is_empty()
+                    && matches!(door, Door::OpenAi | Door::Anthropic) =>
+            {
+                Some(last_event_id(v)?)
+            }
+            _ => None,
+        };
+        request.resume_after_seq = after;
         let (route, pin) = self.route_and_pin(&request.route)?;
         request.route = route;
         let started = self
@@ -157,7 +171,9 @@ impl HttpState {
                 pin,
             })
             .await?;
-        Ok(started.rx)
+        let mut rx = started.rx;
+        rx.resumed_after(after.unwrap_or(0));
+        Ok(rx)
     }
 
     /// The request's headers fit `limits.max_metadata_bytes`.
@@ -275,6 +291,8 @@ pub struct Served {
     pub attempts: u32,
     /// What the serving target's wire could not carry (`x-switchyard-dropped`).
     pub dropped: Vec<String>,
+    /// The stream's journal (`x-switchyard-resume-token`).
+    pub resume_token: Option<String>,
 }
 
 impl Served {
@@ -284,6 +302,7 @@ impl Served {
             tier: s.tier.as_str(),
             attempts: s.attempt,
             dropped: s.dropped.clone(),
+            resume_token: s.resume_token.clone(),
         }
     }
 
@@ -293,18 +312,23 @@ impl Served {
             tier: f.tier.as_str(),
             attempts: f.attempts,
             dropped: f.dropped.clone(),
+            resume_token: None,
         }
     }
 }
 
 /// `x-switchyard-served-by`, `-tier`, `-attempts`, `-dropped` (when the
-/// serving wire left something out) and `x-request-id`.
+/// serving wire left something out), `-resume-token` (a journaled stream)
+/// and `x-request-id`.
 pub fn served_headers(h: &mut HeaderMap, served: Option<&Served>, request_id: &str) {
     if let Some(s) = served {
         insert(h, "x-switchyard-served-by", &s.by);
         insert(h, "x-switchyard-tier", s.tier);
         insert(h, "x-switchyard-attempts", &s.attempts.to_string());
         dropped_header(h, &s.dropped);
+        if let Some(token) = &s.resume_token {
+            insert(h, "x-switchyard-resume-token", token);
+        }
     }
     insert(h, "x-request-id", request_id);
 }
@@ -377,6 +401,20 @@ pub enum Opening {
         served: Option<Served>,
         pending: Option<Event>,
     },
+}
+
+/// The event a reconnecting caller holds up to: `Last-Event-ID` as sent in
+/// the stream's `id:` lines.
+fn last_event_id(v: &HeaderValue) -> Result<u64, RequestError> {
+    v.to_str()
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .ok_or_else(|| {
+            RequestError::InvalidRequest(
+                "Last-Event-ID: not an event id of this stream (a whole number from its `id:` lines)"
+                    .into(),
+            )
+        })
 }
 
 /// Reads the first event. `Err(None)`: the request ended without an answer.
@@ -452,6 +490,35 @@ pub trait SseFrames: Send + 'static {
     /// The next frames; `None` once the stream is over. Cancel-safe: a call
     /// dropped before it completes loses nothing.
     fn next_frames(&mut self) -> impl Future<Output = Option<String>> + Send;
+
+    /// The stream's events, when its frames are numbered by them: each
+    /// group of frames then carries `id: <seq>` of the last event it
+    /// framed, and a reconnect's groups up to its `Last-Event-ID` are not
+    /// sent.
+    fn events(&self) -> Option<&Events> {
+        None
+    }
+}
+
+/// Adds one group of frames to `out`: with `id: <seq>` in its last frame
+/// when the stream is numbered, and not at all when a reconnecting caller
+/// already holds it.
+fn push_numbered(out: &mut String, group: String, events: Option<&Events>) {
+    let Some(events) = events else {
+        out.push_str(&group);
+        return;
+    };
+    let seq = events.seq();
+    if seq <= events.after() {
+        return;
+    }
+    let body = group.strip_suffix("\n\n").unwrap_or(&group);
+    let last = body.rfind("\n\n").map_or(0, |i| i + 2);
+    out.push_str(&group[..last]);
+    out.push_str("id: ");
+    out.push_str(&seq.to_string());
+    out.push('\n');
+    out.push_str(&group[last..]);
 }
 
 /// Frames that are ready together leave in one body chunk, up to this size.
@@ -462,10 +529,15 @@ const COALESCE_BYTES: usize = 16 * 1024;
 /// another.
 pub fn sse_body(frames: impl SseFrames) -> Body {
     let body = futures_util::stream::unfold(frames, |mut f| async move {
-        let mut out = f.next_frames().await?;
+        let mut out = String::new();
+        // A reconnect's groups the caller holds are skipped: wait on.
+        while out.is_empty() {
+            let group = f.next_frames().await?;
+            push_numbered(&mut out, group, f.events());
+        }
         while out.len() < COALESCE_BYTES {
             match f.next_frames().now_or_never() {
-                Some(Some(more)) => out.push_str(&more),
+                Some(Some(more)) => push_numbered(&mut out, more, f.events()),
                 _ => break,
             }
         }

@@ -18,7 +18,7 @@ use crate::embeddings::{EmbedSpec, Embedded};
 use crate::error::RequestError;
 use crate::proto;
 use crate::request::RequestSpec;
-use crate::sink::{self, Events, QueuedJob, SendLimits};
+use crate::sink::{self, Delivery, Events, QueuedJob, SendLimits};
 use crate::state::tenants::{Slot, TenantLimits};
 use crate::task::{CheckedJob, Tasks};
 
@@ -74,6 +74,9 @@ pub struct Started {
     pub rx: Events,
     /// The caller's deadline, when it sent one.
     pub deadline: Option<Instant>,
+    /// The stream's resume token (the `x-switchyard-resume-token` header),
+    /// when it is journaled.
+    pub resume_token: Option<String>,
 }
 
 /// Validated, admitted and ready to spawn (or to store as a job).
@@ -186,10 +189,56 @@ impl Intake {
     /// Admits the request and spawns its task; the door reads the answer
     /// from the returned channel.
     pub async fn start(&self, arrival: Arrival) -> Result<Started, RequestError> {
-        let buffered = arrival.buffered;
+        let delivery = match (arrival.buffered, arrival.door) {
+            (true, _) => Delivery::Buffered,
+            (false, Door::Grpc) => Delivery::Resettable,
+            (false, _) => Delivery::Final,
+        };
         let deadline = arrival.deadline;
         let admitted = self.admit(arrival).await?;
-        Ok(self.spawn(admitted, buffered, deadline))
+        Ok(self.spawn(admitted, delivery, deadline).await)
+    }
+
+    /// A reconnect to one of the caller's streams by its resume token
+    /// (`ResumeCompletion`): every item after `after_seq`, then the live
+    /// tail, from this replica or any other of the fleet. The token is
+    /// checked against the tenant before anything streams.
+    pub async fn resume(
+        &self,
+        tenant: Option<String>,
+        claimed_tenant: &str,
+        token: &str,
+        after_seq: u64,
+    ) -> Result<Started, RequestError> {
+        let tenant = tenant.unwrap_or_else(|| match claimed_tenant {
+            "" => "default".to_string(),
+            t => t.to_string(),
+        });
+        let follower = self.tasks.follower(&tenant, token, after_seq).await?;
+        let slot = self.tenants.admit(&tenant).await?;
+        let (mut sink, rx) = sink::channel(self.send, Delivery::Resettable);
+        let request_id = self.request_id();
+        let span = tracing::info_span!(
+            "resume",
+            otel.name = "resume",
+            otel.kind = "server",
+            request_id = %request_id,
+        );
+        tokio::spawn(
+            async move {
+                if let Err(e) = follower.run(&mut sink).await {
+                    sink.fail(e).await;
+                }
+                drop(slot);
+            }
+            .instrument(span),
+        );
+        Ok(Started {
+            request_id,
+            rx,
+            deadline: None,
+            resume_token: Some(token.to_string()),
+        })
     }
 
     /// Stores the request as a job instead of running it (SubmitJob, a
@@ -260,14 +309,30 @@ impl Intake {
             .map_err(|e| RequestError::Unavailable(format!("the embeddings task ended: {e}")))?
     }
 
-    /// Spawns an admitted request's task.
-    pub fn spawn(&self, admitted: Admitted, buffered: bool, deadline: Option<Instant>) -> Started {
+    /// Spawns an admitted request's task. A stream (not a reconnect) is
+    /// journaled, so its caller can resume it.
+    pub async fn spawn(
+        &self,
+        admitted: Admitted,
+        delivery: Delivery,
+        deadline: Option<Instant>,
+    ) -> Started {
         let Admitted { spec, slot, span } = admitted;
         let request_id = spec.request_id.clone();
-        let (mut sink, rx) = sink::channel(self.send, buffered);
+        let (mut sink, rx) = sink::channel(self.send, delivery);
         if let Some(deadline) = deadline {
             sink.set_deadline(deadline);
         }
+        if delivery != Delivery::Buffered && spec.resume_after.is_none() {
+            let tee = self
+                .tasks
+                .journal_tee(&spec.tenant, crate::api::errors::reason)
+                .await;
+            if let Some(tee) = tee {
+                sink.set_tee(Box::new(tee), false);
+            }
+        }
+        let resume_token = sink.resume_token().map(str::to_string);
         let run = self.tasks.clone().run(spec, sink);
         tokio::spawn(
             async move {
@@ -281,6 +346,7 @@ impl Intake {
             request_id,
             rx,
             deadline,
+            resume_token,
         }
     }
 }

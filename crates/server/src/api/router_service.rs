@@ -145,6 +145,58 @@ fn with_dropped<T>(mut response: Response<T>, dropped: &[String]) -> Response<T>
     response
 }
 
+/// `x-switchyard-resume-token` in the initial metadata: the stream's
+/// journal, for `ResumeCompletion` (also in `Started.resume_token`).
+fn with_resume_token<T>(mut response: Response<T>, token: Option<&str>) -> Response<T> {
+    if let Some(v) = token.and_then(|t| t.parse().ok()) {
+        response
+            .metadata_mut()
+            .insert("x-switchyard-resume-token", v);
+    }
+    response
+}
+
+/// Answers a stream: its first item after `after` decides between a plain
+/// status (a failure before output) and the stream, whose response headers
+/// then carry the request id, what was dropped and the resume token. Every
+/// event carries its number; those up to `after` (a reconnect) are skipped.
+async fn respond(mut started: Waiting, after: u64) -> Result<Response<EventStream>, Status> {
+    let first = loop {
+        match started.next().await {
+            Some(Ok(_)) if started.started.rx.seq() <= after => continue,
+            Some(Ok(event)) => break event,
+            Some(Err(e)) => return Err(to_status(&e)),
+            None => {
+                return Err(CallerError::internal("request ended without an answer").to_status())
+            }
+        }
+    };
+    let first_seq = started.started.rx.seq();
+    let (dropped, token) = match &first {
+        crate::sink::Event::Started(s) => (s.dropped.clone(), s.resume_token.clone()),
+        _ => (Vec::new(), None),
+    };
+    let token = token.or_else(|| started.started.resume_token.clone());
+    let id = started.started.request_id;
+    let rest = futures_util::stream::unfold(started.started.rx, |mut rx| async move {
+        let item = rx.recv().await?;
+        let seq = rx.seq();
+        Some(((seq, item), rx))
+    });
+    let stream = futures_util::stream::once(async move { (first_seq, Ok(first)) })
+        .chain(rest)
+        .filter(move |(seq, _)| std::future::ready(*seq > after))
+        .map(|(seq, item)| {
+            item.map(|e| convert::event(seq, e))
+                .map_err(|e| to_status(&e))
+        });
+    let response = with_request_id(Response::new(Box::pin(stream) as EventStream), &id);
+    Ok(with_resume_token(
+        with_dropped(response, &dropped),
+        token.as_deref(),
+    ))
+}
+
 #[tonic::async_trait]
 impl proto::router_server::Router for RouterService {
     type StreamCompletionStream = EventStream;
@@ -193,24 +245,33 @@ impl proto::router_server::Router for RouterService {
         &self,
         request: Request<proto::CompletionRequest>,
     ) -> Result<Response<Self::StreamCompletionStream>, Status> {
-        let mut started = self.start(request, false).await?;
-        let first = match started.next().await {
-            Some(Ok(event)) => event,
-            Some(Err(e)) => return Err(to_status(&e)),
-            None => {
-                return Err(CallerError::internal("request ended without an answer").to_status())
-            }
-        };
-        let dropped = match &first {
-            crate::sink::Event::Started(s) => s.dropped.clone(),
-            _ => Vec::new(),
-        };
-        let (id, rest) = (started.started.request_id, started.started.rx);
-        let stream = futures_util::stream::once(async move { Ok(first) })
-            .chain(rest)
-            .map(|item| item.map(convert::event).map_err(|e| to_status(&e)));
-        let response = with_request_id(Response::new(Box::pin(stream) as EventStream), &id);
-        Ok(with_dropped(response, &dropped))
+        // A reconnect skips what the caller already holds.
+        let after = request.get_ref().resume_after_seq.unwrap_or(0);
+        let started = self.start(request, false).await?;
+        respond(started, after).await
+    }
+
+    type ResumeCompletionStream = EventStream;
+
+    async fn resume_completion(
+        &self,
+        request: Request<proto::ResumeRequest>,
+    ) -> Result<Response<Self::ResumeCompletionStream>, Status> {
+        let tenant = caller(&request);
+        let r = request.into_inner();
+        let started = self
+            .intake
+            .resume(tenant, &r.tenant, &r.resume_token, r.after_seq)
+            .await
+            .map_err(|e| to_status(&e))?;
+        respond(
+            Waiting {
+                started,
+                timer: None,
+            },
+            r.after_seq,
+        )
+        .await
     }
 
     async fn embed(

@@ -135,6 +135,7 @@ fn builtin_route(name: &str, targets: &[&str]) -> RouteConfig {
         targets: targets.iter().map(|&t| t.into()).collect(),
         max_attempts: default_max_attempts(),
         mid_stream: MidStreamPolicy::Fail,
+        on_caller_gone: None,
         side_effects: false,
         default_max_tokens: None,
         service_tier: None,

@@ -26,6 +26,17 @@ pub enum MidStreamPolicy {
     Reset,
 }
 
+/// What a journaled stream's request does when its caller hangs up.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnCallerGone {
+    /// The answer completes into the journal and is billed once: a
+    /// reconnect (resume token or idempotency key) gets all of it.
+    Finish,
+    /// The upstream request is cancelled at once; what streamed is billed.
+    Cancel,
+}
+
 /// One target of a route: `"provider/model"`, or a table with a priority and weight.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RouteTarget {
@@ -101,6 +112,10 @@ pub struct RouteConfig {
     pub max_attempts: u32,
     #[serde(default)]
     pub mid_stream: MidStreamPolicy,
+    /// What a streamed request does when its caller hangs up; unset:
+    /// `finish` for a request with an idempotency key, `cancel` otherwise.
+    #[serde(default)]
+    pub on_caller_gone: Option<OnCallerGone>,
     /// The upstream call has effects beyond its answer: never retried or
     /// failed over once a request was sent (a refused connection still fails over).
     #[serde(default)]

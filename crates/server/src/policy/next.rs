@@ -112,6 +112,10 @@ pub struct View<'a> {
     /// Per candidate, its provider id (errors name it).
     pub providers: &'a [&'a str],
     pub backoff: &'a Backoff,
+    /// The caller can discard output it holds (a buffered caller, a gRPC
+    /// stream): a failure after output may be replaced after a `Reset`.
+    /// An HTTP stream's client cannot, so the failure ends the request.
+    pub caller_can_reset: bool,
 }
 
 impl View<'_> {
@@ -228,6 +232,7 @@ fn after_failure(
     tried.last = Some((idx, failure.clone()));
     if committed {
         let may_reset = policy.mid_stream == MidStreamPolicy::Reset
+            && view.caller_can_reset
             && failure.class.fail_over()
             && !policy.side_effects;
         if !may_reset {
@@ -366,6 +371,7 @@ mod tests {
         backoff: Backoff,
         rng: StdRng,
         tried: Tried,
+        caller_can_reset: bool,
     }
 
     impl Case {
@@ -382,6 +388,7 @@ mod tests {
                 },
                 rng: StdRng::seed_from_u64(7),
                 tried: Tried::new(candidates),
+                caller_can_reset: true,
             }
         }
 
@@ -392,6 +399,7 @@ mod tests {
                 p95_ttft: &self.p95,
                 providers: &self.providers,
                 backoff: &self.backoff,
+                caller_can_reset: self.caller_can_reset,
             };
             // A failure outcome means the chosen candidate was sent.
             if matches!(outcome, Outcome::Failed { .. } | Outcome::DeadlineExceeded) {
@@ -532,6 +540,36 @@ mod tests {
             Next::Retry { to: 0, .. } => {}
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_reset_route_ends_a_stream_whose_client_cannot_discard_output() {
+        let cut = || Outcome::Failed {
+            failure: Failure::new(OutcomeClass::Truncated, "cut"),
+            committed: true,
+            had_output: true,
+            tokens_emitted: 3,
+        };
+        let mut c = Case::new(2);
+        c.policy.mid_stream = MidStreamPolicy::Reset;
+        c.caller_can_reset = false;
+        c.step(Outcome::Begin);
+        let n = c.step(cut());
+        assert_eq!(reason(&n), "UPSTREAM_STREAM_TRUNCATED");
+        assert_eq!(c.tried.attempts, 1, "no second attempt is sent");
+
+        // Before any output reached it, the same client still fails over.
+        let mut c = Case::new(2);
+        c.policy.mid_stream = MidStreamPolicy::Reset;
+        c.caller_can_reset = false;
+        c.step(Outcome::Begin);
+        let n = c.step(Outcome::Failed {
+            failure: Failure::new(OutcomeClass::Truncated, "cut"),
+            committed: false,
+            had_output: false,
+            tokens_emitted: 0,
+        });
+        assert_eq!(n, Next::FailOver { to: 1 });
     }
 
     #[test]

@@ -136,6 +136,7 @@ mod tests {
             source: None,
             from_queue: false,
             pin: None,
+            resume_after: None,
         }
     }
 

@@ -9,6 +9,7 @@ use super::affinity::AffinityMemory;
 use super::cost::{CostGuard, CostLedger};
 use super::idempotency::{Idempotency, IdempotencyStore};
 use super::jobs::{JobStore, Jobs, Limits, RedisJobs};
+use super::journal::{self, Journal};
 use super::redis::lease::Retries;
 use super::redis::Redis;
 use super::responses::{embedded, Bounds, EmbeddedResponses, ResponseStore};
@@ -28,6 +29,8 @@ pub struct Stores {
     pub redis: Option<Redis>,
     /// Prompt-cache affinity's memory.
     pub affinity: Arc<AffinityMemory>,
+    /// The resume journal of streamed answers.
+    pub journal: Journal,
 }
 
 /// Lease of a job run in Redis: renewed while the run lives, so a replica
@@ -58,6 +61,7 @@ fn embedded_stores(config: &Config) -> Result<Stores, String> {
         responses: Arc::new(embedded_responses(config)?),
         redis: None,
         affinity: Arc::default(),
+        journal: Journal::embedded(journal::Bounds::of(&config.resume, config.state.lease)),
     })
 }
 
@@ -103,7 +107,12 @@ fn fleet_stores(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, Strin
             &config.limits,
             st.lease,
         ),
-        affinity: Arc::new(AffinityMemory::redis(redis.clone(), faults)),
+        affinity: Arc::new(AffinityMemory::redis(redis.clone(), faults.clone())),
+        journal: Journal::redis(
+            redis.clone(),
+            faults,
+            journal::Bounds::of(&config.resume, st.lease),
+        ),
         redis: Some(redis),
     })
 }

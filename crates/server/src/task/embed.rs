@@ -82,6 +82,7 @@ impl Tasks {
                 p95_ttft: &p95,
                 providers: &providers,
                 backoff: &self.backoff,
+                caller_can_reset: true,
             };
             let step = next(&mut tried, outcome, &view, &mut rand::rng());
             let (to, wait) = match step {

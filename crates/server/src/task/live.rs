@@ -97,6 +97,7 @@ impl Tasks {
                 p95_ttft: &p95,
                 providers: &providers,
                 backoff: &self.backoff,
+                caller_can_reset: sink.can_reset(),
             };
             // The thread's RNG, held only for the call (it is not `Send`).
             let step = next(&mut tried, outcome, &view, &mut rand::rng());
@@ -296,6 +297,7 @@ impl Tasks {
             tier: candidate.tier(),
             request_id: call.spec.request_id.clone(),
             dropped: Vec::new(),
+            resume_token: None,
         });
         let span = tracing::info_span!(
             "attempt",
@@ -368,6 +370,7 @@ impl Tasks {
                 service_tier: completion.service_tier,
                 reasoning: completion.reasoning,
                 dropped: sink.attempt_dropped(),
+                resumable: false,
             })
             .await;
         cost_usd

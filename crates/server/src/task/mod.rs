@@ -9,6 +9,7 @@
 
 mod bill;
 mod embed;
+pub mod journal;
 mod live;
 mod queued;
 mod stored;
@@ -23,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::actors::client::Actors;
 use crate::actors::registry::Registry;
 use crate::actors::router::Plan;
-use crate::config::Rung;
+use crate::config::{OnCallerGone, Rung};
 use crate::error::RequestError;
 use crate::policy::backoff::Backoff;
 use crate::policy::ladder::{self, Step};
@@ -35,6 +36,8 @@ use crate::state::cache::ResponseCache;
 use crate::state::cost::CostLedger;
 use crate::state::idempotency::{Idempotency, KeyClaim};
 use crate::state::jobs::Jobs;
+use crate::state::journal::{Journal, ResumeToken};
+use crate::state::StateFaults;
 use crate::telemetry::metrics::{Metrics, ServedLabels, ShedLabels};
 
 pub use queued::CheckedJob;
@@ -54,6 +57,12 @@ pub struct Tasks {
     default_deadline: Duration,
     /// The durable job queue, when configured.
     jobs: Option<Arc<Jobs>>,
+    /// The resume journal of streamed answers.
+    journal: Journal,
+    /// How long a journal's owner holds it unrenewed (`state.lease`).
+    journal_lease: Duration,
+    /// Counts the journal's Redis failures (lease renewals).
+    journal_faults: Arc<StateFaults>,
     /// Cancelled when the drain timeout passes: remaining requests end with
     /// UNAVAILABLE (SERVER_DRAINING) and their upstream calls are dropped.
     abort: CancellationToken,
@@ -73,6 +82,8 @@ pub struct Parts {
     pub backoff: Backoff,
     pub default_deadline: Duration,
     pub jobs: Option<Arc<Jobs>>,
+    pub journal: Journal,
+    pub journal_lease: Duration,
 }
 
 /// How long past its deadline a request task may run before it is ended.
@@ -130,7 +141,7 @@ impl Tasks {
     pub fn new(parts: Parts) -> Self {
         Tasks {
             actors: Actors::new(parts.registry),
-            metrics: parts.metrics,
+            metrics: parts.metrics.clone(),
             idempotency: parts.idempotency,
             cache: parts.cache,
             semantic: parts.semantic,
@@ -139,6 +150,9 @@ impl Tasks {
             backoff: parts.backoff,
             default_deadline: parts.default_deadline,
             jobs: parts.jobs,
+            journal: parts.journal,
+            journal_lease: parts.journal_lease,
+            journal_faults: StateFaults::new(parts.metrics.clone()),
             abort: CancellationToken::new(),
             active: AtomicUsize::new(0),
         }
@@ -147,6 +161,35 @@ impl Tasks {
     /// The durable job queue, when configured.
     pub fn jobs(&self) -> Option<Arc<Jobs>> {
         self.jobs.clone()
+    }
+
+    /// A journal for one of `tenant`'s streams, written as it streams;
+    /// `None` when there is no room for one (the stream goes unresumable).
+    pub async fn journal_tee(
+        &self,
+        tenant: &str,
+        reason: journal::Reason,
+    ) -> Option<journal::JournalTee> {
+        journal::JournalTee::open(
+            &self.journal,
+            tenant,
+            self.journal_lease,
+            self.journal_faults.clone(),
+            reason,
+        )
+        .await
+    }
+
+    /// A reconnect to one of `tenant`'s streams by its resume token, checked
+    /// before anything streams.
+    pub async fn follower(
+        &self,
+        tenant: &str,
+        token: &str,
+        after_seq: u64,
+    ) -> Result<journal::Follower, RequestError> {
+        let token = ResumeToken::parse(token).ok_or(RequestError::ResumeNotFound)?;
+        journal::Follower::open(&self.journal, tenant, &token, after_seq).await
     }
 
     /// Requests (and embeddings calls) running now.
@@ -179,6 +222,7 @@ impl Tasks {
             }
             sink.fail(e).await;
         }
+        sink.close().await;
     }
 
     /// The whole request: idempotency, the plan, fresh stored answers, the
@@ -190,15 +234,34 @@ impl Tasks {
         progress: &Progress,
     ) -> Result<(), RequestError> {
         let keys = stored::Keys::new(spec);
-        let guard = match self.claim(spec, &keys).await? {
+        let guard = match self.claim(spec, &keys, sink.resume_token()).await? {
             Claimed::Replayed(events) => {
                 stored::replay(sink, &events, spec, |f| f.replayed = true).await;
                 return Ok(());
+            }
+            Claimed::Follow { token, stored } => {
+                let followed = journal::follow(&self.journal, &spec.tenant, &token, 0, sink).await;
+                return match (followed, stored) {
+                    // The journal is gone before anything streamed: the
+                    // key's stored answer is the same stream.
+                    (
+                        Err(RequestError::ResumeNotFound | RequestError::ResumeExpired),
+                        Some(events),
+                    ) => {
+                        stored::replay(sink, &events, spec, |f| f.replayed = true).await;
+                        Ok(())
+                    }
+                    (followed, _) => followed,
+                };
             }
             Claimed::Run(guard) => guard,
         };
         let mut plan = self.plan(spec).await?;
         progress.planned.store(true, Ordering::Relaxed);
+        sink.finish_when_gone(match plan.on_caller_gone {
+            Some(gone) => gone == OnCallerGone::Finish,
+            None => spec.idempotency_key.is_some(),
+        });
         within_max_tokens(spec, &plan)?;
         let mut lookup = self.lookup(spec, &plan, keys);
         if self.serve_fresh(&mut lookup, spec, &plan, sink).await {
@@ -224,23 +287,46 @@ impl Tasks {
         }
     }
 
-    /// Claims the request's idempotency key, if it has one.
+    /// Claims the request's idempotency key, if it has one, for a stream
+    /// journaled as `resume`. A reconnect (`resume_after_seq` set) of a
+    /// key's journaled stream follows its journal from the start (the door
+    /// skips what the caller holds), or replays its stored answer once the
+    /// journal is gone; one whose key no longer names anything is
+    /// RESUME_NOT_FOUND unless it held nothing yet.
     async fn claim(
         &self,
         spec: &RequestSpec,
         keys: &stored::Keys<'_>,
+        resume: Option<&str>,
     ) -> Result<Claimed, RequestError> {
         let Some(key) = spec.scoped_key() else {
             return Ok(Claimed::Run(None));
         };
         let claim = self
             .idempotency
-            .claim(&key, keys.fingerprint(), Instant::now())
+            .claim(&key, keys.fingerprint(), resume, Instant::now())
             .await?;
+        let reconnect = spec.resume_after;
+        let journaled = |resume: Option<String>| resume.as_deref().and_then(ResumeToken::parse);
         match claim {
+            KeyClaim::Fresh(_) if reconnect.is_some_and(|after| after > 0) => {
+                Err(RequestError::ResumeNotFound)
+            }
             KeyClaim::Fresh(guard) => Ok(Claimed::Run(Some(guard))),
-            KeyClaim::Replay(events) => Ok(Claimed::Replayed(events)),
-            KeyClaim::InUse => Err(RequestError::IdempotencyKeyInUse),
+            KeyClaim::Replay { events, resume } => match (reconnect, journaled(resume)) {
+                (Some(_), Some(token)) => Ok(Claimed::Follow {
+                    token,
+                    stored: Some(events),
+                }),
+                _ => Ok(Claimed::Replayed(events)),
+            },
+            KeyClaim::InUse { resume } => match (reconnect, journaled(resume)) {
+                (Some(_), Some(token)) => Ok(Claimed::Follow {
+                    token,
+                    stored: None,
+                }),
+                _ => Err(RequestError::IdempotencyKeyInUse),
+            },
             KeyClaim::Mismatch => Err(RequestError::IdempotencyKeyReused),
         }
     }
@@ -317,6 +403,12 @@ enum Claimed {
     Run(Option<crate::state::idempotency::KeyGuard>),
     /// The key's first answer, to be replayed.
     Replayed(Arc<Vec<crate::sink::Event>>),
+    /// A reconnect: stream the key's journal (or, once it is gone, the
+    /// key's stored answer if it finished).
+    Follow {
+        token: ResumeToken,
+        stored: Option<Arc<Vec<crate::sink::Event>>>,
+    },
 }
 
 /// Refuses a `max_tokens` above the route's limit.

@@ -49,12 +49,6 @@ impl AnthropicError {
         AnthropicError::new(CallerError::internal(message))
     }
 
-    /// A stream that failed after output: Anthropic clients raise on an
-    /// `error` event, so the partial answer is never taken for a whole one.
-    pub(super) fn truncated(message: String) -> Self {
-        AnthropicError::new(CallerError::new(Kind::UpstreamStreamTruncated, message))
-    }
-
     pub(crate) fn body(&self, request_id: &str) -> Value {
         json!({
             "type": "error",

@@ -76,6 +76,10 @@ impl door::SseFrames for Frames {
     fn next_frames(&mut self) -> impl std::future::Future<Output = Option<String>> + Send {
         self.next()
     }
+
+    fn events(&self) -> Option<&Events> {
+        Some(&self.rx)
+    }
 }
 
 impl Frames {
@@ -143,17 +147,9 @@ impl Frames {
                     self.close(&mut out);
                     out.push_str(&self.last_frames(&f));
                 }
-                // Anthropic clients cannot discard output they already have:
-                // a route's `mid_stream = "reset"` ends this stream like `fail`.
-                Some(Ok(Event::Reset {
-                    reason,
-                    failed_attempt,
-                })) => {
-                    return Some(self.fail(AnthropicError::truncated(format!(
-                        "the stream failed after output was sent (attempt {failed_attempt}: {reason}); the partial output is incomplete and must be discarded"
-                    ))));
-                }
-                Some(Ok(Event::Queued(_))) | None => {
+                // A stream never gets a `Reset` (the task ends it instead:
+                // its client cannot discard output) nor a queued job.
+                Some(Ok(Event::Reset { .. } | Event::Queued(_))) | None => {
                     return Some(self.fail(AnthropicError::internal(
                         "the stream ended without a finish",
                     )));
@@ -274,6 +270,7 @@ mod tests {
             service_tier: None,
             reasoning: Vec::new(),
             dropped: Vec::new(),
+            resumable: false,
         }
     }
 
@@ -281,7 +278,10 @@ mod tests {
     async fn frames(
         events: Vec<Result<Event, crate::error::RequestError>>,
     ) -> Vec<(String, Value)> {
-        let (mut sink, rx) = crate::sink::channel(crate::sink::SendLimits::default(), false);
+        let (mut sink, rx) = crate::sink::channel(
+            crate::sink::SendLimits::default(),
+            crate::sink::Delivery::Resettable,
+        );
         for e in events {
             match e {
                 Ok(e) => sink.replay(e).await.unwrap(),
@@ -455,9 +455,14 @@ mod tests {
     async fn a_failure_after_output_ends_with_an_error_event_not_message_stop() {
         let got = frames(vec![
             Ok(Event::Chunk(Chunk::Text("par".into()))),
-            Ok(Event::Reset {
-                reason: "stream cut".into(),
-                failed_attempt: 1,
+            Err(crate::error::RequestError::MidStream {
+                failure: crate::policy::outcome::Failure::new(
+                    crate::policy::outcome::OutcomeClass::Truncated,
+                    "stream cut",
+                ),
+                provider: "primary".into(),
+                tokens_emitted: 1,
+                attempts: 1,
             }),
         ])
         .await;

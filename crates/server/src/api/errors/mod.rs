@@ -138,6 +138,12 @@ pub enum Kind {
     ResponseNotFound,
     PreviousResponseNotFound,
     ResponsesStoreFull,
+    // Resuming a stream.
+    ResumeNotFound,
+    ResumeExpired,
+    StreamNotResumable,
+    ResumeOwnerGone,
+    StreamCancelled,
     // The Admin API.
     AdminDisabled,
     AdminInvalidArgument,
@@ -166,7 +172,7 @@ const UPSTREAM: &[&str] = &[
 
 impl Kind {
     /// Every row, in the table's order.
-    pub const ALL: [Kind; 54] = {
+    pub const ALL: [Kind; 59] = {
         use Kind::*;
         [
             InvalidRequest,
@@ -210,6 +216,11 @@ impl Kind {
             ResponseNotFound,
             PreviousResponseNotFound,
             ResponsesStoreFull,
+            ResumeNotFound,
+            ResumeExpired,
+            StreamNotResumable,
+            ResumeOwnerGone,
+            StreamCancelled,
             AdminDisabled,
             AdminInvalidArgument,
             UnknownProvider,
@@ -225,6 +236,11 @@ impl Kind {
             FileStoreFull,
         ]
     };
+
+    /// The first row with this reason (a stored error names its row so).
+    pub fn of_reason(reason: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.entry().reason == reason)
+    }
 
     /// The table.
     pub const fn entry(self) -> Entry {
@@ -330,6 +346,21 @@ impl Kind {
             K::ResponsesStoreFull => {
                 bad_request("RESPONSES_STORE_FULL", Code::FailedPrecondition, &["limit"])
             }
+            K::ResumeNotFound => not_found("RESUME_NOT_FOUND"),
+            K::ResumeExpired => not_found("RESUME_EXPIRED"),
+            K::StreamNotResumable => row(
+                "STREAM_NOT_RESUMABLE",
+                Code::FailedPrecondition,
+                StatusCode::CONFLICT,
+                INVALID,
+            ),
+            K::ResumeOwnerGone => unavailable("RESUME_OWNER_GONE", Never, &[]),
+            K::StreamCancelled => row(
+                "STREAM_CANCELLED",
+                Code::Cancelled,
+                StatusCode::GONE,
+                INVALID,
+            ),
             K::AdminDisabled => row(
                 "ADMIN_DISABLED",
                 Code::PermissionDenied,

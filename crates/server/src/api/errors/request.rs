@@ -58,6 +58,12 @@ pub fn kind(err: &RequestError) -> Kind {
         RequestError::ResponseNotFound(_) => Kind::ResponseNotFound,
         RequestError::PreviousResponseNotFound(_) => Kind::PreviousResponseNotFound,
         RequestError::ResponsesFull { .. } => Kind::ResponsesStoreFull,
+        RequestError::ResumeNotFound => Kind::ResumeNotFound,
+        RequestError::ResumeExpired => Kind::ResumeExpired,
+        RequestError::NotResumable(_) => Kind::StreamNotResumable,
+        RequestError::ResumeOwnerGone => Kind::ResumeOwnerGone,
+        RequestError::CallerGone => Kind::StreamCancelled,
+        RequestError::Journaled { reason, .. } => Kind::of_reason(reason).unwrap_or(Kind::Internal),
     }
 }
 

@@ -19,7 +19,7 @@ use crate::policy::outcome::{Failure, OutcomeClass};
 /// What each row must say: reason, gRPC code, HTTP status, OpenAI type,
 /// Anthropic type, Anthropic status.
 #[rustfmt::skip]
-const EXPECTED: [(Kind, &str, Code, u16, &str, &str, u16); 54] = {
+const EXPECTED: [(Kind, &str, Code, u16, &str, &str, u16); 59] = {
     use Code as C;
     use Kind as K;
     const INV: &str = "invalid_request_error";
@@ -70,6 +70,11 @@ const EXPECTED: [(Kind, &str, Code, u16, &str, &str, u16); 54] = {
         (K::ResponseNotFound, "RESPONSE_NOT_FOUND", C::NotFound, 404, INV, NF, 404),
         (K::PreviousResponseNotFound, "PREVIOUS_RESPONSE_NOT_FOUND", C::InvalidArgument, 400, INV, INV, 400),
         (K::ResponsesStoreFull, "RESPONSES_STORE_FULL", C::FailedPrecondition, 400, INV, INV, 400),
+        (K::ResumeNotFound, "RESUME_NOT_FOUND", C::NotFound, 404, INV, NF, 404),
+        (K::ResumeExpired, "RESUME_EXPIRED", C::NotFound, 404, INV, NF, 404),
+        (K::StreamNotResumable, "STREAM_NOT_RESUMABLE", C::FailedPrecondition, 409, INV, INV, 409),
+        (K::ResumeOwnerGone, "RESUME_OWNER_GONE", C::Unavailable, 503, SRV, OVER, 529),
+        (K::StreamCancelled, "STREAM_CANCELLED", C::Cancelled, 410, INV, INV, 410),
         (K::AdminDisabled, "ADMIN_DISABLED", C::PermissionDenied, 403, "permission_error", "permission_error", 403),
         (K::AdminInvalidArgument, "INVALID_ARGUMENT", C::InvalidArgument, 400, INV, INV, 400),
         (K::UnknownProvider, "UNKNOWN_PROVIDER", C::NotFound, 404, INV, NF, 404),
@@ -194,6 +199,21 @@ fn samples() -> Vec<RequestError> {
             limit: "responses.max_per_tenant",
             held: 5,
             max: 5,
+        },
+        RequestError::ResumeNotFound,
+        RequestError::ResumeExpired,
+        RequestError::NotResumable("resume.max_bytes_per_stream"),
+        RequestError::ResumeOwnerGone,
+        RequestError::CallerGone,
+        RequestError::Journaled {
+            reason: "UPSTREAM_STREAM_TRUNCATED".into(),
+            message: "stream from p failed".into(),
+            retry_after: Some(Duration::from_secs(2)),
+        },
+        RequestError::Journaled {
+            reason: "NO_SUCH_REASON".into(),
+            message: "m".into(),
+            retry_after: None,
         },
     ];
     for class in OutcomeClass::ALL {

@@ -60,6 +60,7 @@ async fn embed(s: &HttpState, request: Request, request_id: &str) -> Result<Resp
         tier: served.tier.as_str(),
         attempts: served.attempts,
         dropped: Vec::new(),
+        resume_token: None,
     };
     let mut r = axum::Json(answer(&served, call.base64)).into_response();
     served_headers(r.headers_mut(), Some(&by), request_id);

@@ -3,7 +3,6 @@
 //! `data: [DONE]`, or an error frame when the stream fails after output.
 
 use super::*;
-use crate::api::errors::Kind;
 
 // ---- streaming ------------------------------------------------------------
 
@@ -85,6 +84,10 @@ impl door::SseFrames for Sse {
     fn next_frames(&mut self) -> impl std::future::Future<Output = Option<String>> + Send {
         self.next()
     }
+
+    fn events(&self) -> Option<&Events> {
+        Some(&self.rx)
+    }
 }
 
 impl Sse {
@@ -159,7 +162,7 @@ impl Sse {
             };
             match item {
                 // Only the first attempt's `Started` precedes output; a later
-                // one can't come (the stream ends at a `Reset`).
+                // one comes only after a failure before any output.
                 Some(Ok(Event::Started(_))) => continue,
                 Some(Ok(Event::Chunk(Chunk::Reasoning { text, .. }))) => {
                     if text.is_empty() {
@@ -177,24 +180,9 @@ impl Sse {
                     self.done = true;
                     return Some(self.last_frames(&f));
                 }
-                // OpenAI clients cannot discard output they already have: the
-                // route's `mid_stream = "reset"` ends this stream like `fail`.
-                Some(Ok(Event::Reset {
-                    reason: why,
-                    failed_attempt,
-                })) => {
-                    self.done = true;
-                    return Some(frame(
-                        &OpenAiError::of(
-                            Kind::UpstreamStreamTruncated,
-                            format!(
-                                "the stream failed after output was sent (attempt {failed_attempt}: {why}); the partial output is incomplete and must be discarded"
-                            ),
-                        )
-                        .body(),
-                    ));
-                }
-                Some(Ok(Event::Queued(_))) | None => {
+                // A stream never gets a `Reset` (the task ends it instead:
+                // its client cannot discard output) nor a queued job.
+                Some(Ok(Event::Reset { .. } | Event::Queued(_))) | None => {
                     self.done = true;
                     return Some(frame(
                         &OpenAiError::internal("the stream ended without a finish").body(),

@@ -178,20 +178,10 @@ impl Live {
                     let usage = crate::api::content::usage_proto(&f.usage, f.usage_estimated);
                     (Status::of_finish(f.finish_reason), usage_json(&usage))
                 }
-                // A Responses client cannot discard output it already has:
-                // the route's `mid_stream = "reset"` ends this stream as failed.
-                Some(Ok(Event::Reset {
-                    reason,
-                    failed_attempt,
-                })) => (
-                    Status::of_caller(CallerError::new(
-                        Kind::UpstreamStreamTruncated,
-                        format!("the stream failed after output was sent (attempt {failed_attempt}: {reason}); the partial output is incomplete and must be discarded"),
-                    )),
-                    Value::Null,
-                ),
                 Some(Err(e)) => (Status::of_error(&e), Value::Null),
-                Some(Ok(Event::Queued(_))) | None => (
+                // A stream never gets a `Reset` (the task ends it instead:
+                // its client cannot discard output) nor a queued job.
+                Some(Ok(Event::Reset { .. } | Event::Queued(_))) | None => (
                     Status::of_caller(CallerError::internal("the stream ended without a finish")),
                     Value::Null,
                 ),

@@ -19,10 +19,15 @@ use crate::sink::Event;
 pub enum Claim {
     /// First use: run the request, then `complete` or drop the guard.
     Fresh(ClaimGuard),
-    /// A finished request with the same payload: replay these events.
-    Replay(Arc<Vec<Event>>),
-    /// The same key is being served right now.
-    InUse,
+    /// A finished request with the same payload: replay these events (its
+    /// stream's resume token, if it had one).
+    Replay {
+        events: Arc<Vec<Event>>,
+        resume: Option<String>,
+    },
+    /// The same key is being served right now (by a stream with this
+    /// resume token, if it has one).
+    InUse { resume: Option<String> },
     /// The key was used with a different payload.
     Mismatch,
 }
@@ -31,11 +36,13 @@ enum Entry {
     InFlight {
         fingerprint: Fingerprint,
         claim: u64,
+        resume: Option<String>,
     },
     Done {
         fingerprint: Fingerprint,
         events: Arc<Vec<Event>>,
         expires: Instant,
+        resume: Option<String>,
     },
 }
 
@@ -76,23 +83,40 @@ impl IdempotencyStore {
         })
     }
 
-    /// Claims `key` for a request with this fingerprint.
-    pub fn claim(self: &Arc<Self>, key: &str, fingerprint: Fingerprint, now: Instant) -> Claim {
+    /// Claims `key` for a request with this fingerprint, whose stream has
+    /// the journal `resume` (if any).
+    pub fn claim(
+        self: &Arc<Self>,
+        key: &str,
+        fingerprint: Fingerprint,
+        resume: Option<&str>,
+        now: Instant,
+    ) -> Claim {
         let Ok(mut inner) = self.inner.lock() else {
-            return Claim::InUse;
+            return Claim::InUse { resume: None };
         };
         match inner.entries.get(key) {
-            Some(Entry::InFlight { fingerprint: f, .. }) if *f == fingerprint => {
-                return Claim::InUse
+            Some(Entry::InFlight {
+                fingerprint: f,
+                resume,
+                ..
+            }) if *f == fingerprint => {
+                return Claim::InUse {
+                    resume: resume.clone(),
+                }
             }
             Some(Entry::InFlight { .. }) => return Claim::Mismatch,
             Some(Entry::Done {
                 fingerprint: f,
                 events,
                 expires,
+                resume,
             }) if *expires > now => {
                 return if *f == fingerprint {
-                    Claim::Replay(events.clone())
+                    Claim::Replay {
+                        events: events.clone(),
+                        resume: resume.clone(),
+                    }
                 } else {
                     Claim::Mismatch
                 };
@@ -104,9 +128,14 @@ impl IdempotencyStore {
         }
         inner.next_claim += 1;
         let claim = inner.next_claim;
-        inner
-            .entries
-            .insert(key.to_string(), Entry::InFlight { fingerprint, claim });
+        inner.entries.insert(
+            key.to_string(),
+            Entry::InFlight {
+                fingerprint,
+                claim,
+                resume: resume.map(str::to_string),
+            },
+        );
         Claim::Fresh(ClaimGuard {
             store: self.clone(),
             key: key.to_string(),
@@ -181,9 +210,14 @@ impl ClaimGuard {
         let expires = crate::policy::clock::after(now, self.store.ttl);
         let max_bytes = self.store.max_bytes;
         if let Ok(mut inner) = self.store.inner.lock() {
-            if let Some(Entry::InFlight { fingerprint, claim }) = inner.entries.get(&self.key) {
+            if let Some(Entry::InFlight {
+                fingerprint,
+                claim,
+                resume,
+            }) = inner.entries.get(&self.key)
+            {
                 if *claim == self.claim {
-                    let fingerprint = *fingerprint;
+                    let (fingerprint, resume) = (*fingerprint, resume.clone());
                     evict(&mut inner, now, |i| i.bytes + size <= max_bytes);
                     inner.bytes += size;
                     inner.entries.insert(
@@ -192,6 +226,7 @@ impl ClaimGuard {
                             fingerprint,
                             events: Arc::new(events),
                             expires,
+                            resume,
                         },
                     );
                 }
@@ -231,20 +266,23 @@ mod tests {
     async fn replay_after_completion_then_expiry() {
         let store = IdempotencyStore::new(Duration::from_secs(60), 100, 1 << 20);
         let now = Instant::now();
-        let Claim::Fresh(guard) = store.claim("t:k", A, now) else {
+        let Claim::Fresh(guard) = store.claim("t:k", A, None, now) else {
             panic!()
         };
-        assert!(matches!(store.claim("t:k", A, now), Claim::InUse));
-        assert!(matches!(store.claim("t:k", B, now), Claim::Mismatch));
+        assert!(matches!(
+            store.claim("t:k", A, None, now),
+            Claim::InUse { .. }
+        ));
+        assert!(matches!(store.claim("t:k", B, None, now), Claim::Mismatch));
         guard.complete(events(), now);
-        match store.claim("t:k", A, now) {
-            Claim::Replay(e) => assert_eq!(*e, events()),
+        match store.claim("t:k", A, None, now) {
+            Claim::Replay { events: e, .. } => assert_eq!(*e, events()),
             _ => panic!("expected a replay"),
         }
-        assert!(matches!(store.claim("t:k", B, now), Claim::Mismatch));
+        assert!(matches!(store.claim("t:k", B, None, now), Claim::Mismatch));
         let later = now + Duration::from_secs(61);
         assert!(
-            matches!(store.claim("t:k", A, later), Claim::Fresh(_)),
+            matches!(store.claim("t:k", A, None, later), Claim::Fresh(_)),
             "a key past its TTL runs again"
         );
     }
@@ -253,12 +291,12 @@ mod tests {
     async fn a_failed_request_releases_its_key() {
         let store = IdempotencyStore::new(Duration::from_secs(60), 100, 1 << 20);
         let now = Instant::now();
-        let Claim::Fresh(guard) = store.claim("t:k", A, now) else {
+        let Claim::Fresh(guard) = store.claim("t:k", A, None, now) else {
             panic!()
         };
         drop(guard);
         assert!(store.is_empty());
-        assert!(matches!(store.claim("t:k", A, now), Claim::Fresh(_)));
+        assert!(matches!(store.claim("t:k", A, None, now), Claim::Fresh(_)));
     }
 
     #[tokio::test(start_paused = true)]
@@ -266,7 +304,8 @@ mod tests {
         let store = IdempotencyStore::new(Duration::from_secs(60), 3, 1 << 20);
         let now = Instant::now();
         for i in 0..10 {
-            let Claim::Fresh(g) = store.claim(&format!("t:{i}"), A, now + Duration::from_secs(i))
+            let Claim::Fresh(g) =
+                store.claim(&format!("t:{i}"), A, None, now + Duration::from_secs(i))
             else {
                 panic!()
             };
@@ -274,7 +313,7 @@ mod tests {
         }
         assert!(store.len() <= 3);
         assert!(
-            matches!(store.claim("other:9", A, now), Claim::Fresh(_)),
+            matches!(store.claim("other:9", A, None, now), Claim::Fresh(_)),
             "another tenant's key is separate"
         );
     }

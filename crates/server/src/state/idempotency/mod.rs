@@ -33,10 +33,12 @@ pub type Fingerprint = [u8; 32];
 pub enum IdemClaim {
     /// First use: run the request, then complete or release the claim.
     Fresh,
-    /// A finished request with the same fingerprint: these are its stored answer bytes.
-    Replay(Vec<u8>),
-    /// The same key and fingerprint is being served now.
-    InUse,
+    /// A finished request with the same fingerprint: these are its stored
+    /// answer bytes, and its stream's resume token if it had one.
+    Replay(Vec<u8>, Option<String>),
+    /// The same key and fingerprint is being served now, by a run whose
+    /// stream has this resume token (if any).
+    InUse(Option<String>),
     /// The key was used with a different fingerprint.
     Mismatch,
 }
@@ -58,11 +60,17 @@ pub struct RedisIdempotency {
     lease: Duration,
 }
 
-/// What a claim found.
+/// What a claim found. `resume` is the resume token of the stream that
+/// claimed the key first, when it had one: a reconnect follows its journal.
 pub enum KeyClaim {
     Fresh(KeyGuard),
-    Replay(Arc<Vec<Event>>),
-    InUse,
+    Replay {
+        events: Arc<Vec<Event>>,
+        resume: Option<String>,
+    },
+    InUse {
+        resume: Option<String>,
+    },
     Mismatch,
 }
 
@@ -101,30 +109,37 @@ impl Idempotency {
         })
     }
 
+    /// Claims `key` for a run whose stream has the journal `resume` (if any).
     pub async fn claim(
         &self,
         key: &str,
         fingerprint: Fingerprint,
+        resume: Option<&str>,
         now: Instant,
     ) -> Result<KeyClaim, RequestError> {
         match self {
-            Idempotency::Embedded(store) => Ok(match store.claim(key, fingerprint, now) {
+            Idempotency::Embedded(store) => Ok(match store.claim(key, fingerprint, resume, now) {
                 Claim::Fresh(g) => KeyClaim::Fresh(KeyGuard::Embedded(g)),
-                Claim::Replay(events) => KeyClaim::Replay(events),
-                Claim::InUse => KeyClaim::InUse,
+                Claim::Replay { events, resume } => KeyClaim::Replay { events, resume },
+                Claim::InUse { resume } => KeyClaim::InUse { resume },
                 Claim::Mismatch => KeyClaim::Mismatch,
             }),
-            Idempotency::Redis(r) => r.claim(key, fingerprint).await,
+            Idempotency::Redis(r) => r.claim(key, fingerprint, resume).await,
         }
     }
 }
 
 impl RedisIdempotency {
-    async fn claim(&self, key: &str, fingerprint: Fingerprint) -> Result<KeyClaim, RequestError> {
+    async fn claim(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        resume: Option<&str>,
+    ) -> Result<KeyClaim, RequestError> {
         let token = token();
         let claim = self
             .redis
-            .idem_claim(key, &fingerprint, &token, self.lease)
+            .idem_claim(key, &fingerprint, &token, self.lease, resume)
             .await
             .map_err(|e| {
                 self.faults.record(
@@ -138,15 +153,20 @@ impl RedisIdempotency {
             })?;
         Ok(match claim {
             IdemClaim::Fresh => KeyClaim::Fresh(KeyGuard::Redis(self.held(key, token))),
-            IdemClaim::Replay(bytes) => match serde_json::from_slice::<Vec<Event>>(&bytes) {
-                Ok(events) => KeyClaim::Replay(Arc::new(events)),
-                Err(e) => {
-                    return Err(RequestError::StateUnavailable(format!(
-                        "the stored answer for this key is unreadable: {e}"
-                    )))
+            IdemClaim::Replay(bytes, resume) => {
+                match serde_json::from_slice::<Vec<Event>>(&bytes) {
+                    Ok(events) => KeyClaim::Replay {
+                        events: Arc::new(events),
+                        resume,
+                    },
+                    Err(e) => {
+                        return Err(RequestError::StateUnavailable(format!(
+                            "the stored answer for this key is unreadable: {e}"
+                        )))
+                    }
                 }
-            },
-            IdemClaim::InUse => KeyClaim::InUse,
+            }
+            IdemClaim::InUse(resume) => KeyClaim::InUse { resume },
             IdemClaim::Mismatch => KeyClaim::Mismatch,
         })
     }

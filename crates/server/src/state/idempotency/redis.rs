@@ -14,19 +14,20 @@ use super::IdemClaim;
 use crate::state::redis::{bad_reply, ms, reply, Redis};
 use crate::state::StateError;
 
-/// KEYS: record. ARGV: fingerprint, token, in-flight ttl ms.
+/// KEYS: record. ARGV: fingerprint, token, in-flight ttl ms, resume token
+/// of the run's stream ('' when it has none).
 static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local rec = redis.call('HMGET', KEYS[1], 'state', 'fp', 'answer')
+local rec = redis.call('HMGET', KEYS[1], 'state', 'fp', 'answer', 'resume')
 if not rec[1] then
-  redis.call('HSET', KEYS[1], 'state', 'inflight', 'fp', ARGV[1], 'token', ARGV[2])
+  redis.call('HSET', KEYS[1], 'state', 'inflight', 'fp', ARGV[1], 'token', ARGV[2], 'resume', ARGV[4])
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {'fresh'}
 end
 if rec[2] ~= ARGV[1] then return {'mismatch'} end
-if rec[1] == 'inflight' then return {'inuse'} end
-return {'replay', rec[3] or ''}
+if rec[1] == 'inflight' then return {'inuse', rec[4] or ''} end
+return {'replay', rec[3] or '', rec[4] or ''}
 ",
     )
 });
@@ -72,15 +73,18 @@ return 1
 });
 
 impl Redis {
-    /// Claims `scoped_key` for a run, or says who has it.
+    /// Claims `scoped_key` for a run whose stream has the journal `resume`
+    /// (if any), or says who has it.
     pub async fn idem_claim(
         &self,
         scoped_key: &str,
         fingerprint: &[u8; 32],
         claim_token: &str,
         in_flight_ttl: Duration,
+        resume: Option<&str>,
     ) -> Result<IdemClaim, StateError> {
         let key = self.idem_key(scoped_key);
+        let resume = resume.unwrap_or_default().to_string();
         let v: Value = self
             .call("idem_claim", |mut c| async move {
                 CLAIM
@@ -88,19 +92,27 @@ impl Redis {
                     .arg(&fingerprint[..])
                     .arg(claim_token)
                     .arg(ms(in_flight_ttl, 1))
+                    .arg(&resume)
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
         let items = reply::items(v).ok_or_else(|| bad_reply("idem_claim"))?;
+        // The stream's resume token, when the run that claimed it has one.
+        let resume = |at: usize| {
+            items
+                .get(at)
+                .and_then(reply::string)
+                .filter(|t| !t.is_empty())
+        };
         match items.first().and_then(reply::string).as_deref() {
             Some("fresh") => Ok(IdemClaim::Fresh),
-            Some("inuse") => Ok(IdemClaim::InUse),
+            Some("inuse") => Ok(IdemClaim::InUse(resume(1))),
             Some("mismatch") => Ok(IdemClaim::Mismatch),
             Some("replay") => items
                 .get(1)
                 .and_then(reply::bytes)
-                .map(IdemClaim::Replay)
+                .map(|answer| IdemClaim::Replay(answer, resume(2)))
                 .ok_or_else(|| bad_reply("idem_claim")),
             _ => Err(bad_reply("idem_claim")),
         }
@@ -185,15 +197,17 @@ mod tests {
         let fp = [7u8; 32];
         let other = [8u8; 32];
         assert_eq!(
-            a.idem_claim("t/k", &fp, "tok-a", TTL).await.unwrap(),
+            a.idem_claim("t/k", &fp, "tok-a", TTL, None).await.unwrap(),
             IdemClaim::Fresh
         );
         assert_eq!(
-            b.idem_claim("t/k", &fp, "tok-b", TTL).await.unwrap(),
-            IdemClaim::InUse
+            b.idem_claim("t/k", &fp, "tok-b", TTL, None).await.unwrap(),
+            IdemClaim::InUse(None)
         );
         assert_eq!(
-            b.idem_claim("t/k", &other, "tok-b", TTL).await.unwrap(),
+            b.idem_claim("t/k", &other, "tok-b", TTL, None)
+                .await
+                .unwrap(),
             IdemClaim::Mismatch
         );
         // Only the holder's token completes or releases it.
@@ -203,8 +217,8 @@ mod tests {
             .unwrap());
         b.idem_release("t/k", "tok-b").await.unwrap();
         assert_eq!(
-            b.idem_claim("t/k", &fp, "tok-b", TTL).await.unwrap(),
-            IdemClaim::InUse
+            b.idem_claim("t/k", &fp, "tok-b", TTL, None).await.unwrap(),
+            IdemClaim::InUse(None)
         );
         let answer = [0u8, 159, 146, 150, 255, 0, 1];
         assert!(a.idem_complete("t/k", "tok-a", &answer, TTL).await.unwrap());
@@ -215,30 +229,34 @@ mod tests {
             "completed once"
         );
         assert_eq!(
-            b.idem_claim("t/k", &fp, "tok-c", TTL).await.unwrap(),
-            IdemClaim::Replay(answer.to_vec()),
+            b.idem_claim("t/k", &fp, "tok-c", TTL, None).await.unwrap(),
+            IdemClaim::Replay(answer.to_vec(), None),
             "binary-safe answer"
         );
         assert_eq!(
-            b.idem_claim("t/k", &other, "tok-c", TTL).await.unwrap(),
+            b.idem_claim("t/k", &other, "tok-c", TTL, None)
+                .await
+                .unwrap(),
             IdemClaim::Mismatch
         );
         a.idem_release("t/k", "tok-a").await.unwrap();
         assert!(
             matches!(
-                b.idem_claim("t/k", &fp, "x", TTL).await.unwrap(),
-                IdemClaim::Replay(_)
+                b.idem_claim("t/k", &fp, "x", TTL, None).await.unwrap(),
+                IdemClaim::Replay(..)
             ),
             "a done record is not released"
         );
         // Release by the holder frees the key.
         assert_eq!(
-            a.idem_claim("t/r", &fp, "tok", TTL).await.unwrap(),
+            a.idem_claim("t/r", &fp, "tok", TTL, None).await.unwrap(),
             IdemClaim::Fresh
         );
         a.idem_release("t/r", "tok").await.unwrap();
         assert_eq!(
-            b.idem_claim("t/r", &other, "tok2", TTL).await.unwrap(),
+            b.idem_claim("t/r", &other, "tok2", TTL, None)
+                .await
+                .unwrap(),
             IdemClaim::Fresh
         );
         let ttl: i64 = server.raw(&["PTTL", "switchyard:{i:t/k}"]).await.unwrap();
@@ -254,16 +272,16 @@ mod tests {
         let fp = [1u8; 32];
         let short = Duration::from_millis(200);
         assert_eq!(
-            r.idem_claim("k", &fp, "dead", short).await.unwrap(),
+            r.idem_claim("k", &fp, "dead", short, None).await.unwrap(),
             IdemClaim::Fresh
         );
         assert_eq!(
-            r.idem_claim("k", &fp, "live", short).await.unwrap(),
-            IdemClaim::InUse
+            r.idem_claim("k", &fp, "live", short, None).await.unwrap(),
+            IdemClaim::InUse(None)
         );
         tokio::time::sleep(short + Duration::from_millis(50)).await;
         assert_eq!(
-            r.idem_claim("k", &fp, "live", TTL).await.unwrap(),
+            r.idem_claim("k", &fp, "live", TTL, None).await.unwrap(),
             IdemClaim::Fresh
         );
         assert!(
@@ -282,7 +300,7 @@ mod tests {
         let fp = [3u8; 32];
         let lease = Duration::from_secs(1);
         assert_eq!(
-            r.idem_claim("k", &fp, "run", lease).await.unwrap(),
+            r.idem_claim("k", &fp, "run", lease, None).await.unwrap(),
             IdemClaim::Fresh
         );
         for _ in 0..5 {
@@ -290,8 +308,8 @@ mod tests {
             assert!(r.idem_renew("k", "run", lease).await.unwrap());
         }
         assert_eq!(
-            r.idem_claim("k", &fp, "other", lease).await.unwrap(),
-            IdemClaim::InUse,
+            r.idem_claim("k", &fp, "other", lease, None).await.unwrap(),
+            IdemClaim::InUse(None),
             "held past its first lease"
         );
         assert!(!r.idem_renew("k", "other", lease).await.unwrap());
@@ -302,7 +320,7 @@ mod tests {
         assert!(ttl > 1000, "a done record keeps its ttl: {ttl}");
         // ...nor a released one brought back.
         assert_eq!(
-            r.idem_claim("r", &fp, "run", lease).await.unwrap(),
+            r.idem_claim("r", &fp, "run", lease, None).await.unwrap(),
             IdemClaim::Fresh
         );
         r.idem_release("r", "run").await.unwrap();

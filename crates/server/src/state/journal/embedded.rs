@@ -35,8 +35,13 @@ impl EmbeddedJournal {
         self.book.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn open(&self, tenant: &str, owner: &Owner) -> Result<ResumeToken, JournalError> {
-        self.book().open(tenant, owner, Instant::now())
+    pub fn open(
+        &self,
+        tenant: &str,
+        token: &ResumeToken,
+        owner: &Owner,
+    ) -> Result<(), JournalError> {
+        self.book().open(tenant, token, owner, Instant::now())
     }
 
     pub fn append(
@@ -179,14 +184,18 @@ impl Book {
     fn open(
         &mut self,
         tenant: &str,
+        token: &ResumeToken,
         owner: &Owner,
         now: Instant,
-    ) -> Result<ResumeToken, JournalError> {
+    ) -> Result<(), JournalError> {
         self.purge(now);
         if self.total + OVERHEAD > self.bounds.max_total_bytes {
             return Err(JournalError::NotResumable(Bound::Total));
         }
-        let token = ResumeToken::generate();
+        if self.journals.contains_key(token) {
+            // 128 random bits collided: refuse rather than share a journal.
+            return Err(JournalError::Fenced);
+        }
         let (changes, _) = watch::channel(0);
         let stream = Stream {
             owner: owner.clone(),
@@ -208,7 +217,7 @@ impl Book {
         );
         self.expiry.insert((expires_at, token.0.clone()));
         self.total += OVERHEAD;
-        Ok(token)
+        Ok(())
     }
 
     /// The owner's live journal.
@@ -400,7 +409,11 @@ mod tests {
     async fn events_are_read_back_in_order_after_a_position_and_end_when_finished() {
         let j = journal(1000, 100_000);
         let o = Owner::generate();
-        let t = j.open("a", &o).unwrap();
+        let t = {
+            let t = ResumeToken::generate();
+            j.open("a", &t, &o).unwrap();
+            t
+        };
         for seq in 1..=5 {
             assert_eq!(
                 j.append(&t, &o, seq, Bytes::from(format!("e{seq}")))
@@ -434,7 +447,11 @@ mod tests {
     async fn another_tenant_gets_not_found_never_the_stream() {
         let j = journal(1000, 100_000);
         let o = Owner::generate();
-        let t = j.open("a", &o).unwrap();
+        let t = {
+            let t = ResumeToken::generate();
+            j.open("a", &t, &o).unwrap();
+            t
+        };
         j.append(&t, &o, 1, ev(3)).unwrap();
         assert_eq!(
             j.read("b", &t, 0, Duration::ZERO).await.unwrap_err(),
@@ -455,7 +472,11 @@ mod tests {
     async fn a_journal_expires_ttl_after_its_last_write_then_is_forgotten() {
         let j = journal(1000, 100_000);
         let o = Owner::generate();
-        let t = j.open("a", &o).unwrap();
+        let t = {
+            let t = ResumeToken::generate();
+            j.open("a", &t, &o).unwrap();
+            t
+        };
         tokio::time::advance(TTL - Duration::from_secs(1)).await;
         j.append(&t, &o, 1, ev(10)).unwrap();
         // The append moved the expiry: a full ttl from it, less a second, it lives.
@@ -489,7 +510,11 @@ mod tests {
     async fn past_the_stream_bound_the_append_says_so_and_later_ones_are_refused() {
         let j = journal(100, 100_000);
         let o = Owner::generate();
-        let t = j.open("a", &o).unwrap();
+        let t = {
+            let t = ResumeToken::generate();
+            j.open("a", &t, &o).unwrap();
+            t
+        };
         assert_eq!(j.append(&t, &o, 1, ev(60)).unwrap(), Appended::Stored);
         assert_eq!(j.append(&t, &o, 2, ev(40)).unwrap(), Appended::Stored);
         assert_eq!(j.total_bytes(), OVERHEAD + 100, "exactly at the bound");
@@ -520,10 +545,18 @@ mod tests {
         // Room for two journals' overhead and 100 bytes of events.
         let j = journal(1000, 2 * OVERHEAD + 100);
         let o = Owner::generate();
-        let a = j.open("a", &o).unwrap();
-        let b = j.open("a", &o).unwrap();
+        let a = {
+            let t = ResumeToken::generate();
+            j.open("a", &t, &o).unwrap();
+            t
+        };
+        let b = {
+            let t = ResumeToken::generate();
+            j.open("a", &t, &o).unwrap();
+            t
+        };
         assert_eq!(
-            j.open("a", &o).unwrap_err(),
+            j.open("a", &ResumeToken::generate(), &o).unwrap_err(),
             JournalError::NotResumable(Bound::Total),
             "no room for a third"
         );
@@ -541,7 +574,11 @@ mod tests {
     async fn the_tail_wait_wakes_on_an_append_and_is_bounded() {
         let j = Arc::new(journal(1000, 100_000));
         let o = Owner::generate();
-        let t = j.open("a", &o).unwrap();
+        let t = {
+            let t = ResumeToken::generate();
+            j.open("a", &t, &o).unwrap();
+            t
+        };
         let start = Instant::now();
         let reader = {
             let (j, t) = (j.clone(), t.clone());
@@ -575,7 +612,11 @@ mod tests {
     async fn a_lapsed_lease_lets_a_survivor_take_over_and_fences_the_old_owner() {
         let j = journal(1000, 100_000);
         let (old, new) = (Owner::generate(), Owner::generate());
-        let t = j.open("a", &old).unwrap();
+        let t = {
+            let t = ResumeToken::generate();
+            j.open("a", &t, &old).unwrap();
+            t
+        };
         j.append(&t, &old, 1, ev(1)).unwrap();
         tokio::time::advance(LEASE - Duration::from_secs(1)).await;
         assert_eq!(j.claim("a", &t, &new).unwrap(), Claim::Held);

@@ -22,7 +22,8 @@
 //! under `switchyard_state_errors_total{function="journal"}`; what the
 //! request task does then (stream on, unresumable) is its decision.
 //!
-//! Not wired yet: the stream tee appends, the doors resume (issue 28).
+//! The request's sink writes the journal through `task::journal`'s tee; the
+//! doors read it back to resume.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -253,13 +254,19 @@ impl Journal {
         e
     }
 
-    /// A new journal owned by `owner` for `tenant`; `NotResumable(Total)`
-    /// when the process has no room for one more (stream it unresumable).
-    pub async fn open(&self, tenant: &str, owner: &Owner) -> Result<ResumeToken, JournalError> {
+    /// A new journal named `token` (fresh from `ResumeToken::generate`),
+    /// owned by `owner` for `tenant`; `NotResumable(Total)` when the process
+    /// has no room for one more (stream it unresumable).
+    pub async fn open(
+        &self,
+        tenant: &str,
+        token: &ResumeToken,
+        owner: &Owner,
+    ) -> Result<(), JournalError> {
         match self {
-            Journal::Embedded(j) => j.open(tenant, owner),
+            Journal::Embedded(j) => j.open(tenant, token, owner),
             Journal::Redis { journal, faults } => journal
-                .open(tenant, owner)
+                .open(tenant, token, owner)
                 .await
                 .map_err(|e| Self::fault(faults, e, "the stream is not resumable")),
         }

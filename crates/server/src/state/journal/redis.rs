@@ -259,17 +259,21 @@ impl RedisJournal {
         }
     }
 
-    pub async fn open(&self, tenant: &str, owner: &Owner) -> Result<ResumeToken, JournalError> {
-        let token = ResumeToken::generate();
+    pub async fn open(
+        &self,
+        tenant: &str,
+        token: &ResumeToken,
+        owner: &Owner,
+    ) -> Result<(), JournalError> {
         let args = vec![
             tenant.as_bytes().to_vec(),
             owner.as_str().as_bytes().to_vec(),
             ms(self.bounds.lease, 1).to_string().into_bytes(),
             ms(self.bounds.ttl, 1).to_string().into_bytes(),
         ];
-        let v = self.run("journal_open", &OPEN, &token, args).await?;
+        let v = self.run("journal_open", &OPEN, token, args).await?;
         match reply::string(&v).as_deref() {
-            Some("ok") => Ok(token),
+            Some("ok") => Ok(()),
             // 128 random bits collided: say so rather than share a journal.
             _ => Err(bad_reply("journal_open").into()),
         }
@@ -496,7 +500,11 @@ mod tests {
             bounds(Duration::from_secs(60), Duration::from_secs(20)),
         );
         let o = Owner::generate();
-        let t = j.open("a", &o).await.unwrap();
+        let t = {
+            let t = ResumeToken::generate();
+            j.open("a", &t, &o).await.unwrap();
+            t
+        };
         for seq in 1..=3u64 {
             let e = format!("e{seq}\0bin");
             assert_eq!(
@@ -567,7 +575,11 @@ mod tests {
             bounds(Duration::from_millis(300), Duration::from_secs(20)),
         );
         let o = Owner::generate();
-        let t = j.open("a", &o).await.unwrap();
+        let t = {
+            let t = ResumeToken::generate();
+            j.open("a", &t, &o).await.unwrap();
+            t
+        };
         j.append(&t, &o, 1, b"x").await.unwrap();
         let other = Owner::generate();
         assert_eq!(
@@ -627,7 +639,11 @@ mod tests {
             bounds(Duration::from_secs(60), Duration::from_secs(20)),
         );
         let o = Owner::generate();
-        let t = j.open("a", &o).await.unwrap();
+        let t = {
+            let t = ResumeToken::generate();
+            j.open("a", &t, &o).await.unwrap();
+            t
+        };
         assert_eq!(
             j.append(&t, &o, 1, &ev(60)).await.unwrap(),
             Appended::Stored
@@ -671,7 +687,11 @@ mod tests {
         let first = RedisJournal::new(server.client(), b);
         let second = RedisJournal::new(server.client(), b);
         let (old, new) = (Owner::generate(), Owner::generate());
-        let t = first.open("a", &old).await.unwrap();
+        let t = {
+            let t = ResumeToken::generate();
+            first.open("a", &t, &old).await.unwrap();
+            t
+        };
         first.append(&t, &old, 1, b"a").await.unwrap();
         assert_eq!(second.claim("a", &t, &new).await.unwrap(), Claim::Held);
         // The old owner stops renewing (a SIGKILL): the lease lapses in Redis.
@@ -719,7 +739,11 @@ mod tests {
         let owner_side = RedisJournal::new(server.client(), b);
         let reader_side = RedisJournal::new(server.client(), b);
         let o = Owner::generate();
-        let t = owner_side.open("a", &o).await.unwrap();
+        let t = {
+            let t = ResumeToken::generate();
+            owner_side.open("a", &t, &o).await.unwrap();
+            t
+        };
         // Nothing comes: the wait lasts its bound (at least) and ends empty.
         let mut tail = None;
         let start = std::time::Instant::now();
@@ -778,7 +802,11 @@ mod tests {
         let b = bounds(Duration::from_secs(60), Duration::from_secs(20));
         let owner_side = RedisJournal::new(server.client(), b);
         let o = Owner::generate();
-        let t = owner_side.open("a", &o).await.unwrap();
+        let t = {
+            let t = ResumeToken::generate();
+            owner_side.open("a", &t, &o).await.unwrap();
+            t
+        };
         owner_side.append(&t, &o, 1, b"t1").await.unwrap();
         let mut readers = Vec::new();
         for _ in 0..2 {

@@ -1,0 +1,341 @@
+//! A stream's resume journal, seen from the request path: the tee that
+//! writes every item a journaled stream sends (`JournalTee`, renewing its
+//! owner's lease while it lives), what one journaled item is on the wire
+//! (`encode`, `decode`), and `follow`, which streams a journal back to a
+//! caller that reconnected: what it holds, then the live tail, then its end.
+//! The store itself (embedded or Redis, bounds, leases, tenants) is
+//! `state::journal`.
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::RequestError;
+use crate::sink::{Event, EventSink, Item, Tee};
+use crate::state::journal::{
+    Appended, Journal, JournalError, Owner, Reader, ResumeToken, Tail, MAX_WAIT,
+};
+use crate::state::redis::lease::Renewal;
+use crate::state::{StateError, StateFaults};
+
+/// Names the error table's row of a request error (`api::errors::reason`),
+/// given by the door that builds the tee: a journaled error is replayed
+/// with the reason it was first told with.
+pub type Reason = fn(&RequestError) -> &'static str;
+
+/// One journaled item, as stored.
+#[derive(serde::Serialize, serde::Deserialize)]
+enum Record {
+    Event(Event),
+    Error {
+        reason: String,
+        message: String,
+        #[serde(default)]
+        retry_after_ms: Option<u64>,
+    },
+}
+
+/// The stored form of `item`.
+pub fn encode(item: &Item, reason: Reason) -> Result<Bytes, serde_json::Error> {
+    let record = match item {
+        Ok(event) => Record::Event(event.clone()),
+        Err(e) => Record::Error {
+            reason: reason(e).to_string(),
+            message: e.to_string(),
+            retry_after_ms: e.retry_after().map(|d| d.as_millis() as u64),
+        },
+    };
+    serde_json::to_vec(&record).map(Bytes::from)
+}
+
+/// The item a stored record was (an unreadable one ends the stream with
+/// INTERNAL rather than passing for an event).
+pub fn decode(bytes: &[u8]) -> Item {
+    match serde_json::from_slice::<Record>(bytes) {
+        Ok(Record::Event(event)) => Ok(event),
+        Ok(Record::Error {
+            reason,
+            message,
+            retry_after_ms,
+        }) => Err(RequestError::Journaled {
+            reason,
+            message,
+            retry_after: retry_after_ms.map(Duration::from_millis),
+        }),
+        Err(e) => Err(RequestError::Journaled {
+            reason: "INTERNAL".into(),
+            message: format!("a journaled event is unreadable: {e}"),
+            retry_after: None,
+        }),
+    }
+}
+
+/// Writes a stream's items to its journal, as their owner.
+pub struct JournalTee {
+    journal: Journal,
+    token: ResumeToken,
+    owner: Owner,
+    reason: Reason,
+    /// Every item so far is stored.
+    whole: bool,
+    /// Keeps the owner's lease while the stream lives (dropped with the tee).
+    _renewal: Renewal,
+}
+
+impl JournalTee {
+    /// Opens a journal for one of `tenant`'s streams; `None` (the stream
+    /// goes unresumable, and says so in `Finished.resumable`) when the
+    /// store has no room or cannot be reached.
+    pub async fn open(
+        journal: &Journal,
+        tenant: &str,
+        lease: Duration,
+        faults: Arc<StateFaults>,
+        reason: Reason,
+    ) -> Option<JournalTee> {
+        let token = ResumeToken::generate();
+        let owner = Owner::generate();
+        if let Err(e) = journal.open(tenant, &token, &owner).await {
+            tracing::debug!(error = %e, "the stream is not journaled");
+            return None;
+        }
+        let renewal = {
+            let (journal, token, owner) = (journal.clone(), token.clone(), owner.clone());
+            Renewal::start(faults, "journal", lease, move || {
+                let (journal, token, owner) = (journal.clone(), token.clone(), owner.clone());
+                async move {
+                    match journal.renew(&token, &owner).await {
+                        Ok(()) => Ok(true),
+                        Err(JournalError::Unavailable(e)) => Err(e),
+                        Err(_) => Ok(false),
+                    }
+                }
+            })
+        };
+        Some(JournalTee {
+            journal: journal.clone(),
+            token,
+            owner,
+            reason,
+            whole: true,
+            _renewal: renewal,
+        })
+    }
+}
+
+impl Tee for JournalTee {
+    fn token(&self) -> &str {
+        self.token.as_str()
+    }
+
+    fn write<'a>(&'a mut self, seq: u64, item: &'a Item) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if !self.whole {
+                return;
+            }
+            let stored = match encode(item, self.reason) {
+                Ok(bytes) => {
+                    self.journal
+                        .append(&self.token, &self.owner, seq, bytes)
+                        .await
+                }
+                Err(e) => Err(JournalError::Unavailable(StateError::Unavailable(format!(
+                    "an event could not be encoded: {e}"
+                )))),
+            };
+            match stored {
+                Ok(Appended::Stored) => {}
+                Ok(Appended::NotResumable(bound)) => {
+                    tracing::info!(
+                        bound = bound.key(),
+                        "the stream passed its journal bound: it is not resumable"
+                    );
+                    self.whole = false;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "journal append failed: the stream is not resumable");
+                    self.whole = false;
+                }
+            }
+            let last = matches!(item, Err(_) | Ok(Event::Finished(_)) | Ok(Event::Queued(_)));
+            if last && self.whole {
+                if let Err(e) = self.journal.finish(&self.token, &self.owner).await {
+                    tracing::debug!(error = %e, "journal finish failed");
+                }
+            }
+        })
+    }
+
+    fn whole(&self) -> bool {
+        self.whole
+    }
+}
+
+/// Why a journal could not be read, as the caller learns it.
+pub fn resume_error(e: JournalError) -> RequestError {
+    match e {
+        JournalError::NotFound => RequestError::ResumeNotFound,
+        JournalError::Expired => RequestError::ResumeExpired,
+        JournalError::NotResumable(bound) => RequestError::NotResumable(bound.key()),
+        JournalError::Unavailable(e) => {
+            RequestError::StateUnavailable(format!("the resume journal cannot be read: {e}"))
+        }
+        other => RequestError::Unavailable(format!("the resume journal: {other}")),
+    }
+}
+
+/// Streams `tenant`'s journal `token` to `sink` from after `after_seq`:
+/// every item under its own number, then the live tail, until the stream's
+/// last item. A journal whose writer died before its end ends the stream
+/// with RESUME_OWNER_GONE. Returns once the caller has it all (or left).
+pub async fn follow(
+    journal: &Journal,
+    tenant: &str,
+    token: &ResumeToken,
+    after_seq: u64,
+    sink: &mut EventSink,
+) -> Result<(), RequestError> {
+    Follower::open(journal, tenant, token, after_seq)
+        .await?
+        .run(sink)
+        .await
+}
+
+/// A journal being streamed back, its token already checked.
+pub struct Follower {
+    reader: Reader,
+}
+
+impl Follower {
+    /// Checks the token against `tenant` before anything streams: another
+    /// tenant's, an unknown or an expired one is refused here.
+    pub async fn open(
+        journal: &Journal,
+        tenant: &str,
+        token: &ResumeToken,
+        after_seq: u64,
+    ) -> Result<Follower, RequestError> {
+        let reader = journal
+            .reader(tenant, token, after_seq)
+            .await
+            .map_err(resume_error)?;
+        Ok(Follower { reader })
+    }
+
+    /// Streams every item to `sink` until the stream's last one.
+    pub async fn run(mut self, sink: &mut EventSink) -> Result<(), RequestError> {
+        loop {
+            let from = self.reader.position();
+            let batch = self.reader.next(MAX_WAIT).await.map_err(resume_error)?;
+            for entry in &batch.events {
+                let item = decode(&entry.event);
+                let last = item.is_err();
+                if sink.forward(entry.seq, item).await.is_err() || last {
+                    return Ok(());
+                }
+            }
+            if batch.ends_stream(from) {
+                return Ok(());
+            }
+            if batch.tail == Tail::Orphaned {
+                return Err(RequestError::ResumeOwnerGone);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::chat::Chunk;
+    use crate::sink::{channel, Delivery, SendLimits};
+    use crate::state::journal::Bounds;
+
+    fn reason(e: &RequestError) -> &'static str {
+        match e {
+            RequestError::DeadlineExceeded { .. } => "DEADLINE_EXCEEDED",
+            _ => "INTERNAL",
+        }
+    }
+
+    #[test]
+    fn an_item_comes_back_as_it_went_in_and_an_error_keeps_its_reason() {
+        let chunk: Item = Ok(Event::Chunk(Chunk::Text("hé".into())));
+        assert_eq!(decode(&encode(&chunk, reason).unwrap()), chunk);
+        let late: Item = Err(RequestError::DeadlineExceeded { attempts: 2 });
+        match decode(&encode(&late, reason).unwrap()) {
+            Err(RequestError::Journaled {
+                reason, message, ..
+            }) => {
+                assert_eq!(reason, "DEADLINE_EXCEEDED");
+                assert_eq!(message, "deadline exceeded after 2 upstream attempt(s)");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            decode(b"{not json"),
+            Err(RequestError::Journaled { reason, .. }) if reason == "INTERNAL"
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_follower_gets_every_item_after_its_position_under_the_same_numbers() {
+        let journal = Journal::embedded(Bounds {
+            ttl: Duration::from_secs(60),
+            max_bytes_per_stream: 1 << 20,
+            max_total_bytes: 1 << 24,
+            lease: Duration::from_secs(20),
+        });
+        let faults = StateFaults::new(Arc::default());
+        let tee = JournalTee::open(&journal, "t", Duration::from_secs(20), faults, reason)
+            .await
+            .unwrap();
+        let token = ResumeToken::parse(tee.token()).unwrap();
+        let (mut writer, _caller) = channel(SendLimits::default(), Delivery::Final);
+        writer.set_tee(Box::new(tee), false);
+        for t in ["a", "b", "c"] {
+            writer
+                .replay(Event::Chunk(Chunk::Text(t.into())))
+                .await
+                .unwrap();
+        }
+        let follower = {
+            let (journal, token) = (journal.clone(), token.clone());
+            tokio::spawn(async move {
+                let (mut sink, mut events) = channel(SendLimits::default(), Delivery::Final);
+                let run = tokio::spawn(async move {
+                    follow(&journal, "t", &token, 1, &mut sink).await.unwrap();
+                });
+                let mut got = Vec::new();
+                while let Some(item) = events.recv().await {
+                    got.push((events.seq(), item));
+                }
+                run.await.unwrap();
+                got
+            })
+        };
+        // The live tail reaches the follower, then the stream's end.
+        writer
+            .fail(RequestError::DeadlineExceeded { attempts: 1 })
+            .await;
+        let got = follower.await.unwrap();
+        assert_eq!(
+            got.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+            [2, 3, 4],
+            "after the caller's position, numbered as first sent"
+        );
+        assert_eq!(got[0].1, Ok(Event::Chunk(Chunk::Text("b".into()))));
+        assert!(
+            matches!(&got[2].1, Err(RequestError::Journaled { reason, .. }) if reason == "DEADLINE_EXCEEDED")
+        );
+
+        // Another tenant's follower is refused before anything streams.
+        let (mut sink, _events) = channel(SendLimits::default(), Delivery::Final);
+        assert_eq!(
+            follow(&journal, "other", &token, 0, &mut sink).await,
+            Err(RequestError::ResumeNotFound)
+        );
+    }
+}

@@ -1,0 +1,479 @@
+//! Streams that survive their caller: every streamed event is numbered and
+//! journaled; a caller that drops its stream resumes it from the last event
+//! it holds (by `ResumeCompletion` with the resume token, or by the same
+//! request with the same idempotency key and `resume_after_seq` /
+//! `Last-Event-ID`), on this replica or another one on the same Redis, and
+//! gets the rest: no duplicated, no lost text, one upstream generation.
+//! Tokens are bound to their tenant; a stream past its journal bound says
+//! `resumable = false`; a keyless stream whose caller leaves is cancelled.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+use switchyard::proto;
+use switchyard::proto::completion_event::Event;
+use tonic::Code;
+
+const TOKENS: &str = "alpha:alpha-token-0000000000,beta:beta-token-00000000000";
+const ALPHA: &str = "alpha-token-0000000000";
+const BETA: &str = "beta-token-00000000000";
+
+/// 40 tokens, 25 ms apart: a stream long enough to drop in the middle.
+const MOCK: &[&str] = &["--tokens", "40", "--token-delay-ms", "25"];
+
+fn full_text(n: u32) -> String {
+    (0..n).map(|i| format!("tok{i} ")).collect()
+}
+
+fn config(head: &str, mock: &Mock) -> String {
+    format!(
+        "[server]\nhttp_listen = \"127.0.0.1:0\"\n[auth]\nmode = \"tokens\"\ntokens_env = \"SY_TEST_TOKENS\"\n{head}\n{}{}",
+        provider("p", "openai", &mock.base_url(), "m"),
+        route("chat", &["p/m"])
+    )
+}
+
+fn as_tenant<T>(token: &str, body: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(body);
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    req
+}
+
+fn keyed(key: &str) -> proto::CompletionRequest {
+    proto::CompletionRequest {
+        idempotency_key: key.into(),
+        max_tokens: 40,
+        ..request("chat")
+    }
+}
+
+/// What a caller read of a stream before it dropped it.
+struct Partial {
+    token: String,
+    header_token: Option<String>,
+    text: String,
+    seqs: Vec<u64>,
+}
+
+/// Opens a stream as `tenant`, reads `events` events (Started and deltas),
+/// then drops the call as a lost connection would.
+async fn read_then_drop(
+    sy: &Switchyard,
+    tenant: &str,
+    req: proto::CompletionRequest,
+    events: usize,
+) -> Partial {
+    let mut client = sy.client().await;
+    let response = client
+        .stream_completion(as_tenant(tenant, req))
+        .await
+        .unwrap();
+    let header_token = response
+        .metadata()
+        .get("x-switchyard-resume-token")
+        .map(|v| v.to_str().unwrap().to_string());
+    let mut s = response.into_inner();
+    let mut out = Partial {
+        token: String::new(),
+        header_token,
+        text: String::new(),
+        seqs: Vec::new(),
+    };
+    while out.seqs.len() < events {
+        let ev = s.message().await.unwrap().expect("an event");
+        out.seqs.push(ev.seq);
+        match ev.event {
+            Some(Event::Started(st)) => out.token = st.resume_token,
+            Some(Event::Delta(d)) => out.text.push_str(&d.text),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    drop(s);
+    drop(client);
+    out
+}
+
+/// The rest of a stream, from `ResumeCompletion` or a reconnect.
+#[derive(Default)]
+struct Rest {
+    seqs: Vec<u64>,
+    text: String,
+    finished: Option<proto::Finished>,
+    status: Option<tonic::Status>,
+}
+
+async fn read_rest(mut s: tonic::Streaming<proto::CompletionEvent>) -> Rest {
+    let mut out = Rest::default();
+    loop {
+        match s.message().await {
+            Ok(Some(ev)) => {
+                out.seqs.push(ev.seq);
+                match ev.event {
+                    Some(Event::Delta(d)) => out.text.push_str(&d.text),
+                    Some(Event::Finished(f)) => out.finished = Some(f),
+                    _ => {}
+                }
+            }
+            Ok(None) => return out,
+            Err(status) => {
+                out.status = Some(status);
+                return out;
+            }
+        }
+    }
+}
+
+async fn resume(
+    sy: &Switchyard,
+    tenant: &str,
+    token: &str,
+    after_seq: u64,
+) -> Result<Rest, tonic::Status> {
+    let mut client = sy.client().await;
+    let s = client
+        .resume_completion(as_tenant(
+            tenant,
+            proto::ResumeRequest {
+                resume_token: token.into(),
+                after_seq,
+                tenant: String::new(),
+            },
+        ))
+        .await?
+        .into_inner();
+    Ok(read_rest(s).await)
+}
+
+#[tokio::test]
+async fn a_dropped_grpc_stream_resumes_by_its_token_with_nothing_lost_or_repeated() {
+    let mock = Mock::start("openai", MOCK).await;
+    let sy = Switchyard::start_with(&config("", &mock), &[("SY_TEST_TOKENS", TOKENS)]).await;
+
+    // Started + 5 deltas, then the connection is lost.
+    let first = read_then_drop(&sy, ALPHA, keyed("k-grpc"), 6).await;
+    assert_eq!(first.seqs, [1, 2, 3, 4, 5, 6], "numbered from 1, no gaps");
+    assert_eq!(first.token.len(), 22, "Started names the journal");
+    assert_eq!(first.header_token.as_deref(), Some(first.token.as_str()));
+    assert_eq!(first.text, full_text(5));
+
+    let rest = resume(&sy, ALPHA, &first.token, 6).await.unwrap();
+    assert!(rest.status.is_none(), "{:?}", rest.status);
+    assert_eq!(
+        rest.seqs.first(),
+        Some(&7),
+        "the event after the last one held"
+    );
+    assert!(
+        rest.seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "{:?}",
+        rest.seqs
+    );
+    assert_eq!(
+        format!("{}{}", first.text, rest.text),
+        full_text(40),
+        "no duplicated and no lost characters at the seam"
+    );
+    let f = rest.finished.expect("Finished");
+    assert!(f.resumable, "the whole stream was journaled");
+    assert_eq!(f.usage.unwrap().output_tokens, 40);
+
+    // Resuming again from the start gives the same stream again.
+    let again = resume(&sy, ALPHA, &first.token, 0).await.unwrap();
+    assert_eq!(again.seqs.first(), Some(&1));
+    assert_eq!(again.text, full_text(40));
+
+    assert_eq!(
+        mock.requests().await.len(),
+        1,
+        "one generation: the keyed stream finished into its journal, nothing was asked twice"
+    );
+}
+
+#[tokio::test]
+async fn a_resume_token_is_its_tenants_alone() {
+    let mock = Mock::start("openai", MOCK).await;
+    let sy = Switchyard::start_with(&config("", &mock), &[("SY_TEST_TOKENS", TOKENS)]).await;
+    let first = read_then_drop(&sy, ALPHA, keyed("k-wall"), 3).await;
+
+    let status = resume(&sy, BETA, &first.token, 0)
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert_eq!(reason(&status), "RESUME_NOT_FOUND");
+    assert!(!status.message().contains(&first.token), "{status:?}");
+
+    for junk in ["", "not-a-token", &"A".repeat(22)] {
+        let status = resume(&sy, ALPHA, junk, 0).await.err().expect("refused");
+        assert_eq!(status.code(), Code::NotFound, "{junk}: {status:?}");
+        assert_eq!(reason(&status), "RESUME_NOT_FOUND");
+    }
+    // The owner still gets it.
+    let rest = resume(&sy, ALPHA, &first.token, 3).await.unwrap();
+    assert!(rest.finished.is_some(), "{:?}", rest.status);
+}
+
+#[tokio::test]
+async fn the_same_key_with_resume_after_seq_reconnects_instead_of_answering_in_use() {
+    let mock = Mock::start("openai", MOCK).await;
+    let sy = Switchyard::start_with(&config("", &mock), &[("SY_TEST_TOKENS", TOKENS)]).await;
+    let first = read_then_drop(&sy, ALPHA, keyed("k-again"), 4).await;
+
+    // The same request, same key, without resume_after_seq: in use.
+    let got = stream(&mut sy.client().await, as_tenant(ALPHA, keyed("k-again"))).await;
+    let status = got.status.expect("refused while in flight");
+    assert_eq!(reason(&status), "IDEMPOTENCY_KEY_IN_USE", "{status:?}");
+
+    let mut client = sy.client().await;
+    let s = client
+        .stream_completion(as_tenant(
+            ALPHA,
+            proto::CompletionRequest {
+                resume_after_seq: Some(4),
+                ..keyed("k-again")
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let rest = read_rest(s).await;
+    assert!(rest.status.is_none(), "{:?}", rest.status);
+    assert_eq!(rest.seqs.first(), Some(&5));
+    assert_eq!(format!("{}{}", first.text, rest.text), full_text(40));
+    assert_eq!(mock.requests().await.len(), 1);
+
+    // Once it finished, a reconnect still gets the rest (from the journal).
+    let s = client
+        .stream_completion(as_tenant(
+            ALPHA,
+            proto::CompletionRequest {
+                resume_after_seq: Some(30),
+                ..keyed("k-again")
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let tail = read_rest(s).await;
+    assert_eq!(tail.seqs.first(), Some(&31));
+    assert!(tail.finished.is_some());
+    assert_eq!(mock.requests().await.len(), 1);
+
+    // A reconnect for a key that names nothing is refused, not run again.
+    let got = stream(
+        &mut client,
+        as_tenant(
+            ALPHA,
+            proto::CompletionRequest {
+                resume_after_seq: Some(3),
+                ..keyed("k-never")
+            },
+        ),
+    )
+    .await;
+    assert_eq!(reason(&got.status.expect("refused")), "RESUME_NOT_FOUND");
+    assert_eq!(mock.requests().await.len(), 1);
+}
+
+/// The SSE frames of a body: (id, data) of each, in order.
+fn sse(body: &str) -> Vec<(Option<u64>, String)> {
+    body.split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .map(|block| {
+            let mut id = None;
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    id = Some(v.parse().unwrap());
+                }
+                if let Some(v) = line.strip_prefix("data: ") {
+                    data = v.to_string();
+                }
+            }
+            (id, data)
+        })
+        .collect()
+}
+
+fn chunk_text(data: &str) -> String {
+    serde_json::from_str::<Value>(data)
+        .ok()
+        .and_then(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_openai_stream_reconnects_with_last_event_id_and_the_same_idempotency_key() {
+    let mock = Mock::start("openai", MOCK).await;
+    let sy = Switchyard::start_with(&config("", &mock), &[("SY_TEST_TOKENS", TOKENS)]).await;
+    let url = format!("{}/v1/chat/completions", sy.http_url());
+    let http = reqwest::Client::new();
+    let body = json!({"model": "chat", "stream": true, "max_tokens": 40,
+                      "messages": [{"role": "user", "content": "hello"}]});
+
+    // Read until event 5 has arrived, then drop the connection.
+    let mut r = http
+        .post(&url)
+        .bearer_auth(ALPHA)
+        .header("idempotency-key", "k-http")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let token = r.headers()["x-switchyard-resume-token"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(token.len(), 22);
+    let mut got = String::new();
+    let mut held: Vec<(Option<u64>, String)> = Vec::new();
+    while held.last().is_none_or(|(id, _)| id.is_none_or(|id| id < 5)) {
+        let bytes = r.chunk().await.unwrap().expect("more frames");
+        got.push_str(std::str::from_utf8(&bytes).unwrap());
+        // Only whole frames count as held.
+        let whole = &got[..got.rfind("\n\n").map_or(0, |i| i + 2)];
+        held = sse(whole);
+    }
+    drop(r);
+    let last_id = held.iter().filter_map(|(id, _)| *id).max().unwrap();
+    assert!(
+        held.iter().all(|(id, _)| id.is_some()),
+        "every frame has an id: {held:?}"
+    );
+    let before: String = held.iter().map(|(_, d)| chunk_text(d)).collect();
+
+    let r = http
+        .post(&url)
+        .bearer_auth(ALPHA)
+        .header("idempotency-key", "k-http")
+        .header("last-event-id", last_id.to_string())
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let rest = sse(&r.text().await.unwrap());
+    assert_eq!(rest.last().unwrap().1, "[DONE]");
+    let ids: Vec<u64> = rest.iter().filter_map(|(id, _)| *id).collect();
+    assert!(
+        ids.iter().all(|&id| id > last_id),
+        "only what follows {last_id}: {ids:?}"
+    );
+    let after: String = rest.iter().map(|(_, d)| chunk_text(d)).collect();
+    assert_eq!(format!("{before}{after}"), full_text(40));
+    assert_eq!(mock.requests().await.len(), 1, "one generation");
+
+    // A Last-Event-ID that is not an event id is refused by name.
+    let r = http
+        .post(&url)
+        .bearer_auth(ALPHA)
+        .header("idempotency-key", "k-http")
+        .header("last-event-id", "yesterday")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("Last-Event-ID"));
+}
+
+#[tokio::test]
+async fn a_stream_past_its_journal_bound_says_it_is_not_resumable() {
+    let mock = Mock::start("openai", &["--tokens", "40"]).await;
+    let sy = Switchyard::start_with(
+        &config("[resume]\nmax_bytes_per_stream = 1024", &mock),
+        &[("SY_TEST_TOKENS", TOKENS)],
+    )
+    .await;
+    let mut client = sy.client().await;
+    let got = stream(&mut client, as_tenant(ALPHA, keyed("k-big"))).await;
+    let f = got.finished.unwrap_or_else(|| panic!("{:?}", got.status));
+    assert_eq!(
+        got.text,
+        full_text(40),
+        "the caller still gets the whole answer"
+    );
+    assert!(!f.resumable, "told, not cut silently");
+    let token = &got.started[0].resume_token;
+    let status = resume(&sy, ALPHA, token, 0).await.err().expect("refused");
+    assert_eq!(reason(&status), "STREAM_NOT_RESUMABLE", "{status:?}");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+}
+
+#[tokio::test]
+async fn a_keyless_stream_is_cancelled_when_its_caller_leaves_and_a_reconnect_says_so() {
+    let mock = Mock::start("openai", &["--tokens", "400", "--token-delay-ms", "25"]).await;
+    let sy = Switchyard::start_with(&config("", &mock), &[("SY_TEST_TOKENS", TOKENS)]).await;
+    let req = proto::CompletionRequest {
+        max_tokens: 400,
+        ..request("chat")
+    };
+    let first = read_then_drop(&sy, ALPHA, req, 4).await;
+    let resumed =
+        tokio::time::timeout(Duration::from_secs(10), resume(&sy, ALPHA, &first.token, 4))
+            .await
+            .expect("a cancelled stream is told at once, not after a lease");
+    // The cancellation is the stream's last item: a plain status when it is
+    // the first one after the caller's position, else the stream's end.
+    let (status, text) = match resumed {
+        Err(status) => (status, String::new()),
+        Ok(rest) => (rest.status.expect("ends with its cancellation"), rest.text),
+    };
+    assert_eq!(reason(&status), "STREAM_CANCELLED", "{status:?}");
+    assert_eq!(status.code(), Code::Cancelled);
+    assert!(
+        text.len() < full_text(400).len() - first.text.len(),
+        "the generation stopped early"
+    );
+    // The upstream was asked once and its answer was not read to the end.
+    assert_eq!(mock.requests().await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_stream_started_on_one_replica_resumes_on_another() {
+    let Some(redis) = RedisServer::start("resume fleet").await else {
+        return;
+    };
+    let head = "[state]\nbackend = \"redis\"";
+    let (ma, mb) = (
+        Mock::start("openai", MOCK).await,
+        Mock::start("openai", MOCK).await,
+    );
+    let env = [
+        ("SWITCHYARD_REDIS_URL", redis.url()),
+        ("SY_TEST_TOKENS", TOKENS.to_string()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = Switchyard::start_with(&config(head, &ma), &env).await;
+    let b = Switchyard::start_with(&config(head, &mb), &env).await;
+
+    let first = read_then_drop(&a, ALPHA, keyed("k-fleet"), 5).await;
+    let rest = resume(&b, ALPHA, &first.token, 5).await.unwrap();
+    assert!(rest.status.is_none(), "{:?}", rest.status);
+    assert_eq!(rest.seqs.first(), Some(&6));
+    assert_eq!(format!("{}{}", first.text, rest.text), full_text(40));
+    assert!(rest.finished.unwrap().resumable);
+    assert_eq!(ma.requests().await.len(), 1);
+    assert_eq!(
+        mb.requests().await.len(),
+        0,
+        "the other replica only read the journal"
+    );
+
+    // Another tenant on the other replica: NOT_FOUND, never the stream.
+    let status = resume(&b, BETA, &first.token, 0)
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(reason(&status), "RESUME_NOT_FOUND");
+}
