@@ -71,17 +71,37 @@ fn expected_text() -> String {
     (0..16).map(|i| format!("tok{i} ")).collect()
 }
 
-/// The `data:` payloads of an SSE body, in order.
+/// The `data:` payloads of an SSE body, in order. The last frame of each
+/// event carries the event's number (`id:`, rising from 1), the stream's
+/// last frame included, so a dropped stream can resume.
 fn frames(body: &str) -> Vec<String> {
-    body.split("\n\n")
+    let mut last_id = 0;
+    let mut last_has_id = false;
+    let out = body
+        .split("\n\n")
         .map(str::trim)
         .filter(|f| !f.is_empty())
         .map(|f| {
-            f.strip_prefix("data: ")
+            let data = match f.strip_prefix("id: ").and_then(|f| f.split_once('\n')) {
+                Some((id, data)) => {
+                    let id: u64 = id.parse().unwrap();
+                    assert!(id > last_id, "ids rise: {id} after {last_id}");
+                    last_id = id;
+                    last_has_id = true;
+                    data
+                }
+                None => {
+                    last_has_id = false;
+                    f
+                }
+            };
+            data.strip_prefix("data: ")
                 .unwrap_or_else(|| panic!("not a data frame: {f:?}"))
                 .to_string()
         })
-        .collect()
+        .collect();
+    assert!(last_has_id, "the last frame has an id: {body}");
+    out
 }
 
 fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {

@@ -370,6 +370,8 @@ pub struct Collected {
     pub deltas: usize,
     pub tool_calls: Vec<proto::ToolCallDelta>,
     pub resets: Vec<proto::Reset>,
+    /// `Continued` events: the text after one continues what came before.
+    pub continued: Vec<proto::Continued>,
     pub finished: Option<proto::Finished>,
     /// The `queue` rung's answer.
     pub job: Option<proto::Job>,
@@ -405,6 +407,7 @@ pub async fn stream(
                 }
                 Some(Event::Finished(f)) => out.finished = Some(f),
                 Some(Event::Job(j)) => out.job = Some(j),
+                Some(Event::Continued(c)) => out.continued.push(c),
                 None => {}
             },
             Ok(None) => return out,

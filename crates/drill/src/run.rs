@@ -298,6 +298,8 @@ async fn stream(
                     deltas = 0;
                 }
                 Some(Event::Finished(f)) => finished(&mut r, &f),
+                // A continuation's text simply follows what the caller holds.
+                Some(Event::Continued(_)) => {}
                 // A queued answer is not a live one: the drill counts it as served by "queue".
                 Some(Event::Job(_)) => {
                     r.tier = Some("queued".into());

@@ -82,7 +82,9 @@ pub(crate) fn stream_steps(g: &Gen, fault: &Fault, token_delay: Duration) -> Vec
         out.push(data(wire::orphan_delta()));
     }
     let cut = fault.after_tokens().map(|k| k.min(g.n));
-    let mut i = 0;
+    // A continuation goes on from the first token its prefill lacks.
+    let from = g.req.continue_from.min(g.n);
+    let mut i = from;
     loop {
         if cut == Some(i) && strike(g, fault, i, &mut out) {
             return out;
@@ -90,7 +92,7 @@ pub(crate) fn stream_steps(g: &Gen, fault: &Fault, token_delay: Duration) -> Vec
         if i == g.n {
             break;
         }
-        if i > 0 && !token_delay.is_zero() {
+        if i > from && !token_delay.is_zero() {
             out.push(Step::Sleep(token_delay));
         }
         out.push(Step::Data(wire::token(g, i), 1));
@@ -101,7 +103,7 @@ pub(crate) fn stream_steps(g: &Gen, fault: &Fault, token_delay: Duration) -> Vec
     }
     let terminator = *fault != Fault::NoTerminator;
     out.extend(
-        wire::epilogue(g, g.finish(), g.n, terminator)
+        wire::epilogue(g, g.finish(), g.n - from, terminator)
             .into_iter()
             .map(data),
     );

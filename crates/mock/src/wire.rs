@@ -47,6 +47,12 @@ pub(crate) struct Parsed {
     pub cached_tokens: u32,
     /// Scripted tool-call arguments (`PUT /_mock/tools`): sent whole, no tokens.
     pub args: Option<String>,
+    /// A continuation: the request ends with an assistant prefill (Anthropic
+    /// a trailing assistant turn; OpenAI-compatible with
+    /// `continue_final_message`) holding this many of the answer's tokens;
+    /// the answer goes on from the next one, opening with the space the
+    /// prefill left out.
+    pub continue_from: u32,
 }
 
 impl Parsed {
@@ -133,9 +139,37 @@ impl Parsed {
                 .then(|| body.get("reasoning_effort").and_then(Value::as_str))
                 .flatten()
                 .map(str::to_owned),
+            continue_from: prefilled_tokens(dialect, body),
             ..Parsed::default()
         }
     }
+}
+
+/// Tokens of the answer already in the request's trailing assistant
+/// prefill (0 when it has none, or the dialect would not continue it).
+fn prefilled_tokens(dialect: MockKind, body: &Value) -> u32 {
+    let continues = match dialect {
+        MockKind::Anthropic => true,
+        MockKind::Openai => body.get("continue_final_message") == Some(&Value::Bool(true)),
+        MockKind::Gemini => false,
+    };
+    let Some(last) = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+        .filter(|m| continues && m.get("role").and_then(Value::as_str) == Some("assistant"))
+    else {
+        return 0;
+    };
+    let text = match last.get("content") {
+        Some(Value::String(t)) => t.clone(),
+        Some(Value::Array(blocks)) => blocks
+            .iter()
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    };
+    clamp_u32(text.matches("tok").count() as u64)
 }
 
 /// The request's last message is a tool result (OpenAI role `tool`,
@@ -605,6 +639,10 @@ pub(crate) fn token(g: &Gen, i: u32) -> Bytes {
     } else {
         String::new()
     };
+    if i > 0 && i == g.req.continue_from {
+        // The prefill ends without the space after its last token.
+        t.insert(0, ' ');
+    }
     if i == 0 && g.json() {
         t.insert_str(0, &g.json.open);
     }

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::chat::{Chunk, FinishReason, Usage};
 use crate::error::RequestError;
+use crate::policy::continuation::Seam;
 
 /// Which rung of the degradation ladder served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -98,8 +99,22 @@ pub struct Finished {
     pub resumable: bool,
 }
 
+/// Another attempt continues the answer the caller holds (`mid_stream =
+/// "continue"`): only its new text follows.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Continued {
+    /// The attempt that failed after output.
+    pub failed_attempt: u32,
+    pub provider: String,
+    pub model: String,
+    /// The continuing attempt's number.
+    pub attempt: u32,
+    /// The last item the caller holds from before the seam (stamped by the sink).
+    pub at_seq: u64,
+}
+
 /// What flows to the caller, in order: `Started`, chunks, then `Finished`
-/// (or `Reset` and a new `Started`).
+/// (or `Reset` and a new `Started`, or `Continued` and more chunks).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Event {
     Started(Started),
@@ -113,6 +128,8 @@ pub enum Event {
     Finished(Box<Finished>),
     /// The `queue` rung accepted the request as a job (the last event).
     Queued(Box<QueuedJob>),
+    /// Boxed like `Finished`: rare, and the channel's slots stay small.
+    Continued(Box<Continued>),
 }
 
 /// A job accepted for a request, with its place in the queue.
@@ -163,6 +180,14 @@ pub struct EventSink {
     max_recorded_bytes: usize,
     /// `Started` of the current attempt, sent with its first chunk.
     pending_start: Option<Started>,
+    /// `Continued` of a continuing attempt, sent with its first chunk.
+    pending_continued: Option<Continued>,
+    /// Where a continuing attempt's text meets what the caller holds.
+    seam: Option<Seam>,
+    /// The answer's text so far (what a continuation is given), and
+    /// whether a tool call was being streamed in it.
+    answer_text: String,
+    tool_call_open: bool,
     /// What the sent `Started` said was dropped (for `Finished`).
     sent_dropped: Vec<String>,
     /// Chunks forwarded in the current attempt.
@@ -329,6 +354,10 @@ impl EventSink {
             recorded_bytes: 0,
             max_recorded_bytes: limits.max_recorded_bytes,
             pending_start: None,
+            pending_continued: None,
+            seam: None,
+            answer_text: String::new(),
+            tool_call_open: false,
             sent_dropped: Vec::new(),
             attempt_chunks: 0,
             committed: false,
@@ -388,6 +417,8 @@ impl EventSink {
     /// Begins a new attempt; `Started` is sent with its first chunk.
     pub fn begin_attempt(&mut self, started: Started) {
         self.pending_start = Some(started);
+        self.pending_continued = None;
+        self.seam = None;
         self.sent_dropped.clear();
         self.attempt_chunks = 0;
         self.attempt_chars = 0;
@@ -410,18 +441,62 @@ impl EventSink {
     }
 
     /// Forwards one chunk (after the pending `Started`).
-    pub async fn chunk(&mut self, chunk: Chunk) -> Result<(), ClientGone> {
+    pub async fn chunk(&mut self, mut chunk: Chunk) -> Result<(), ClientGone> {
+        if let (Some(seam), Chunk::Text(text)) = (self.seam.as_mut(), &mut chunk) {
+            let passed = seam.pass(text).len();
+            text.drain(..text.len() - passed);
+            if text.is_empty() {
+                return Ok(());
+            }
+        }
         if let Some(started) = self.pending_start.take() {
             self.sent_dropped.clone_from(&started.dropped);
             self.send(Event::Started(started)).await?;
+        }
+        if let Some(mut continued) = self.pending_continued.take() {
+            continued.at_seq = self.seq;
+            self.send(Event::Continued(Box::new(continued))).await?;
+        }
+        match &chunk {
+            Chunk::Text(t) => {
+                self.answer_text.push_str(t);
+                self.tool_call_open = false;
+            }
+            Chunk::ToolCall { .. } => self.tool_call_open = true,
+            _ => {}
         }
         self.attempt_chars += chunk.output_bytes();
         self.attempt_chunks += 1;
         self.send(Event::Chunk(chunk)).await
     }
 
+    /// Starts an attempt that continues the answer the caller holds: its
+    /// first chunk goes out after `continued`, every text chunk through
+    /// `seam`.
+    pub fn begin_continuation(&mut self, continued: Continued, seam: Seam) {
+        self.pending_start = None;
+        self.pending_continued = Some(continued);
+        self.seam = Some(seam);
+        self.sent_dropped.clear();
+        self.attempt_chunks = 0;
+        self.attempt_chars = 0;
+    }
+
+    /// The answer's text the caller holds, and whether a tool call was
+    /// being streamed in it (what `policy::continuation` decides on).
+    pub fn answer_so_far(&self) -> (&str, bool) {
+        (&self.answer_text, self.tool_call_open)
+    }
+
+    /// The number of the last item sent.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
     /// Tells the caller to discard the failed attempt's output.
     pub async fn reset(&mut self, reason: String, failed_attempt: u32) -> Result<(), ClientGone> {
+        self.answer_text.clear();
+        self.tool_call_open = false;
         self.send(Event::Reset {
             reason,
             failed_attempt,
@@ -434,6 +509,10 @@ impl EventSink {
         if let Some(started) = self.pending_start.take() {
             self.sent_dropped.clone_from(&started.dropped);
             self.send(Event::Started(started)).await?;
+        }
+        if let Some(mut continued) = self.pending_continued.take() {
+            continued.at_seq = self.seq;
+            self.send(Event::Continued(Box::new(continued))).await?;
         }
         self.send(Event::Finished(Box::new(finished))).await
     }

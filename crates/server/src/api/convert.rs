@@ -402,6 +402,13 @@ pub fn event(seq: u64, e: Event) -> proto::CompletionEvent {
         }),
         Event::Finished(f) => E::Finished(finished(&f)),
         Event::Queued(q) => E::Job(job(&q.record, q.position, q.eta)),
+        Event::Continued(c) => E::Continued(proto::Continued {
+            failed_attempt: c.failed_attempt,
+            provider: c.provider,
+            model: c.model,
+            at_seq: c.at_seq,
+            attempt: c.attempt,
+        }),
     };
     proto::CompletionEvent {
         seq,
@@ -420,7 +427,8 @@ impl Assembler {
     /// Feeds one event; returns the response once `Finished` arrives.
     pub fn push(&mut self, e: Event) -> Option<proto::CompletionResponse> {
         match e {
-            Event::Started(_) => None,
+            // A continuation's text simply follows.
+            Event::Started(_) | Event::Continued(_) => None,
             Event::Reset { .. } => {
                 self.text.clear();
                 self.calls.clear();

@@ -24,6 +24,11 @@ pub enum MidStreamPolicy {
     Fail,
     /// Send `Reset` (the caller discards the partial output) and serve from the next target.
     Reset,
+    /// Keep the partial output: a target that can continue it (declares
+    /// `continuation`, see `policy::continuation`) is given it as an
+    /// assistant prefill and only its new text follows a `Continued` event;
+    /// where none can, as `reset` (or `fail` for a caller that cannot reset).
+    Continue,
 }
 
 /// What a journaled stream's request does when its caller hangs up.

@@ -53,6 +53,8 @@ pub struct Tried {
     saturated: bool,
     /// The smallest p95 TTFT that did not fit the deadline.
     below_p95: Option<Duration>,
+    /// Chunks the caller received from the attempt that failed last.
+    emitted: u32,
     /// The soonest a locally refused candidate may take traffic again.
     refused_retry_in: Option<Duration>,
 }
@@ -83,6 +85,9 @@ pub enum Outcome {
     DeadlineExceeded,
     /// The caller was told to discard its partial output.
     ResetSent,
+    /// After `Continue`: the candidate that can continue the partial
+    /// answer, or `None` when no candidate can.
+    ContinueOn(Option<usize>),
     /// The attempt completed (or the caller went away).
     Completed,
 }
@@ -96,6 +101,9 @@ pub enum Next {
     Retry { to: usize, after: Duration },
     /// Tell the caller to discard what it has (`reason`), then report `ResetSent`.
     Reset { reason: String },
+    /// The caller keeps what it has: find a target that can continue it
+    /// (`policy::continuation`) and report `ContinueOn`.
+    Continue { reason: String },
     /// End with this error.
     Stop(RequestError),
     /// Nothing more to do.
@@ -136,6 +144,7 @@ impl Tried {
             saturated: false,
             below_p95: None,
             refused_retry_in: None,
+            emitted: 0,
         }
     }
 
@@ -165,6 +174,7 @@ impl Tried {
 pub fn next(tried: &mut Tried, outcome: Outcome, view: &View<'_>, rng: &mut impl Rng) -> Next {
     match outcome {
         Outcome::Begin | Outcome::ResetSent => {}
+        Outcome::ContinueOn(on) => return continue_on(tried, on, view),
         Outcome::Completed => return Next::Done,
         Outcome::DeadlineExceeded => {
             return Next::Stop(RequestError::DeadlineExceeded {
@@ -231,10 +241,13 @@ fn after_failure(
     };
     tried.last = Some((idx, failure.clone()));
     if committed {
-        let may_reset = policy.mid_stream == MidStreamPolicy::Reset
-            && view.caller_can_reset
-            && failure.class.fail_over()
-            && !policy.side_effects;
+        let replaceable = failure.class.fail_over() && !policy.side_effects;
+        if policy.mid_stream == MidStreamPolicy::Continue && replaceable {
+            tried.emitted = tokens_emitted;
+            return Some(Next::Continue { reason });
+        }
+        let may_reset =
+            policy.mid_stream == MidStreamPolicy::Reset && view.caller_can_reset && replaceable;
         if !may_reset {
             return Some(Next::Stop(RequestError::MidStream {
                 tokens_emitted,
@@ -257,6 +270,38 @@ fn after_failure(
     }
     // A buffered caller holds partial output: it discards it first.
     had_output.then_some(Next::Reset { reason })
+}
+
+/// After `Continue`: the continuing attempt goes to `on` while the request
+/// has attempts and time left; with no candidate able to continue, the
+/// caller that can discard its output is reset (the walk goes on as for
+/// `reset`), any other gets the failure.
+fn continue_on(tried: &mut Tried, on: Option<usize>, view: &View<'_>) -> Next {
+    let Some((idx, failure)) = tried.last.clone() else {
+        return Next::Done;
+    };
+    let cut = |tried: &Tried| {
+        Next::Stop(RequestError::MidStream {
+            tokens_emitted: tried.emitted,
+            failure: failure.clone(),
+            provider: view.provider(idx),
+            attempts: tried.attempts,
+        })
+    };
+    match on {
+        Some(_) if tried.attempts >= view.policy.max_attempts => cut(tried),
+        Some(_) if view.remaining.is_zero() => Next::Stop(RequestError::DeadlineExceeded {
+            attempts: tried.attempts,
+        }),
+        Some(to) => {
+            tried.current = Some(to);
+            Next::FailOver { to }
+        }
+        None if view.caller_can_reset => Next::Reset {
+            reason: format!("{} from {}", failure.class, view.provider(idx)),
+        },
+        None => cut(tried),
+    }
 }
 
 /// Chooses the next candidate: any not tried yet, in plan order; else a retry
@@ -540,6 +585,75 @@ mod tests {
             Next::Retry { to: 0, .. } => {}
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_continue_route_keeps_the_output_and_continues_on_the_target_named() {
+        let cut = || Outcome::Failed {
+            failure: Failure::new(OutcomeClass::Truncated, "cut"),
+            committed: true,
+            had_output: true,
+            tokens_emitted: 3,
+        };
+        let mut c = Case::new(2);
+        c.policy.mid_stream = MidStreamPolicy::Continue;
+        c.caller_can_reset = false;
+        c.step(Outcome::Begin);
+        assert_eq!(
+            c.step(cut()),
+            Next::Continue {
+                reason: "truncated from p0".into()
+            }
+        );
+        assert_eq!(
+            c.step(Outcome::ContinueOn(Some(1))),
+            Next::FailOver { to: 1 }
+        );
+
+        // No candidate can continue: an HTTP stream gets the failure...
+        let mut c = Case::new(2);
+        c.policy.mid_stream = MidStreamPolicy::Continue;
+        c.caller_can_reset = false;
+        c.step(Outcome::Begin);
+        c.step(cut());
+        let n = c.step(Outcome::ContinueOn(None));
+        assert_eq!(reason(&n), "UPSTREAM_STREAM_TRUNCATED");
+        match n {
+            Next::Stop(RequestError::MidStream { tokens_emitted, .. }) => {
+                assert_eq!(tokens_emitted, 3)
+            }
+            other => panic!("{other:?}"),
+        }
+        // ... a gRPC stream is reset and served again, as under `reset`.
+        let mut c = Case::new(2);
+        c.policy.mid_stream = MidStreamPolicy::Continue;
+        c.step(Outcome::Begin);
+        c.step(cut());
+        assert_eq!(
+            c.step(Outcome::ContinueOn(None)),
+            Next::Reset {
+                reason: "truncated from p0".into()
+            }
+        );
+        assert_eq!(c.step(Outcome::ResetSent), Next::FailOver { to: 1 });
+
+        // Out of attempts: the caller keeps what it has and gets the failure.
+        let mut c = Case::new(2);
+        c.policy.mid_stream = MidStreamPolicy::Continue;
+        c.policy.max_attempts = 1;
+        c.step(Outcome::Begin);
+        c.step(cut());
+        assert_eq!(
+            reason(&c.step(Outcome::ContinueOn(Some(1)))),
+            "UPSTREAM_STREAM_TRUNCATED"
+        );
+
+        // A route with side effects never continues.
+        let mut c = Case::new(2);
+        c.policy.mid_stream = MidStreamPolicy::Continue;
+        c.policy.side_effects = true;
+        c.step(Outcome::Begin);
+        assert_eq!(reason(&c.step(cut())), "UPSTREAM_STREAM_TRUNCATED");
     }
 
     #[test]

@@ -95,6 +95,11 @@ impl Tasks {
                     outcome = Outcome::ResetSent;
                     continue;
                 }
+                // Never committed either: nothing to continue.
+                Next::Continue { .. } => {
+                    outcome = Outcome::ContinueOn(None);
+                    continue;
+                }
                 Next::Done => {
                     return Err(RequestError::Unavailable(
                         "the walk ended without an answer".into(),

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::bill::{estimate_usage, price, Bill};
+use super::continuation::{self, Continuing};
 use super::Tasks;
 use crate::actors::client::Admission;
 use crate::actors::provider::{self, Permit, Refusal, TrafficClass};
@@ -37,6 +38,8 @@ struct Call<'a> {
     candidate: &'a Candidate,
     deadline: Instant,
     affinity: Option<&'a Affinity>,
+    /// This attempt continues the answer the caller holds.
+    continues: Option<&'a Continuing>,
 }
 
 /// A request's prompt-cache affinity, on a route with `cache_affinity`.
@@ -52,6 +55,9 @@ pub(super) struct Affinity {
 struct Served {
     attempts: u32,
     upstream_request_id: Option<String>,
+    /// Output tokens (estimated) of failed attempts whose text the caller
+    /// kept (a continued answer): the usage sums them.
+    carried: u32,
 }
 
 /// A target that admitted an attempt, about to be sent.
@@ -59,6 +65,17 @@ pub(super) struct Turn {
     pub(super) entry: ProviderEntry,
     pub(super) permit: Permit,
     pub(super) traffic: TrafficClass,
+}
+
+/// What the walk carries from one attempt to the next.
+#[derive(Default)]
+struct Walk {
+    /// The candidate of the latest attempt.
+    failed: Option<usize>,
+    /// A continuation in progress (`mid_stream = "continue"`).
+    continuing: Option<Continuing>,
+    /// Output tokens of failed attempts the caller kept.
+    carried: u32,
 }
 
 impl Tasks {
@@ -87,6 +104,7 @@ impl Tasks {
         let p95: Vec<Option<Duration>> = plan.candidates.iter().map(|c| self.p95_ttft(c)).collect();
         let mut tried = Tried::new(plan.candidates.len());
         let mut outcome = Outcome::Begin;
+        let mut walk = Walk::default();
         loop {
             if sink.is_closed() {
                 return Ok(());
@@ -108,7 +126,17 @@ impl Tasks {
                     if sink.reset(reason, tried.attempts()).await.is_err() {
                         return Ok(());
                     }
+                    if walk.continuing.is_some() {
+                        // The answer starts over: no prefill.
+                        chat.messages.clone_from(&spec.chat.messages);
+                        chat.passthrough.clone_from(&spec.chat.passthrough);
+                    }
+                    walk = Walk::default();
                     outcome = Outcome::ResetSent;
+                    continue;
+                }
+                Next::Continue { reason } => {
+                    outcome = self.plan_continuation(spec, plan, &tried, sink, &mut walk, &reason);
                     continue;
                 }
                 Next::FailOver { to } => (to, None),
@@ -120,17 +148,53 @@ impl Tasks {
                     _ = sink.closed() => return Ok(()),
                 }
             }
+            walk.failed = Some(to);
+            if let Some(c) = &walk.continuing {
+                (chat.messages, chat.passthrough) = continuation::prefilled(&spec.chat, &c.prefill);
+            }
             let call = Call {
                 spec,
                 plan,
                 candidate: &plan.candidates[to],
                 deadline,
                 affinity,
+                continues: walk.continuing.as_ref(),
             };
             outcome = self
-                .attempt(&call, &mut chat, &mut tried, sink, bill)
+                .attempt(&call, &mut chat, &mut tried, sink, bill, walk.carried)
                 .await?;
         }
+    }
+
+    /// After output of candidate `walk.failed` was cut on a `continue`
+    /// route: the candidate that continues the answer (with the prefill it
+    /// is given), or none, for the decision table.
+    fn plan_continuation(
+        &self,
+        spec: &RequestSpec,
+        plan: &Plan,
+        tried: &Tried,
+        sink: &EventSink,
+        walk: &mut Walk,
+        reason: &str,
+    ) -> Outcome {
+        let failed = walk.failed.unwrap_or_default();
+        let on = self.continuer(spec, plan, failed, sink);
+        tracing::info!(
+            request_id = %spec.request_id,
+            %reason,
+            continues_on = on.as_ref().map(|(i, _)| plan.candidates[*i].provider.as_str()),
+            "the stream failed after output: continuing it"
+        );
+        walk.carried += sink.attempt_chars().div_ceil(4) as u32;
+        let to = on.map(|(to, prefill)| {
+            walk.continuing = Some(Continuing {
+                prefill,
+                failed_attempt: tried.attempts(),
+            });
+            to
+        });
+        Outcome::ContinueOn(to)
     }
 
     /// One step of the walk: admission, the route's budget for any attempt
@@ -142,6 +206,7 @@ impl Tasks {
         tried: &mut Tried,
         sink: &mut EventSink,
         bill: &mut Bill<'_>,
+        carried: u32,
     ) -> Result<Outcome, RequestError> {
         let candidate = call.candidate;
         let turn = match self
@@ -175,6 +240,7 @@ impl Tasks {
                 let served = Served {
                     attempts: tried.attempts(),
                     upstream_request_id: result.upstream_request_id,
+                    carried,
                 };
                 let cost = self
                     .finish(call, &entry, chat, completion, served, sink)
@@ -290,15 +356,21 @@ impl Tasks {
         sink: &mut EventSink,
     ) -> AttemptResult {
         let candidate = call.candidate;
-        sink.begin_attempt(Started {
-            provider: candidate.provider.clone(),
-            model: candidate.model.clone(),
-            attempt,
-            tier: candidate.tier(),
-            request_id: call.spec.request_id.clone(),
-            dropped: Vec::new(),
-            resume_token: None,
-        });
+        match call.continues {
+            Some(c) => sink.begin_continuation(
+                c.event(&candidate.provider, &candidate.model, attempt),
+                c.prefill.seam(),
+            ),
+            None => sink.begin_attempt(Started {
+                provider: candidate.provider.clone(),
+                model: candidate.model.clone(),
+                attempt,
+                tier: candidate.tier(),
+                request_id: call.spec.request_id.clone(),
+                dropped: Vec::new(),
+                resume_token: None,
+            }),
+        }
         let span = tracing::info_span!(
             "attempt",
             otel.name = %format!("chat {}", candidate.model),
@@ -343,10 +415,13 @@ impl Tasks {
         sink: &mut EventSink,
     ) -> f64 {
         let candidate = call.candidate;
-        let (usage, usage_estimated) = match completion.usage {
-            Some(u) => (u, false),
+        let (mut usage, usage_estimated) = match completion.usage {
+            Some(u) => (u, served.carried > 0),
             None => (estimate_usage(chat, sink.attempt_chars()), true),
         };
+        // A continued answer: the failed attempts' output the caller kept
+        // (billed when they failed) is part of the answer's usage.
+        usage.output_tokens = usage.output_tokens.saturating_add(served.carried);
         self.record_usage(&call.plan.route, candidate, entry, usage);
         let cost_usd =
             price(entry, &candidate.model).usage_cost(&usage, entry.runtime.kind.dialect());

@@ -8,6 +8,7 @@
 //! An embeddings call is the same walk without a ladder (`embed.rs`).
 
 mod bill;
+mod continuation;
 mod embed;
 pub mod journal;
 mod live;

@@ -109,7 +109,7 @@ impl Frames {
             };
             let mut out = String::new();
             match item {
-                Some(Ok(Event::Started(_))) => continue,
+                Some(Ok(Event::Started(_) | Event::Continued(_))) => continue,
                 Some(Ok(Event::Chunk(Chunk::Reasoning {
                     text,
                     signature,

@@ -162,8 +162,9 @@ impl Sse {
             };
             match item {
                 // Only the first attempt's `Started` precedes output; a later
-                // one comes only after a failure before any output.
-                Some(Ok(Event::Started(_))) => continue,
+                // one comes only after a failure before any output. A
+                // continuation's text simply follows.
+                Some(Ok(Event::Started(_) | Event::Continued(_))) => continue,
                 Some(Ok(Event::Chunk(Chunk::Reasoning { text, .. }))) => {
                     if text.is_empty() {
                         continue;

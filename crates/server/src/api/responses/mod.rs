@@ -336,7 +336,7 @@ async fn unary(
             None => return Err(OpenAiError::internal("request ended without an answer")),
             Some(Err(e)) => return Err(refused(e)),
             Some(Ok(Event::Queued(q))) => return Ok(door::queued(&q, request_id)),
-            Some(Ok(Event::Started(_))) => {}
+            Some(Ok(Event::Started(_) | Event::Continued(_))) => {}
             Some(Ok(Event::Chunk(c))) => {
                 output.push(c, &mut frames);
                 frames.clear();

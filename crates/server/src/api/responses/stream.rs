@@ -165,7 +165,7 @@ impl Live {
                 None => self.rx.recv().await,
             };
             let (status, usage) = match item {
-                Some(Ok(Event::Started(_))) => continue,
+                Some(Ok(Event::Started(_) | Event::Continued(_))) => continue,
                 Some(Ok(Event::Chunk(chunk))) => {
                     let mut frames = Vec::new();
                     self.output.push(chunk, &mut frames);
