@@ -103,6 +103,7 @@ async fn read_then_drop(
 struct Rest {
     seqs: Vec<u64>,
     text: String,
+    continued: Vec<proto::Continued>,
     finished: Option<proto::Finished>,
     status: Option<tonic::Status>,
 }
@@ -116,6 +117,7 @@ async fn read_rest(mut s: tonic::Streaming<proto::CompletionEvent>) -> Rest {
                 match ev.event {
                     Some(Event::Delta(d)) => out.text.push_str(&d.text),
                     Some(Event::Finished(f)) => out.finished = Some(f),
+                    Some(Event::Continued(c)) => out.continued.push(c),
                     _ => {}
                 }
             }
@@ -476,4 +478,69 @@ async fn a_stream_started_on_one_replica_resumes_on_another() {
         .err()
         .expect("refused");
     assert_eq!(reason(&status), "RESUME_NOT_FOUND");
+}
+
+#[tokio::test]
+async fn a_stream_whose_replica_is_killed_is_taken_over_and_continued_on_another() {
+    let Some(redis) = RedisServer::start("resume takeover").await else {
+        return;
+    };
+    // A short lease, so the dead replica's journal is orphaned within a second.
+    let head = "[state]\nbackend = \"redis\"\nlease = \"1s\"";
+    // OpenAI-compatible servers (vLLM-like) whose model continues a prefill.
+    let continuing = |mock: &Mock| {
+        config(head, mock).replace(
+            "capabilities = [\"chat\", \"stream\", \"tools\", \"json\"]",
+            "capabilities = [\"chat\", \"stream\", \"continuation\"]",
+        )
+    };
+    let ma = Mock::start("openai", &["--tokens", "40", "--token-delay-ms", "100"]).await;
+    let mb = Mock::start("openai", MOCK).await;
+    let env = [
+        ("SWITCHYARD_REDIS_URL", redis.url()),
+        ("SY_TEST_TOKENS", TOKENS.to_string()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut a = Switchyard::start_with(&continuing(&ma), &env).await;
+    let b = Switchyard::start_with(&continuing(&mb), &env).await;
+
+    let first = read_then_drop(&a, ALPHA, keyed("k-takeover"), 6).await;
+    // The replica dies mid-stream, as on node loss.
+    a.child.start_kill().unwrap();
+    a.child.wait().await.unwrap();
+
+    let rest = resume(&b, ALPHA, &first.token, 6).await.unwrap();
+    assert!(rest.status.is_none(), "{:?}\n{}", rest.status, b.logs());
+    assert_eq!(
+        format!("{}{}", first.text, rest.text),
+        full_text(40),
+        "one answer: what the dead replica sent, then the continuation"
+    );
+    assert!(
+        rest.seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "{:?}",
+        rest.seqs
+    );
+    assert_eq!(rest.continued.len(), 1, "a Continued event at the seam");
+    assert_eq!(rest.continued[0].provider, "p");
+    assert!(rest.finished.is_some());
+
+    assert_eq!(ma.requests().await.len(), 1);
+    let log = mb.requests().await;
+    assert_eq!(log.len(), 1, "the other replica generated only the rest");
+    let body = &log[0]["body"];
+    assert_eq!(body["continue_final_message"], true);
+    let prefill = body["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(prefill["role"], "assistant");
+    assert!(
+        prefill["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("tok0 tok1 tok2 tok3 tok4"),
+        "{prefill}"
+    );
+
+    // Read again from the start: the whole stream, one answer.
+    let again = resume(&b, ALPHA, &first.token, 0).await.unwrap();
+    assert_eq!(again.text, full_text(40));
 }

@@ -335,6 +335,8 @@ impl Core {
             jobs: jobs.clone(),
             journal: stores.journal.clone(),
             journal_lease: config.state.lease,
+            reason: crate::api::errors::reason,
+            decode: crate::api::convert::stored_request(config.limits.clone()),
         }));
         let intake = Intake::new(
             tasks.clone(),

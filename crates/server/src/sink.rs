@@ -386,6 +386,19 @@ impl EventSink {
         }
     }
 
+    /// A sink with no caller of its own: it writes on into a journal taken
+    /// over after item `seq`, whose readers hold the answer so far (so it
+    /// is committed from the start, and its text is `held`).
+    pub fn journal_only(tee: Box<dyn Tee>, seq: u64, held: String, tool_call_open: bool) -> Self {
+        let mut sink = Self::with(None, Delivery::Final);
+        sink.tee = Some(tee);
+        sink.seq = seq;
+        sink.committed = true;
+        sink.answer_text = held;
+        sink.tool_call_open = tool_call_open;
+        sink
+    }
+
     /// Writes every item to `tee` too (a journaled stream); with
     /// `finish_when_gone`, the caller hanging up no longer ends the request.
     pub fn set_tee(&mut self, tee: Box<dyn Tee>, finish_when_gone: bool) {

@@ -19,6 +19,18 @@ fn invalid(msg: impl Into<String>) -> RequestError {
     RequestError::InvalidRequest(msg.into())
 }
 
+/// How a stream's journaled request (the encoded `CompletionRequest`)
+/// becomes a spec again when another replica takes the stream over.
+pub fn stored_request(limits: LimitsConfig) -> crate::task::Decode {
+    std::sync::Arc::new(move |bytes: &[u8]| {
+        let req: proto::CompletionRequest = prost::Message::decode(bytes).map_err(|e| {
+            RequestError::Unavailable(format!("the stream's stored request is unreadable: {e}"))
+        })?;
+        let id: u64 = rand::random();
+        request_spec(req, format!("sy-takeover-{id:016x}"), None, &limits)
+    })
+}
+
 /// Validates a request and turns it into a routable spec.
 pub fn request_spec(
     req: proto::CompletionRequest,

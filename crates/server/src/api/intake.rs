@@ -224,9 +224,10 @@ impl Intake {
             otel.kind = "server",
             request_id = %request_id,
         );
+        let tasks = self.tasks.clone();
         tokio::spawn(
             async move {
-                if let Err(e) = follower.run(&mut sink).await {
+                if let Err(e) = tasks.read_on(follower, &mut sink).await {
                     sink.fail(e).await;
                 }
                 drop(slot);
@@ -324,10 +325,7 @@ impl Intake {
             sink.set_deadline(deadline);
         }
         if delivery != Delivery::Buffered && spec.resume_after.is_none() {
-            let tee = self
-                .tasks
-                .journal_tee(&spec.tenant, crate::api::errors::reason)
-                .await;
+            let tee = self.tasks.journal_tee(&spec).await;
             if let Some(tee) = tee {
                 sink.set_tee(Box::new(tee), false);
             }

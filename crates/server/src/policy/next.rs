@@ -88,6 +88,9 @@ pub enum Outcome {
     /// After `Continue`: the candidate that can continue the partial
     /// answer, or `None` when no candidate can.
     ContinueOn(Option<usize>),
+    /// A takeover: another replica's attempt on candidate `from` streamed
+    /// output to the caller and the replica died; the caller holds it.
+    TakeOver { from: usize },
     /// The attempt completed (or the caller went away).
     Completed,
 }
@@ -175,6 +178,7 @@ pub fn next(tried: &mut Tried, outcome: Outcome, view: &View<'_>, rng: &mut impl
     match outcome {
         Outcome::Begin | Outcome::ResetSent => {}
         Outcome::ContinueOn(on) => return continue_on(tried, on, view),
+        Outcome::TakeOver { from } => return take_over(tried, from, view),
         Outcome::Completed => return Next::Done,
         Outcome::DeadlineExceeded => {
             return Next::Stop(RequestError::DeadlineExceeded {
@@ -270,6 +274,38 @@ fn after_failure(
     }
     // A buffered caller holds partial output: it discards it first.
     had_output.then_some(Next::Reset { reason })
+}
+
+/// A takeover counts the dead replica's attempt as one that failed after
+/// output: the answer can only be continued (never reset, whatever the
+/// route says: its reader cannot discard what it holds), and not at all on
+/// a route with side effects.
+fn take_over(tried: &mut Tried, from: usize, view: &View<'_>) -> Next {
+    let failure = Failure::new(
+        OutcomeClass::Truncated,
+        "the replica serving the stream stopped",
+    );
+    let Some(slot) = tried.slots.get_mut(from) else {
+        return Next::Done;
+    };
+    *slot = Slot::Failed {
+        failure: failure.clone(),
+        n: 1,
+    };
+    tried.attempts += 1;
+    tried.current = Some(from);
+    tried.last = Some((from, failure.clone()));
+    if view.policy.side_effects {
+        return Next::Stop(RequestError::MidStream {
+            tokens_emitted: 0,
+            failure,
+            provider: view.provider(from),
+            attempts: tried.attempts,
+        });
+    }
+    Next::Continue {
+        reason: format!("the replica serving {} stopped", view.provider(from)),
+    }
 }
 
 /// After `Continue`: the continuing attempt goes to `on` while the request
@@ -654,6 +690,38 @@ mod tests {
         c.policy.side_effects = true;
         c.step(Outcome::Begin);
         assert_eq!(reason(&c.step(cut())), "UPSTREAM_STREAM_TRUNCATED");
+    }
+
+    #[test]
+    fn a_takeover_continues_after_the_dead_replicas_attempt_whatever_the_route_says() {
+        let mut c = Case::new(2);
+        c.caller_can_reset = false;
+        assert_eq!(
+            c.step(Outcome::TakeOver { from: 0 }),
+            Next::Continue {
+                reason: "the replica serving p0 stopped".into()
+            },
+            "on a `fail` route too"
+        );
+        assert_eq!(c.tried.attempts, 1, "the dead replica's attempt counts");
+        assert_eq!(
+            c.step(Outcome::ContinueOn(Some(1))),
+            Next::FailOver { to: 1 }
+        );
+        let mut c = Case::new(2);
+        c.caller_can_reset = false;
+        c.step(Outcome::TakeOver { from: 1 });
+        assert_eq!(
+            reason(&c.step(Outcome::ContinueOn(None))),
+            "UPSTREAM_STREAM_TRUNCATED",
+            "nothing can continue it: the reader gets the failure"
+        );
+        let mut c = Case::new(1);
+        c.policy.side_effects = true;
+        assert_eq!(
+            reason(&c.step(Outcome::TakeOver { from: 0 })),
+            "UPSTREAM_STREAM_TRUNCATED"
+        );
     }
 
     #[test]

@@ -13,9 +13,11 @@ use std::time::Duration;
 
 use crate::error::RequestError;
 use crate::sink::{Event, EventSink, Item, Tee};
-use crate::state::journal::{
-    Appended, Journal, JournalError, Owner, Reader, ResumeToken, Tail, MAX_WAIT,
-};
+use crate::state::journal::{Appended, Journal, JournalError, Owner, Reader, ResumeToken, Tail};
+
+/// The longest a follower waits on the tail before it looks again: how
+/// late, past its lease, it notices that a stream's writer died.
+const FOLLOW_WAIT: Duration = Duration::from_secs(1);
 use crate::state::redis::lease::Renewal;
 use crate::state::{StateError, StateFaults};
 
@@ -90,16 +92,31 @@ impl JournalTee {
     pub async fn open(
         journal: &Journal,
         tenant: &str,
+        request: &[u8],
         lease: Duration,
         faults: Arc<StateFaults>,
         reason: Reason,
     ) -> Option<JournalTee> {
         let token = ResumeToken::generate();
         let owner = Owner::generate();
-        if let Err(e) = journal.open(tenant, &token, &owner).await {
+        if let Err(e) = journal.open(tenant, &token, &owner, request).await {
             tracing::debug!(error = %e, "the stream is not journaled");
             return None;
         }
+        Some(JournalTee::adopt(
+            journal, token, owner, lease, faults, reason,
+        ))
+    }
+
+    /// Writes a journal `owner` already holds (a takeover's claim).
+    pub fn adopt(
+        journal: &Journal,
+        token: ResumeToken,
+        owner: Owner,
+        lease: Duration,
+        faults: Arc<StateFaults>,
+        reason: Reason,
+    ) -> JournalTee {
         let renewal = {
             let (journal, token, owner) = (journal.clone(), token.clone(), owner.clone());
             Renewal::start(faults, "journal", lease, move || {
@@ -113,14 +130,14 @@ impl JournalTee {
                 }
             })
         };
-        Some(JournalTee {
+        JournalTee {
             journal: journal.clone(),
             token,
             owner,
             reason,
             whole: true,
             _renewal: renewal,
-        })
+        }
     }
 }
 
@@ -205,6 +222,8 @@ pub async fn follow(
 /// A journal being streamed back, its token already checked.
 pub struct Follower {
     reader: Reader,
+    tenant: String,
+    token: ResumeToken,
 }
 
 impl Follower {
@@ -220,14 +239,25 @@ impl Follower {
             .reader(tenant, token, after_seq)
             .await
             .map_err(resume_error)?;
-        Ok(Follower { reader })
+        Ok(Follower {
+            reader,
+            tenant: tenant.to_string(),
+            token: token.clone(),
+        })
     }
 
-    /// Streams every item to `sink` until the stream's last one.
-    pub async fn run(mut self, sink: &mut EventSink) -> Result<(), RequestError> {
+    /// Whose journal, and which.
+    pub fn names(&self) -> (&str, &ResumeToken) {
+        (&self.tenant, &self.token)
+    }
+
+    /// Streams every item to `sink` until the stream's last one; a writer
+    /// gone before it is RESUME_OWNER_GONE (run again after a takeover to
+    /// read on from where it stopped).
+    pub async fn run(&mut self, sink: &mut EventSink) -> Result<(), RequestError> {
         loop {
             let from = self.reader.position();
-            let batch = self.reader.next(MAX_WAIT).await.map_err(resume_error)?;
+            let batch = self.reader.next(FOLLOW_WAIT).await.map_err(resume_error)?;
             for entry in &batch.events {
                 let item = decode(&entry.event);
                 let last = item.is_err();
@@ -289,7 +319,7 @@ mod tests {
             lease: Duration::from_secs(20),
         });
         let faults = StateFaults::new(Arc::default());
-        let tee = JournalTee::open(&journal, "t", Duration::from_secs(20), faults, reason)
+        let tee = JournalTee::open(&journal, "t", b"", Duration::from_secs(20), faults, reason)
             .await
             .unwrap();
         let token = ResumeToken::parse(tee.token()).unwrap();

@@ -88,6 +88,7 @@ impl Tasks {
         affinity: Option<&Affinity>,
         sink: &mut EventSink,
         bill: &mut Bill<'_>,
+        first: Outcome,
     ) -> Result<(), RequestError> {
         let deadline = bill.deadline;
         let mut chat = spec.chat.clone();
@@ -103,8 +104,11 @@ impl Tasks {
         // Read once per request: the targets' p95 barely moves within one.
         let p95: Vec<Option<Duration>> = plan.candidates.iter().map(|c| self.p95_ttft(c)).collect();
         let mut tried = Tried::new(plan.candidates.len());
-        let mut outcome = Outcome::Begin;
         let mut walk = Walk::default();
+        if let Outcome::TakeOver { from } = first {
+            walk.failed = Some(from);
+        }
+        let mut outcome = first;
         loop {
             if sink.is_closed() {
                 return Ok(());

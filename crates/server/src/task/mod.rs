@@ -14,6 +14,7 @@ pub mod journal;
 mod live;
 mod queued;
 mod stored;
+mod takeover;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use crate::config::{OnCallerGone, Rung};
 use crate::error::RequestError;
 use crate::policy::backoff::Backoff;
 use crate::policy::ladder::{self, Step};
+use crate::policy::next::Outcome;
 use crate::request::RequestSpec;
 use crate::semantic::SemanticCache;
 use crate::sink::{EventSink, Tier};
@@ -42,6 +44,7 @@ use crate::state::StateFaults;
 use crate::telemetry::metrics::{Metrics, ServedLabels, ShedLabels};
 
 pub use queued::CheckedJob;
+pub use takeover::Decode;
 
 /// What every request task shares. Built whole from [`Parts`].
 pub struct Tasks {
@@ -64,6 +67,10 @@ pub struct Tasks {
     journal_lease: Duration,
     /// Counts the journal's Redis failures (lease renewals).
     journal_faults: Arc<StateFaults>,
+    /// Names a journaled error's row (`api::errors::reason`).
+    reason: journal::Reason,
+    /// A journal's stored request as a spec again (a takeover).
+    decode: Decode,
     /// Cancelled when the drain timeout passes: remaining requests end with
     /// UNAVAILABLE (SERVER_DRAINING) and their upstream calls are dropped.
     abort: CancellationToken,
@@ -85,6 +92,8 @@ pub struct Parts {
     pub jobs: Option<Arc<Jobs>>,
     pub journal: Journal,
     pub journal_lease: Duration,
+    pub reason: journal::Reason,
+    pub decode: Decode,
 }
 
 /// How long past its deadline a request task may run before it is ended.
@@ -154,6 +163,8 @@ impl Tasks {
             journal: parts.journal,
             journal_lease: parts.journal_lease,
             journal_faults: StateFaults::new(parts.metrics.clone()),
+            reason: parts.reason,
+            decode: parts.decode,
             abort: CancellationToken::new(),
             active: AtomicUsize::new(0),
         }
@@ -166,17 +177,15 @@ impl Tasks {
 
     /// A journal for one of `tenant`'s streams, written as it streams;
     /// `None` when there is no room for one (the stream goes unresumable).
-    pub async fn journal_tee(
-        &self,
-        tenant: &str,
-        reason: journal::Reason,
-    ) -> Option<journal::JournalTee> {
+    pub async fn journal_tee(&self, spec: &RequestSpec) -> Option<journal::JournalTee> {
+        let request = spec.source.as_deref().map_or(&[][..], Vec::as_slice);
         journal::JournalTee::open(
             &self.journal,
-            tenant,
+            &spec.tenant,
+            request,
             self.journal_lease,
             self.journal_faults.clone(),
-            reason,
+            self.reason,
         )
         .await
     }
@@ -229,7 +238,7 @@ impl Tasks {
     /// The whole request: idempotency, the plan, fresh stored answers, the
     /// cost hold, the live targets, then the rest of the degradation ladder.
     async fn serve(
-        &self,
+        self: &Arc<Self>,
         spec: &RequestSpec,
         sink: &mut EventSink,
         progress: &Progress,
@@ -241,7 +250,10 @@ impl Tasks {
                 return Ok(());
             }
             Claimed::Follow { token, stored } => {
-                let followed = journal::follow(&self.journal, &spec.tenant, &token, 0, sink).await;
+                let followed = match self.follower(&spec.tenant, token.as_str(), 0).await {
+                    Ok(follower) => self.read_on(follower, sink).await,
+                    Err(e) => Err(e),
+                };
                 return match (followed, stored) {
                     // The journal is gone before anything streamed: the
                     // key's stored answer is the same stream.
@@ -279,7 +291,14 @@ impl Tasks {
         let mut bill = self.reserve(spec, &plan, deadline).await?;
         let affinity = self.affinity_place(spec, &mut plan).await;
         let live = self
-            .drive(spec, &plan, affinity.as_ref(), sink, &mut bill)
+            .drive(
+                spec,
+                &plan,
+                affinity.as_ref(),
+                sink,
+                &mut bill,
+                Outcome::Begin,
+            )
             .await;
         self.settle(bill).await;
         match live {

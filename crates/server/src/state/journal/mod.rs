@@ -257,16 +257,20 @@ impl Journal {
     /// A new journal named `token` (fresh from `ResumeToken::generate`),
     /// owned by `owner` for `tenant`; `NotResumable(Total)` when the process
     /// has no room for one more (stream it unresumable).
+    /// `request` is what the stream answers, kept (on Redis) so another
+    /// replica can continue the stream when this one dies; an embedded
+    /// journal dies with its process and keeps none.
     pub async fn open(
         &self,
         tenant: &str,
         token: &ResumeToken,
         owner: &Owner,
+        request: &[u8],
     ) -> Result<(), JournalError> {
         match self {
             Journal::Embedded(j) => j.open(tenant, token, owner),
             Journal::Redis { journal, faults } => journal
-                .open(tenant, token, owner)
+                .open(tenant, token, owner, request)
                 .await
                 .map_err(|e| Self::fault(faults, e, "the stream is not resumable")),
         }
@@ -286,6 +290,22 @@ impl Journal {
                 .append(token, owner, seq, &event)
                 .await
                 .map_err(|e| Self::fault(faults, e, "the stream is not resumable")),
+        }
+    }
+
+    /// The request the tenant's stream answers, when the journal keeps it
+    /// (Redis): what a new owner continues after a takeover.
+    pub async fn request(
+        &self,
+        tenant: &str,
+        token: &ResumeToken,
+    ) -> Result<Option<Bytes>, JournalError> {
+        match self {
+            Journal::Embedded(_) => Ok(None),
+            Journal::Redis { journal, faults } => journal
+                .request(tenant, token)
+                .await
+                .map_err(|e| Self::fault(faults, e, "the stream cannot be taken over")),
         }
     }
 

@@ -72,7 +72,7 @@ local now = now_ms()
 if redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
 redis.call('HSET', KEYS[1], 'tenant', ARGV[1], 'owner', ARGV[2],
   'lease_until', now + tonumber(ARGV[3]), 'finished', '0', 'bound', '',
-  'bytes', 0, 'last_seq', 0)
+  'bytes', 0, 'last_seq', 0, 'request', ARGV[5])
 touch(now, tonumber(ARGV[4]))
 return 'ok'
 "
@@ -264,12 +264,14 @@ impl RedisJournal {
         tenant: &str,
         token: &ResumeToken,
         owner: &Owner,
+        request: &[u8],
     ) -> Result<(), JournalError> {
         let args = vec![
             tenant.as_bytes().to_vec(),
             owner.as_str().as_bytes().to_vec(),
             ms(self.bounds.lease, 1).to_string().into_bytes(),
             ms(self.bounds.ttl, 1).to_string().into_bytes(),
+            request.to_vec(),
         ];
         let v = self.run("journal_open", &OPEN, token, args).await?;
         match reply::string(&v).as_deref() {
@@ -347,6 +349,31 @@ impl RedisJournal {
             Some("held") => Ok(Claim::Held),
             _ => Err(bad_reply("journal_claim").into()),
         }
+    }
+
+    /// The request the stream answers (what a new owner continues), if
+    /// it is the tenant's.
+    pub async fn request(
+        &self,
+        tenant: &str,
+        token: &ResumeToken,
+    ) -> Result<Option<Bytes>, JournalError> {
+        let [meta, _] = self.keys(token);
+        let (owner_tenant, request): (Option<Vec<u8>>, Option<Vec<u8>>) = self
+            .redis
+            .call("journal_request", |mut c| async move {
+                ::redis::cmd("HMGET")
+                    .arg(&meta)
+                    .arg("tenant")
+                    .arg("request")
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        if owner_tenant.as_deref() != Some(tenant.as_bytes()) {
+            return Err(JournalError::NotFound);
+        }
+        Ok(request.filter(|r| !r.is_empty()).map(Bytes::from))
     }
 
     /// One read by script: what the journal holds after `after_seq`.
@@ -502,7 +529,7 @@ mod tests {
         let o = Owner::generate();
         let t = {
             let t = ResumeToken::generate();
-            j.open("a", &t, &o).await.unwrap();
+            j.open("a", &t, &o, b"").await.unwrap();
             t
         };
         for seq in 1..=3u64 {
@@ -577,7 +604,7 @@ mod tests {
         let o = Owner::generate();
         let t = {
             let t = ResumeToken::generate();
-            j.open("a", &t, &o).await.unwrap();
+            j.open("a", &t, &o, b"").await.unwrap();
             t
         };
         j.append(&t, &o, 1, b"x").await.unwrap();
@@ -641,7 +668,7 @@ mod tests {
         let o = Owner::generate();
         let t = {
             let t = ResumeToken::generate();
-            j.open("a", &t, &o).await.unwrap();
+            j.open("a", &t, &o, b"").await.unwrap();
             t
         };
         assert_eq!(
@@ -689,7 +716,7 @@ mod tests {
         let (old, new) = (Owner::generate(), Owner::generate());
         let t = {
             let t = ResumeToken::generate();
-            first.open("a", &t, &old).await.unwrap();
+            first.open("a", &t, &old, b"").await.unwrap();
             t
         };
         first.append(&t, &old, 1, b"a").await.unwrap();
@@ -741,7 +768,7 @@ mod tests {
         let o = Owner::generate();
         let t = {
             let t = ResumeToken::generate();
-            owner_side.open("a", &t, &o).await.unwrap();
+            owner_side.open("a", &t, &o, b"").await.unwrap();
             t
         };
         // Nothing comes: the wait lasts its bound (at least) and ends empty.
@@ -804,7 +831,7 @@ mod tests {
         let o = Owner::generate();
         let t = {
             let t = ResumeToken::generate();
-            owner_side.open("a", &t, &o).await.unwrap();
+            owner_side.open("a", &t, &o, b"").await.unwrap();
             t
         };
         owner_side.append(&t, &o, 1, b"t1").await.unwrap();
