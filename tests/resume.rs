@@ -415,7 +415,12 @@ async fn a_stream_past_its_journal_bound_says_it_is_not_resumable() {
 #[tokio::test]
 async fn a_keyless_stream_is_cancelled_when_its_caller_leaves_and_a_reconnect_says_so() {
     let mock = Mock::start("openai", &["--tokens", "400", "--token-delay-ms", "25"]).await;
-    let sy = Switchyard::start_with(&config("", &mock), &[("SY_TEST_TOKENS", TOKENS)]).await;
+    // One USD an output token: the bill tells what was charged.
+    let priced = config("", &mock).replace(
+        "context_tokens = 128000",
+        "context_tokens = 128000\n  price = { input_per_mtok = 0.0, output_per_mtok = 1000000.0 }",
+    );
+    let sy = Switchyard::start_with(&priced, &[("SY_TEST_TOKENS", TOKENS)]).await;
     let req = proto::CompletionRequest {
         max_tokens: 400,
         ..request("chat")
@@ -439,6 +444,10 @@ async fn a_keyless_stream_is_cancelled_when_its_caller_leaves_and_a_reconnect_sa
     );
     // The upstream was asked once and its answer was not read to the end.
     assert_eq!(mock.requests().await.len(), 1);
+    // What streamed is billed: not zero, not the 400 tokens asked for.
+    let (_, metrics) = sy.admin_get("/metrics").await;
+    let billed = metric_sum(&metrics, "switchyard_cost_usd_total");
+    assert!(billed > 0.0 && billed < 100.0, "billed {billed} USD");
 }
 
 #[tokio::test]

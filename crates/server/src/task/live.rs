@@ -326,10 +326,17 @@ impl Tasks {
         sink: &EventSink,
     ) -> f64 {
         let model = &call.candidate.model;
-        let failed_output_tokens = if matches!(result.end, AttemptEnd::Failed(_)) {
-            sink.attempt_chars().div_ceil(4) as u32
-        } else {
-            0
+        // What streamed before the attempt failed, or before its caller hung
+        // up and it was cancelled (`on_caller_gone = "cancel"`), is billed:
+        // not zero, and not the maximum.
+        let streamed = sink.attempt_chars().div_ceil(4) as u32;
+        let failed_output_tokens = match result.end {
+            AttemptEnd::Failed(_) => streamed,
+            _ => 0,
+        };
+        let cut_short_tokens = match result.end {
+            AttemptEnd::Failed(_) | AttemptEnd::ClientGone => streamed,
+            _ => 0,
         };
         self.series(call.candidate, entry)
             .count_attempt(&self.metrics, result.end.class().as_str());
@@ -344,7 +351,7 @@ impl Tasks {
                 .inc();
         }
         permit.report(provider::Outcome::of(result, failed_output_tokens));
-        let billed = price(entry, model).cost(0, failed_output_tokens);
+        let billed = price(entry, model).cost(0, cut_short_tokens);
         self.count_cost(&call.plan.route, call.candidate, billed);
         billed
     }
