@@ -553,3 +553,109 @@ async fn a_stream_whose_replica_is_killed_is_taken_over_and_continued_on_another
     let again = resume(&b, ALPHA, &first.token, 0).await.unwrap();
     assert_eq!(again.text, full_text(40));
 }
+
+/// Streams `req` as alpha to its end: its text, its resume token, and the
+/// `Moved` event's position if the replica moved it.
+async fn until_end_or_moved(
+    sy_grpc: String,
+    req: proto::CompletionRequest,
+) -> (String, String, Option<u64>) {
+    let mut client = proto::router_client::RouterClient::connect(format!("http://{sy_grpc}"))
+        .await
+        .unwrap();
+    let mut s = client
+        .stream_completion(as_tenant(ALPHA, req))
+        .await
+        .unwrap()
+        .into_inner();
+    let (mut text, mut token) = (String::new(), String::new());
+    loop {
+        match s.message().await {
+            Ok(Some(ev)) => match ev.event {
+                Some(Event::Started(st)) => token = st.resume_token,
+                Some(Event::Delta(d)) => text.push_str(&d.text),
+                Some(Event::Moved(m)) => {
+                    assert_eq!(m.resume_token, token);
+                    assert_eq!(m.after_seq, ev.seq);
+                    return (text, token, Some(m.after_seq));
+                }
+                Some(Event::Finished(_)) => return (text, token, None),
+                other => panic!("unexpected {other:?}"),
+            },
+            other => panic!("the stream ended without Finished or Moved: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_rolling_restart_moves_fifty_long_streams_to_the_other_replica_whole() {
+    let Some(redis) = RedisServer::start("resume rolling restart").await else {
+        return;
+    };
+    let head = "[state]\nbackend = \"redis\"\nlease = \"1s\"";
+    let replica = |mock: &Mock| {
+        config(head, mock)
+            .replace(
+                "[server]\nhttp_listen = \"127.0.0.1:0\"\n",
+                "[server]\nhttp_listen = \"127.0.0.1:0\"\ndrain_timeout = \"1s\"\n",
+            )
+            .replace(
+                "capabilities = [\"chat\", \"stream\", \"tools\", \"json\"]",
+                "capabilities = [\"chat\", \"stream\", \"continuation\"]",
+            )
+    };
+    let ma = Mock::start("openai", &["--tokens", "40", "--token-delay-ms", "100"]).await;
+    let mb = Mock::start("openai", &["--tokens", "40", "--token-delay-ms", "10"]).await;
+    let env = [
+        ("SWITCHYARD_REDIS_URL", redis.url()),
+        ("SY_TEST_TOKENS", TOKENS.to_string()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = Switchyard::start_with(&replica(&ma), &env).await;
+    let b = Switchyard::start_with(&replica(&mb), &env).await;
+
+    const STREAMS: usize = 50;
+    let streams: Vec<_> = (0..STREAMS)
+        .map(|i| {
+            tokio::spawn(until_end_or_moved(
+                a.grpc.clone(),
+                keyed(&format!("k-roll-{i}")),
+            ))
+        })
+        .collect();
+    ma.wait_for("every stream under way", |log| log.len() == STREAMS)
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The rolling restart: SIGTERM, a drain of one second, then the pod is gone.
+    let pid = a.child.id().unwrap().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+
+    let mut resumed = Vec::new();
+    let b = &b;
+    for s in streams {
+        let (text, token, moved) = s.await.unwrap();
+        let after = moved.expect("a long stream is moved, not failed, when its replica leaves");
+        resumed.push(async move {
+            let rest = resume(b, ALPHA, &token, after).await.unwrap();
+            assert!(rest.status.is_none(), "{:?}", rest.status);
+            format!("{text}{}", rest.text)
+        });
+    }
+    for answer in futures_util::future::join_all(resumed).await {
+        assert_eq!(answer, full_text(40), "every answer whole");
+    }
+    assert_eq!(ma.requests().await.len(), STREAMS);
+    let log = mb.requests().await;
+    assert_eq!(
+        log.len(),
+        STREAMS,
+        "one continuation per stream, no generation twice"
+    );
+    assert!(log
+        .iter()
+        .all(|r| r["body"]["continue_final_message"] == true));
+}

@@ -372,6 +372,8 @@ pub struct Collected {
     pub resets: Vec<proto::Reset>,
     /// `Continued` events: the text after one continues what came before.
     pub continued: Vec<proto::Continued>,
+    /// The replica was leaving: resume the stream elsewhere.
+    pub moved: Option<proto::Moved>,
     pub finished: Option<proto::Finished>,
     /// The `queue` rung's answer.
     pub job: Option<proto::Job>,
@@ -408,6 +410,7 @@ pub async fn stream(
                 Some(Event::Finished(f)) => out.finished = Some(f),
                 Some(Event::Job(j)) => out.job = Some(j),
                 Some(Event::Continued(c)) => out.continued.push(c),
+                Some(Event::Moved(m)) => out.moved = Some(m),
                 None => {}
             },
             Ok(None) => return out,

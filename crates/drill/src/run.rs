@@ -298,8 +298,9 @@ async fn stream(
                     deltas = 0;
                 }
                 Some(Event::Finished(f)) => finished(&mut r, &f),
-                // A continuation's text simply follows what the caller holds.
-                Some(Event::Continued(_)) => {}
+                // A continuation's text simply follows what the caller holds;
+                // a drill's single replica never moves a stream.
+                Some(Event::Continued(_) | Event::Moved(_)) => {}
                 // A queued answer is not a live one: the drill counts it as served by "queue".
                 Some(Event::Job(_)) => {
                     r.tier = Some("queued".into());

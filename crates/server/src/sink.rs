@@ -130,6 +130,12 @@ pub enum Event {
     Queued(Box<QueuedJob>),
     /// Boxed like `Finished`: rare, and the channel's slots stay small.
     Continued(Box<Continued>),
+    /// This replica is leaving: the stream ends unfinished; resume it
+    /// elsewhere with its token after `after_seq`. Never journaled.
+    Moved {
+        resume_token: String,
+        after_seq: u64,
+    },
 }
 
 /// A job accepted for a request, with its place in the queue.
@@ -155,6 +161,9 @@ pub trait Tee: Send + Sync {
         -> futures_util::future::BoxFuture<'a, ()>;
     /// Every item so far was stored: a reconnect gets the whole stream.
     fn whole(&self) -> bool;
+    /// The writer leaves without ending the stream (a drain): another
+    /// replica may take it over at once.
+    fn release(&mut self) -> futures_util::future::BoxFuture<'_, ()>;
 }
 
 /// The caller hung up.
@@ -370,6 +379,28 @@ impl EventSink {
             finish_when_gone: false,
             ended: false,
         }
+    }
+
+    /// Ends the caller's stream without ending the answer (this replica is
+    /// draining): the caller gets `Moved` with the resume token and resumes
+    /// elsewhere, where the journal is taken over. False when the stream
+    /// cannot move (not journaled whole, or no output reached the caller:
+    /// then it fails as before and is retried whole).
+    pub async fn moved(&mut self) -> bool {
+        let Some(tee) = self.tee.as_mut() else {
+            return false;
+        };
+        if !tee.whole() || !self.committed || self.ended {
+            return false;
+        }
+        self.ended = true;
+        tee.release().await;
+        let moved = Event::Moved {
+            resume_token: tee.token().to_string(),
+            after_seq: self.seq,
+        };
+        let _ = self.deliver(Ok(moved)).await;
+        true
     }
 
     /// Ends a journaled stream that stopped without its last item (its
@@ -982,6 +1013,9 @@ mod tests {
         }
         fn whole(&self) -> bool {
             self.items.lock().unwrap().len() < self.room
+        }
+        fn release(&mut self) -> futures_util::future::BoxFuture<'_, ()> {
+            Box::pin(async {})
         }
     }
 

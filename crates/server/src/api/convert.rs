@@ -414,6 +414,13 @@ pub fn event(seq: u64, e: Event) -> proto::CompletionEvent {
         }),
         Event::Finished(f) => E::Finished(finished(&f)),
         Event::Queued(q) => E::Job(job(&q.record, q.position, q.eta)),
+        Event::Moved {
+            resume_token,
+            after_seq,
+        } => E::Moved(proto::Moved {
+            resume_token,
+            after_seq,
+        }),
         Event::Continued(c) => E::Continued(proto::Continued {
             failed_attempt: c.failed_attempt,
             provider: c.provider,
@@ -439,8 +446,8 @@ impl Assembler {
     /// Feeds one event; returns the response once `Finished` arrives.
     pub fn push(&mut self, e: Event) -> Option<proto::CompletionResponse> {
         match e {
-            // A continuation's text simply follows.
-            Event::Started(_) | Event::Continued(_) => None,
+            // A continuation's text simply follows; a buffered call never moves.
+            Event::Started(_) | Event::Continued(_) | Event::Moved { .. } => None,
             Event::Reset { .. } => {
                 self.text.clear();
                 self.calls.clear();

@@ -55,6 +55,9 @@ pub struct Tried {
     below_p95: Option<Duration>,
     /// Chunks the caller received from the attempt that failed last.
     emitted: u32,
+    /// Attempts counted here that this request task did not send (a dead
+    /// replica's, on a takeover): they were paid for where they were sent.
+    unpaid: u32,
     /// The soonest a locally refused candidate may take traffic again.
     refused_retry_in: Option<Duration>,
 }
@@ -148,6 +151,7 @@ impl Tried {
             below_p95: None,
             refused_retry_in: None,
             emitted: 0,
+            unpaid: 0,
         }
     }
 
@@ -156,9 +160,10 @@ impl Tried {
         self.attempts
     }
 
-    /// One more attempt needs the route's budget: every attempt after the first.
+    /// One more attempt needs the route's budget: every attempt after the
+    /// first this request task sends.
     pub fn needs_budget(&self) -> bool {
-        self.attempts > 0
+        self.attempts > self.unpaid
     }
 
     /// The chosen candidate is being sent now.
@@ -293,6 +298,7 @@ fn take_over(tried: &mut Tried, from: usize, view: &View<'_>) -> Next {
         n: 1,
     };
     tried.attempts += 1;
+    tried.unpaid += 1;
     tried.current = Some(from);
     tried.last = Some((from, failure.clone()));
     if view.policy.side_effects {
@@ -704,6 +710,10 @@ mod tests {
             "on a `fail` route too"
         );
         assert_eq!(c.tried.attempts, 1, "the dead replica's attempt counts");
+        assert!(
+            !c.tried.needs_budget(),
+            "but the continuation is this replica's first: not a retry to pay for"
+        );
         assert_eq!(
             c.step(Outcome::ContinueOn(Some(1))),
             Next::FailOver { to: 1 }

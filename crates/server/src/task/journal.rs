@@ -187,6 +187,14 @@ impl Tee for JournalTee {
     fn whole(&self) -> bool {
         self.whole
     }
+
+    fn release(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Err(e) = self.journal.release(&self.token, &self.owner).await {
+                tracing::debug!(error = %e, "journal release failed: its lease lapses instead");
+            }
+        })
+    }
 }
 
 /// Why a journal could not be read, as the caller learns it.

@@ -227,6 +227,11 @@ impl Tasks {
             }
         };
         if let Err(e) = result {
+            // Draining with output out: the caller moves to another replica
+            // and resumes there; the answer goes on from its journal.
+            if e == RequestError::Draining && sink.moved().await {
+                return;
+            }
             if progress.planned.load(Ordering::Relaxed) {
                 self.count_shed(&spec.route, &e);
             }

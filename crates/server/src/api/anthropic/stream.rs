@@ -147,6 +147,12 @@ impl Frames {
                     self.close(&mut out);
                     out.push_str(&self.last_frames(&f));
                 }
+                // The replica is leaving: the stream ends as drained.
+                Some(Ok(Event::Moved { .. })) => {
+                    return Some(self.fail(AnthropicError::from_request(
+                        &crate::error::RequestError::Draining,
+                    )));
+                }
                 // A stream never gets a `Reset` (the task ends it instead:
                 // its client cannot discard output) nor a queued job.
                 Some(Ok(Event::Reset { .. } | Event::Queued(_))) | None => {

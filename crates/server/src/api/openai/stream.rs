@@ -181,6 +181,14 @@ impl Sse {
                     self.done = true;
                     return Some(self.last_frames(&f));
                 }
+                // The replica is leaving: the stream ends as drained (resume it
+                // elsewhere with `Last-Event-ID` and the same idempotency key).
+                Some(Ok(Event::Moved { .. })) => {
+                    self.done = true;
+                    return Some(frame(
+                        &OpenAiError::from_request(&crate::error::RequestError::Draining).body(),
+                    ));
+                }
                 // A stream never gets a `Reset` (the task ends it instead:
                 // its client cannot discard output) nor a queued job.
                 Some(Ok(Event::Reset { .. } | Event::Queued(_))) | None => {

@@ -336,6 +336,8 @@ async fn unary(
             None => return Err(OpenAiError::internal("request ended without an answer")),
             Some(Err(e)) => return Err(refused(e)),
             Some(Ok(Event::Queued(q))) => return Ok(door::queued(&q, request_id)),
+            // A buffered call is never journaled, so it never moves.
+            Some(Ok(Event::Moved { .. })) => return Err(refused(RequestError::Draining)),
             Some(Ok(Event::Started(_) | Event::Continued(_))) => {}
             Some(Ok(Event::Chunk(c))) => {
                 output.push(c, &mut frames);

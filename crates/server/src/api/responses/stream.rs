@@ -179,6 +179,11 @@ impl Live {
                     (Status::of_finish(f.finish_reason), usage_json(&usage))
                 }
                 Some(Err(e)) => (Status::of_error(&e), Value::Null),
+                // The replica is leaving: the stream ends as drained.
+                Some(Ok(Event::Moved { .. })) => (
+                    Status::of_error(&crate::error::RequestError::Draining),
+                    Value::Null,
+                ),
                 // A stream never gets a `Reset` (the task ends it instead:
                 // its client cannot discard output) nor a queued job.
                 Some(Ok(Event::Reset { .. } | Event::Queued(_))) | None => (

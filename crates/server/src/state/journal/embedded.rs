@@ -71,6 +71,15 @@ impl EmbeddedJournal {
         self.book().claim(tenant, token, owner, Instant::now())
     }
 
+    /// Ends the owner's lease now.
+    pub fn release(&self, token: &ResumeToken, owner: &Owner) -> Result<(), JournalError> {
+        let now = Instant::now();
+        let mut book = self.book();
+        book.purge(now);
+        book.owned(token, owner)?.lease_until = now;
+        Ok(())
+    }
+
     /// Events after `after_seq`; when there are none and the owner holds
     /// its lease, waits up to `wait` for a change and reads once more.
     pub async fn read(

@@ -331,6 +331,18 @@ impl Journal {
         }
     }
 
+    /// Ends the owner's lease now (a draining replica), so a resume on
+    /// another replica takes the journal over at once.
+    pub async fn release(&self, token: &ResumeToken, owner: &Owner) -> Result<(), JournalError> {
+        match self {
+            Journal::Embedded(j) => j.release(token, owner),
+            Journal::Redis { journal, faults } => journal
+                .release(token, owner)
+                .await
+                .map_err(|e| Self::fault(faults, e, "a resume waits for the lease to lapse")),
+        }
+    }
+
     /// Takes the journal over for `owner` when its lease lapsed.
     pub async fn claim(
         &self,

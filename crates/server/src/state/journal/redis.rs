@@ -323,6 +323,14 @@ impl RedisJournal {
         Ok(())
     }
 
+    /// Ends the owner's lease now (it is leaving: a drain), so another
+    /// replica may take the journal over at once.
+    pub async fn release(&self, token: &ResumeToken, owner: &Owner) -> Result<(), JournalError> {
+        let args = vec![owner.as_str().as_bytes().to_vec(), b"1".to_vec()];
+        self.items("journal_release", &RENEW, token, args).await?;
+        Ok(())
+    }
+
     pub async fn claim(
         &self,
         tenant: &str,
