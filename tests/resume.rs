@@ -659,3 +659,37 @@ async fn a_rolling_restart_moves_fifty_long_streams_to_the_other_replica_whole()
         .iter()
         .all(|r| r["body"]["continue_final_message"] == true));
 }
+
+#[tokio::test]
+async fn the_official_openai_sdk_resumes_a_dropped_stream_with_last_event_id() {
+    if !python_ready(
+        "openai",
+        "import openai",
+        "examples/openai_sdk/requirements.txt",
+    ) {
+        return;
+    }
+    let mock = Mock::start("openai", MOCK).await;
+    let open = format!(
+        "[server]\nhttp_listen = \"127.0.0.1:0\"\n{}{}",
+        provider("p", "openai", &mock.base_url(), "m"),
+        route("chat", &["p/m"])
+    );
+    let sy = Switchyard::start(&open).await;
+    let expected = full_text(40);
+    let (out, stdout, stderr) = run_example(
+        "python3",
+        "examples/openai_sdk/test_resume.py",
+        &[
+            "--base-url",
+            &format!("{}/v1", sy.http_url()),
+            "--expected",
+            &expected,
+        ],
+    )
+    .await;
+    println!("{stdout}");
+    assert!(out.status.success(), "{stdout}\n{stderr}\n{}", sy.logs());
+    assert_eq!(stdout.matches("PASS ").count(), 3, "{stdout}");
+    assert_eq!(mock.requests().await.len(), 1, "one generation");
+}
