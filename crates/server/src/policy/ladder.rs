@@ -5,6 +5,8 @@
 //! each attempt; this decides the request. No I/O, no time: the request
 //! task asks and obeys.
 
+use std::time::Duration;
+
 use crate::config::Rung;
 use crate::error::RequestError;
 
@@ -49,6 +51,23 @@ pub fn after_live(rungs: &[Rung], from: usize, live: &RequestError, caller: Call
     Step::Stop
 }
 
+/// The stored answers a request is served from before any live attempt,
+/// in order, with how old each may be: the exact cache within the route's
+/// `serve_fresh_within`, then the semantic cache within its `fresh_within`.
+/// Anything older waits for the live targets to fail (`after_live`).
+pub fn before_live(
+    exact_within: Option<Duration>,
+    semantic_within: Option<Duration>,
+) -> Vec<(Rung, Duration)> {
+    [
+        exact_within.map(|d| (Rung::Cache, d)),
+        semantic_within.map(|d| (Rung::SemanticCache, d)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
 /// What becomes of a queued job whose run ended with an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobRun {
@@ -74,7 +93,6 @@ pub fn after_job_run(error: &RequestError) -> JobRun {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     const FRESH: Caller = Caller {
         committed: false,
@@ -167,6 +185,18 @@ mod tests {
         let rungs = [Rung::Fallback, Rung::Downshift];
         assert_eq!(after_live(&rungs, 0, &no_target(), FRESH), Step::Stop);
         assert_eq!(after_live(&[], 0, &no_target(), FRESH), Step::Stop);
+    }
+
+    #[test]
+    fn fresh_answers_come_before_live_exact_first_and_only_where_the_route_allows() {
+        let s = Duration::from_secs;
+        assert_eq!(before_live(None, None), []);
+        assert_eq!(before_live(Some(s(60)), None), [(Rung::Cache, s(60))]);
+        assert_eq!(
+            before_live(Some(s(60)), Some(s(5))),
+            [(Rung::Cache, s(60)), (Rung::SemanticCache, s(5))]
+        );
+        assert_eq!(before_live(None, Some(s(5))), [(Rung::SemanticCache, s(5))]);
     }
 
     #[test]

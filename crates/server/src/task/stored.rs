@@ -14,6 +14,7 @@ use super::Tasks;
 use crate::actors::router::Plan;
 use crate::config::Rung;
 use crate::error::RequestError;
+use crate::policy::ladder;
 use crate::request::{CacheOwner, RequestSpec};
 use crate::semantic::lookup::{self, Pending};
 use crate::sink::{Event, EventSink, Finished, Tier};
@@ -104,9 +105,11 @@ impl Tasks {
     }
 
     /// Serves a fresh stored answer before any live attempt, where the
-    /// route allows it: the exact cache within `serve_fresh_within`; else,
-    /// once the question is sent to be embedded (on a route with a
-    /// semantic cache), the semantic cache within its `fresh_within`.
+    /// route allows it (`policy::ladder::before_live`): the exact cache
+    /// within `serve_fresh_within`, then the semantic cache within its
+    /// `fresh_within`. The question is sent to be embedded (on a route with
+    /// a semantic cache) once the exact cache has not answered, for this
+    /// rung or the ones after the live targets.
     pub(super) async fn serve_fresh(
         &self,
         lookup: &mut Lookup<'_>,
@@ -114,26 +117,58 @@ impl Tasks {
         plan: &Plan,
         sink: &mut EventSink,
     ) -> bool {
-        if let Some(fresh) = plan.serve_fresh_within {
-            if let Some(hit) = self
-                .cache
-                .get(&lookup.cache_key(), Some(fresh), Instant::now())
-            {
-                self.serve_stored(sink, spec, &plan.route, Stored::exact(&hit), 0)
-                    .await;
+        let semantic_within = plan.semantic.as_ref().and_then(|c| c.fresh_within);
+        for (rung, within) in ladder::before_live(plan.serve_fresh_within, semantic_within) {
+            let served = match rung {
+                Rung::Cache => {
+                    match self
+                        .cache
+                        .get(&lookup.cache_key(), Some(within), Instant::now())
+                    {
+                        Some(hit) => {
+                            self.serve_stored(sink, spec, &plan.route, Stored::exact(&hit), 0)
+                                .await;
+                            true
+                        }
+                        None => false,
+                    }
+                }
+                _ => {
+                    self.begin_semantic(lookup, spec, plan);
+                    match lookup.semantic.as_ref() {
+                        Some(p) => {
+                            match lookup::hit(&self.semantic, &self.metrics, p, true).await {
+                                Some(hit) => {
+                                    self.serve_stored(
+                                        sink,
+                                        spec,
+                                        &plan.route,
+                                        Stored::semantic(&hit),
+                                        0,
+                                    )
+                                    .await;
+                                    true
+                                }
+                                None => false,
+                            }
+                        }
+                        None => false,
+                    }
+                }
+            };
+            if served {
                 return true;
             }
         }
-        lookup.semantic = lookup::begin(&self.actors, &self.metrics, spec, plan);
-        let fresh_semantic = lookup.semantic.as_ref();
-        if let Some(p) = fresh_semantic.filter(|p| p.cfg.fresh_within.is_some()) {
-            if let Some(hit) = lookup::hit(&self.semantic, &self.metrics, p, true).await {
-                self.serve_stored(sink, spec, &plan.route, Stored::semantic(&hit), 0)
-                    .await;
-                return true;
-            }
-        }
+        self.begin_semantic(lookup, spec, plan);
         false
+    }
+
+    /// Sends the question to be embedded, once (a route with a semantic cache).
+    fn begin_semantic(&self, lookup: &mut Lookup<'_>, spec: &RequestSpec, plan: &Plan) {
+        if lookup.semantic.is_none() {
+            lookup.semantic = lookup::begin(&self.actors, &self.metrics, spec, plan);
+        }
     }
 
     /// Keeps the answer once it is finished: into the exact cache (on a
