@@ -240,3 +240,43 @@ async fn where_no_target_can_continue_http_fails_and_grpc_resets() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_anthropic_door_stream_cut_mid_answer_goes_on_seamlessly() {
+    let p = pair("anthropic", "claude-sonnet-4-5", CONTINUES).await;
+    let body = reqwest::Client::new()
+        .post(format!("{}/v1/messages", p.sy.http_url()))
+        .json(&json!({"model": "chat", "stream": true, "max_tokens": 64,
+                      "messages": [{"role": "user", "content": "hello"}]}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut text = String::new();
+    let mut names = Vec::new();
+    for block in body.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let name = block
+            .lines()
+            .find_map(|l| l.strip_prefix("event: "))
+            .unwrap_or_default();
+        let data: Value = block
+            .lines()
+            .find_map(|l| l.strip_prefix("data: "))
+            .map(|d| serde_json::from_str(d).unwrap())
+            .unwrap_or(Value::Null);
+        if name == "content_block_delta" {
+            text.push_str(data["delta"]["text"].as_str().unwrap_or_default());
+        }
+        names.push(name.to_string());
+    }
+    assert!(!names.iter().any(|n| n == "error"), "{body}");
+    assert_eq!(
+        names.last().map(String::as_str),
+        Some("message_stop"),
+        "{body}"
+    );
+    assert_eq!(text, full_text(16), "one answer across the seam");
+    assert_eq!(p.secondary.requests().await.len(), 1);
+}

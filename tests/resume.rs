@@ -693,3 +693,24 @@ async fn the_official_openai_sdk_resumes_a_dropped_stream_with_last_event_id() {
     assert_eq!(stdout.matches("PASS ").count(), 3, "{stdout}");
     assert_eq!(mock.requests().await.len(), 1, "one generation");
 }
+
+#[tokio::test]
+async fn a_token_past_its_ttl_is_not_found_as_expired() {
+    let mock = Mock::start("openai", &[]).await;
+    let sy = Switchyard::start_with(
+        &config("[resume]\nttl = \"1s\"", &mock),
+        &[("SY_TEST_TOKENS", TOKENS)],
+    )
+    .await;
+    let got = stream(&mut sy.client().await, as_tenant(ALPHA, keyed("k-ttl"))).await;
+    let token = got.started[0].resume_token.clone();
+    assert!(got.finished.unwrap().resumable);
+    assert!(
+        resume(&sy, ALPHA, &token, 0).await.is_ok(),
+        "alive within its ttl"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let status = resume(&sy, ALPHA, &token, 0).await.err().expect("expired");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert_eq!(reason(&status), "RESUME_EXPIRED");
+}
