@@ -193,9 +193,18 @@ async fn tls_callers_need_the_ca() {
 
 #[tokio::test]
 async fn sigterm_drains_streams_then_ends_the_rest_with_a_clear_error() {
+    // Journaled streams still open at the drain timeout are moved (a
+    // `Moved` event with their resume token: resume them on another
+    // replica); without a journal they end with SERVER_DRAINING.
+    for journal in [true, false] {
+        sigterm_drains(journal).await;
+    }
+}
+
+async fn sigterm_drains(journal: bool) {
     let mock = Mock::start("openai", &["--tokens", "400", "--token-delay-ms", "25"]).await;
     let config = format!(
-        "[server]\ndrain_timeout = \"1500ms\"\n{}",
+        "[resume]\nenabled = {journal}\n[server]\ndrain_timeout = \"1500ms\"\n{}",
         one_provider(&mock)
     );
     let mut sy = Switchyard::start(&config).await;
@@ -225,23 +234,28 @@ async fn sigterm_drains_streams_then_ends_the_rest_with_a_clear_error() {
         .success());
 
     let mut completed = 0;
-    let mut drained = 0;
+    let mut cut = 0;
     for c in calls {
         let got = tokio::time::timeout(Duration::from_secs(15), c)
             .await
             .expect("nothing hangs")
             .unwrap();
-        match (&got.finished, &got.status) {
-            (Some(_), None) => completed += 1,
-            (None, Some(s)) => {
+        match (&got.finished, &got.status, &got.moved) {
+            (Some(_), None, None) => completed += 1,
+            (None, None, Some(m)) if journal => {
+                assert_eq!(m.resume_token, got.started[0].resume_token);
+                assert!(m.after_seq > 1, "{m:?}");
+                cut += 1;
+            }
+            (None, Some(s), None) if !journal => {
                 assert_eq!(s.code(), Code::Unavailable, "{s:?}");
                 assert_eq!(reason(s), "SERVER_DRAINING");
-                drained += 1;
+                cut += 1;
             }
-            other => panic!("neither finished nor a clear error: {other:?}"),
+            other => panic!("journal {journal}: neither finished nor a clear end: {other:?}"),
         }
     }
-    assert_eq!((completed, drained), (2, 2));
+    assert_eq!((completed, cut), (2, 2));
     let status = tokio::time::timeout(Duration::from_secs(10), sy.child.wait())
         .await
         .unwrap()

@@ -714,3 +714,29 @@ async fn a_token_past_its_ttl_is_not_found_as_expired() {
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     assert_eq!(reason(&status), "RESUME_EXPIRED");
 }
+
+#[tokio::test]
+async fn past_resume_max_streams_a_new_stream_is_served_unjournaled_and_says_so() {
+    let mock = Mock::start("openai", MOCK).await;
+    let sy = Switchyard::start_with(
+        &config("[resume]\nmax_streams = 1", &mock),
+        &[("SY_TEST_TOKENS", TOKENS)],
+    )
+    .await;
+    let mut client = sy.client().await;
+    let first = tokio::spawn({
+        let mut client = client.clone();
+        async move { stream(&mut client, as_tenant(ALPHA, keyed("k-slot-1"))).await }
+    });
+    mock.wait_for("the first stream under way", |l| l.len() == 1)
+        .await;
+    let second = stream(&mut client, as_tenant(ALPHA, keyed("k-slot-2"))).await;
+    let first = first.await.unwrap();
+    assert_eq!(second.text, full_text(40), "served whole all the same");
+    assert!(second.started[0].resume_token.is_empty(), "no journal");
+    assert!(!second.finished.unwrap().resumable, "and it says so");
+    assert!(first.finished.unwrap().resumable);
+    // The slot is free again once the first stream ended.
+    let third = stream(&mut client, as_tenant(ALPHA, keyed("k-slot-3"))).await;
+    assert!(third.finished.unwrap().resumable);
+}

@@ -334,6 +334,8 @@ impl Core {
             default_deadline: config.server.default_deadline,
             jobs: jobs.clone(),
             journal: stores.journal.clone(),
+            journaling: config.resume.enabled,
+            journal_streams: config.resume.max_streams,
             journal_lease: config.state.lease,
             reason: crate::api::errors::reason,
             decode: crate::api::convert::stored_request(config.limits.clone()),

@@ -5,7 +5,9 @@
 //! `backend = "redis"` (a real `redis-server` on loopback, AOF with
 //! `appendfsync always` as deploy/ ships it), side by side with the same
 //! load sent straight to the mock. Reports added latency, Switchyard's CPU
-//! per 1,000 requests, and Redis's own CPU.
+//! per 1,000 requests, and Redis's own CPU. Streams are journaled for
+//! resume (issue 28); each backend also runs with `[resume] enabled = false`
+//! beside it, so the journal's own cost is the difference in one run.
 //!
 //! The quick run (CI) checks correctness, not speed: it gives each Redis call
 //! `QUICK_STATE_TIMEOUT` instead of the production 250 ms, so a machine busy
@@ -31,12 +33,13 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// Redis breaker for a second).
 const QUICK_STATE_TIMEOUT: &str = "2s";
 
-/// The tenant limits and state lines of one backend's config; `timeout`
-/// overrides `state.timeout` when given.
-fn top(backend: &str, timeout: Option<&str>) -> String {
+/// The tenant limits, state and resume lines of one backend's config;
+/// `timeout` overrides `state.timeout` when given.
+fn top(backend: &str, timeout: Option<&str>, journal: bool) -> String {
     let timeout = timeout.map_or(String::new(), |t| format!("timeout = \"{t}\"\n"));
     format!(
-        "[state]\nbackend = \"{backend}\"\nredis_url_env = \"SWITCHYARD_BENCH_REDIS_URL\"\n{timeout}\
+        "[resume]\nenabled = {journal}\n\
+         [state]\nbackend = \"{backend}\"\nredis_url_env = \"SWITCHYARD_BENCH_REDIS_URL\"\n{timeout}\
          [limits]\ntenant_max_concurrent = 100000\ntenant_rate_per_sec = 1000000.0\ntenant_burst = 1000000\n"
     )
 }
@@ -104,20 +107,30 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     let mock = MockProc::start(ctx, "state", &MockSpec::new("openai", 16, 0)).await?;
     let provider = Provider::new("primary", "openai", &mock).caps(100_000, 100_000);
     let mut routers = Vec::new();
-    for backend in ["embedded", "redis"] {
+    for (backend, journal) in [
+        ("embedded", true),
+        ("embedded", false),
+        ("redis", true),
+        ("redis", false),
+    ] {
         let cfg = config_text(
-            &top(backend, ctx.pick(Some(QUICK_STATE_TIMEOUT), None)),
+            &top(backend, ctx.pick(Some(QUICK_STATE_TIMEOUT), None), journal),
             std::slice::from_ref(&provider),
             &[("chat", &["primary"])],
         );
-        let router = RouterProc::start(ctx, &format!("state-{backend}"), &cfg).await?;
+        let name = if journal {
+            backend.to_string()
+        } else {
+            format!("{backend}, resume off")
+        };
+        let router = RouterProc::start(ctx, &format!("state-{backend}-{journal}"), &cfg).await?;
         let grpc = Grpc::connect(router.grpc, 4).await?;
-        routers.push((backend, router, grpc));
+        routers.push((name, journal, router, grpc));
     }
     let rates: Vec<f64> = ctx.pick(vec![200.0], vec![500.0, 2000.0]);
     let d = ctx.pick(Duration::from_secs(2), Duration::from_secs(6));
     for stream in [true, false] {
-        for (_, _, grpc) in &routers {
+        for (_, _, _, grpc) in &routers {
             drive(
                 ctx,
                 Some(grpc),
@@ -148,7 +161,8 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
             let dl = direct.latency();
             res.checks
                 .push(check_complete(&format!("{mode} {rate} direct"), &direct));
-            for (backend, router, grpc) in &routers {
+            // A unary call is never journaled: resume off changes nothing there.
+            for (backend, _, router, grpc) in routers.iter().filter(|r| stream || r.1) {
                 let (u0, r0) = (router.usage(), redis_cpu_s(&redis));
                 let via = drive(ctx, Some(grpc), &mock, stream, *rate, d).await;
                 let (u1, r1) = (router.usage(), redis_cpu_s(&redis));
@@ -168,12 +182,12 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
                 table.row(vec![
                     mode.into(),
                     format!("{rate:.0}/s"),
-                    (*backend).into(),
+                    backend.clone(),
                     format!("{:.0}", via.throughput()),
                     format!("{} / {}", delta(vl.p50 - dl.p50), delta(vl.p99 - dl.p99)),
                     format!("{}", via.failed()),
                     format!("{cpu:.3}"),
-                    if *backend == "redis" {
+                    if backend.starts_with("redis") {
                         format!("{redis_cpu:.3}")
                     } else {
                         "-".into()
@@ -201,11 +215,13 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
          claims a key, takes a tenant slot and a rate token, and stores its answer: in process \
          (embedded) or in one `redis-server` on loopback (AOF, `appendfsync always`). Same \
          mock (16 tokens at once), same open-loop load; added latency is against the same load \
-         sent straight to the mock.\n\n{}",
+         sent straight to the mock. Streams are journaled for resume; the `resume off` rows \
+         run the same load with `[resume] enabled = false`, so the journal's cost is the \
+         difference.\n\n{}",
         table.render()
     );
     res.data = json!({ "rows": rows, "duration_s": d.as_secs_f64() });
-    for (_, router, _) in routers {
+    for (_, _, router, _) in routers {
         router.stop().await;
     }
     mock.stop().await;

@@ -501,9 +501,11 @@ pub trait SseFrames: Send + 'static {
 }
 
 /// Adds one group of frames to `out`: with `id: <seq>` in its last frame
-/// when the stream is numbered, and not at all when a reconnecting caller
-/// already holds it.
-fn push_numbered(out: &mut String, group: String, events: Option<&Events>) {
+/// when the stream is numbered and the group framed a new event (`last` is
+/// the id sent last: a `Moved` stream's closing frame repeats no id, so a
+/// client's `Last-Event-ID` stays on the last event it holds), and not at
+/// all when a reconnecting caller already holds it.
+fn push_numbered(out: &mut String, group: String, events: Option<&Events>, last: &mut u64) {
     let Some(events) = events else {
         out.push_str(&group);
         return;
@@ -512,13 +514,18 @@ fn push_numbered(out: &mut String, group: String, events: Option<&Events>) {
     if seq <= events.after() {
         return;
     }
+    if seq <= *last {
+        out.push_str(&group);
+        return;
+    }
+    *last = seq;
     let body = group.strip_suffix("\n\n").unwrap_or(&group);
-    let last = body.rfind("\n\n").map_or(0, |i| i + 2);
-    out.push_str(&group[..last]);
+    let at = body.rfind("\n\n").map_or(0, |i| i + 2);
+    out.push_str(&group[..at]);
     out.push_str("id: ");
     out.push_str(&seq.to_string());
     out.push('\n');
-    out.push_str(&group[last..]);
+    out.push_str(&group[at..]);
 }
 
 /// Frames that are ready together leave in one body chunk, up to this size.
@@ -528,20 +535,20 @@ const COALESCE_BYTES: usize = 16 * 1024;
 /// sent go out with it (one write instead of one per token); none waits for
 /// another.
 pub fn sse_body(frames: impl SseFrames) -> Body {
-    let body = futures_util::stream::unfold(frames, |mut f| async move {
+    let body = futures_util::stream::unfold((frames, 0), |(mut f, mut last)| async move {
         let mut out = String::new();
         // A reconnect's groups the caller holds are skipped: wait on.
         while out.is_empty() {
             let group = f.next_frames().await?;
-            push_numbered(&mut out, group, f.events());
+            push_numbered(&mut out, group, f.events(), &mut last);
         }
         while out.len() < COALESCE_BYTES {
             match f.next_frames().now_or_never() {
-                Some(Some(more)) => push_numbered(&mut out, more, f.events()),
+                Some(Some(more)) => push_numbered(&mut out, more, f.events(), &mut last),
                 _ => break,
             }
         }
-        Some((Ok::<_, Infallible>(Bytes::from(out)), f))
+        Some((Ok::<_, Infallible>(Bytes::from(out)), (f, last)))
     });
     Body::from_stream(body)
 }

@@ -12,6 +12,9 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ResumeConfig {
+    /// Journal streamed answers (true). `false` streams without a journal:
+    /// no resume, `Finished.resumable = false` (the bench's baseline).
+    pub enabled: bool,
     /// A journal is kept this long after its last write.
     #[serde(with = "crate::config::duration")]
     pub ttl: Duration,
@@ -20,6 +23,10 @@ pub struct ResumeConfig {
     /// Bytes every journal of the process holds together (embedded backend;
     /// Redis is bounded by its `maxmemory`).
     pub max_total_bytes: usize,
+    /// Streams this replica journals at once; a stream that starts beyond
+    /// it is not journaled (`resumable = false`), so the journal's writes
+    /// never crowd out the state every request needs (Redis).
+    pub max_streams: usize,
 }
 
 /// The default of `resume.max_total_bytes`: 64 MiB, the same budget as the
@@ -29,12 +36,19 @@ pub const DEFAULT_MAX_TOTAL_BYTES: usize = 64 * 1024 * 1024;
 impl Default for ResumeConfig {
     fn default() -> Self {
         ResumeConfig {
+            enabled: true,
             ttl: Duration::from_secs(600),
             max_bytes_per_stream: 1_048_576,
             max_total_bytes: DEFAULT_MAX_TOTAL_BYTES,
+            max_streams: DEFAULT_MAX_STREAMS,
         }
     }
 }
+
+/// The default of `resume.max_streams`.
+pub const DEFAULT_MAX_STREAMS: usize = 128;
+/// The largest `resume.max_streams`.
+pub const MAX_STREAMS: usize = 100_000;
 
 /// The longest `resume.ttl`: a day (a journal is a stream's recovery, not an archive).
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -85,6 +99,8 @@ targets = ["p/m"]
         for (text, path) in [
             ("ttl = \"0s\"", "resume.ttl"),
             ("ttl = \"2d\"", "resume.ttl"),
+            ("max_streams = 0", "resume.max_streams"),
+            ("max_streams = 100001", "resume.max_streams"),
             ("max_bytes_per_stream = 0", "resume.max_bytes_per_stream"),
             (
                 "max_bytes_per_stream = 68157440",

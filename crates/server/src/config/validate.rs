@@ -96,7 +96,9 @@ impl Config {
     /// `[resume]`: a lifetime and byte bounds that can hold a real stream
     /// and are not typos.
     fn validate_resume(&self) -> Result<(), ConfigError> {
-        use super::resume::{MAX_BYTES_PER_STREAM, MAX_TOTAL_BYTES, MAX_TTL, MIN_BYTES};
+        use super::resume::{
+            MAX_BYTES_PER_STREAM, MAX_STREAMS, MAX_TOTAL_BYTES, MAX_TTL, MIN_BYTES,
+        };
         let r = &self.resume;
         if r.ttl < Duration::from_secs(1) || r.ttl > MAX_TTL {
             return Err(ConfigError::new(
@@ -118,6 +120,12 @@ impl Config {
                     format!("{n} must be between {MIN_BYTES} and {max}"),
                 ));
             }
+        }
+        if !(1..=MAX_STREAMS).contains(&r.max_streams) {
+            return Err(ConfigError::new(
+                "resume.max_streams",
+                format!("{} must be between 1 and {MAX_STREAMS}", r.max_streams),
+            ));
         }
         if r.max_total_bytes < r.max_bytes_per_stream {
             return Err(ConfigError::new(

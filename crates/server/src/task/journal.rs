@@ -83,6 +83,9 @@ pub struct JournalTee {
     whole: bool,
     /// Keeps the owner's lease while the stream lives (dropped with the tee).
     _renewal: Renewal,
+    /// This stream's place among the replica's journaled streams
+    /// (`resume.max_streams`), held while it lives.
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl JournalTee {
@@ -137,7 +140,14 @@ impl JournalTee {
             reason,
             whole: true,
             _renewal: renewal,
+            _slot: None,
         }
+    }
+
+    /// Holds `slot` for as long as the stream is journaled.
+    pub fn holding(mut self, slot: tokio::sync::OwnedSemaphorePermit) -> JournalTee {
+        self._slot = Some(slot);
+        self
     }
 }
 

@@ -63,6 +63,10 @@ pub struct Tasks {
     jobs: Option<Arc<Jobs>>,
     /// The resume journal of streamed answers.
     journal: Journal,
+    /// `resume.enabled`: streams are journaled.
+    journaling: bool,
+    /// `resume.max_streams`: streams journaled at once.
+    journal_slots: Arc<tokio::sync::Semaphore>,
     /// How long a journal's owner holds it unrenewed (`state.lease`).
     journal_lease: Duration,
     /// Counts the journal's Redis failures (lease renewals).
@@ -91,6 +95,8 @@ pub struct Parts {
     pub default_deadline: Duration,
     pub jobs: Option<Arc<Jobs>>,
     pub journal: Journal,
+    pub journaling: bool,
+    pub journal_streams: usize,
     pub journal_lease: Duration,
     pub reason: journal::Reason,
     pub decode: Decode,
@@ -161,6 +167,8 @@ impl Tasks {
             default_deadline: parts.default_deadline,
             jobs: parts.jobs,
             journal: parts.journal,
+            journaling: parts.journaling,
+            journal_slots: Arc::new(tokio::sync::Semaphore::new(parts.journal_streams)),
             journal_lease: parts.journal_lease,
             journal_faults: StateFaults::new(parts.metrics.clone()),
             reason: parts.reason,
@@ -178,8 +186,18 @@ impl Tasks {
     /// A journal for one of `tenant`'s streams, written as it streams;
     /// `None` when there is no room for one (the stream goes unresumable).
     pub async fn journal_tee(&self, spec: &RequestSpec) -> Option<journal::JournalTee> {
+        if !self.journaling {
+            return None;
+        }
+        // At `resume.max_streams` a new stream goes unjournaled (and says
+        // so), rather than the journal crowding out the state every request
+        // needs.
+        let Ok(slot) = self.journal_slots.clone().try_acquire_owned() else {
+            tracing::debug!("resume.max_streams streams are journaled: this one is not");
+            return None;
+        };
         let request = spec.source.as_deref().map_or(&[][..], Vec::as_slice);
-        journal::JournalTee::open(
+        let tee = journal::JournalTee::open(
             &self.journal,
             &spec.tenant,
             request,
@@ -187,7 +205,8 @@ impl Tasks {
             self.journal_faults.clone(),
             self.reason,
         )
-        .await
+        .await?;
+        Some(tee.holding(slot))
     }
 
     /// A reconnect to one of `tenant`'s streams by its resume token, checked
