@@ -184,6 +184,12 @@ async fn a_dropped_grpc_stream_resumes_by_its_token_with_nothing_lost_or_repeate
     assert!(f.resumable, "the whole stream was journaled");
     assert_eq!(f.usage.unwrap().output_tokens, 40);
 
+    // After its last event nothing follows: an empty stream, not an error.
+    let last = *rest.seqs.last().unwrap();
+    let nothing = resume(&sy, ALPHA, &first.token, last).await.unwrap();
+    assert!(nothing.status.is_none(), "{:?}", nothing.status);
+    assert!(nothing.seqs.is_empty());
+
     // Resuming again from the start gives the same stream again.
     let again = resume(&sy, ALPHA, &first.token, 0).await.unwrap();
     assert_eq!(again.seqs.first(), Some(&1));

@@ -221,6 +221,9 @@ pub struct EventSink {
     finish_when_gone: bool,
     /// The stream's last item (`Finished`, `Queued`, an error) was sent.
     ended: bool,
+    /// The number of the last item the caller was handed (an item can be
+    /// journaled and then cut off by a drain before it is delivered).
+    delivered: u64,
 }
 
 /// Stores a finished answer (idempotency record, response cache).
@@ -378,6 +381,7 @@ impl EventSink {
             tee: None,
             finish_when_gone: false,
             ended: false,
+            delivered: 0,
         }
     }
 
@@ -395,10 +399,14 @@ impl EventSink {
         }
         self.ended = true;
         tee.release().await;
+        // Resume after what the caller was handed: an item journaled but
+        // cut off by the drain before it went out is the resume's first.
+        let at = self.delivered;
         let moved = Event::Moved {
             resume_token: tee.token().to_string(),
-            after_seq: self.seq,
+            after_seq: at,
         };
+        self.seq = at;
         let _ = self.deliver(Ok(moved)).await;
         true
     }
@@ -734,13 +742,14 @@ impl EventSink {
             let sent = match tx.try_send((self.seq, item)) {
                 Ok(()) => {
                     self.committed = true;
+                    self.delivered = self.seq;
                     return Ok(());
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => return self.gone(),
                 Err(mpsc::error::TrySendError::Full(sent)) => sent,
             };
             match self.bounded(tx.send(sent)).await {
-                Ok(()) => {}
+                Ok(()) => self.delivered = self.seq,
                 Err(SendFailed::Gone) => return self.gone(),
                 Err(SendFailed::GaveUp(e)) => {
                     tracing::warn!(error = %e, "the caller stopped reading; the request is dropped");

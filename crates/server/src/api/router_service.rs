@@ -166,6 +166,12 @@ async fn respond(mut started: Waiting, after: u64) -> Result<Response<EventStrea
             Some(Ok(_)) if started.started.rx.seq() <= after => continue,
             Some(Ok(event)) => break event,
             Some(Err(e)) => return Err(to_status(&e)),
+            // A reconnect after the stream's last event: nothing follows.
+            None if after > 0 => {
+                let done = futures_util::stream::empty();
+                let response = Response::new(Box::pin(done) as EventStream);
+                return Ok(with_request_id(response, &started.started.request_id));
+            }
             None => {
                 return Err(CallerError::internal("request ended without an answer").to_status())
             }
