@@ -1,7 +1,7 @@
 //! A stream's resume journal, seen from the request path: the tee that
 //! writes every item a journaled stream sends (`JournalTee`, renewing its
 //! owner's lease while it lives), what one journaled item is on the wire
-//! (`encode`, `decode`), and `follow`, which streams a journal back to a
+//! (`encode`, `decode`), and the `Follower`, which streams a journal back to a
 //! caller that reconnected: what it holds, then the live tail, then its end.
 //! The store itself (embedded or Redis, bounds, leases, tenants) is
 //! `state::journal`.
@@ -26,10 +26,11 @@ use crate::state::{StateError, StateFaults};
 /// with the reason it was first told with.
 pub type Reason = fn(&RequestError) -> &'static str;
 
-/// One journaled item, as stored.
+/// One journaled item, as stored. `E` is the event, owned when read back
+/// and borrowed when written (no copy of each event on the stream's path).
 #[derive(serde::Serialize, serde::Deserialize)]
-enum Record {
-    Event(Event),
+enum Record<E> {
+    Event(E),
     Error {
         reason: String,
         message: String,
@@ -41,7 +42,7 @@ enum Record {
 /// The stored form of `item`.
 pub fn encode(item: &Item, reason: Reason) -> Result<Bytes, serde_json::Error> {
     let record = match item {
-        Ok(event) => Record::Event(event.clone()),
+        Ok(event) => Record::Event(event),
         Err(e) => Record::Error {
             reason: reason(e).to_string(),
             message: e.to_string(),
@@ -54,7 +55,7 @@ pub fn encode(item: &Item, reason: Reason) -> Result<Bytes, serde_json::Error> {
 /// The item a stored record was (an unreadable one ends the stream with
 /// INTERNAL rather than passing for an event).
 pub fn decode(bytes: &[u8]) -> Item {
-    match serde_json::from_slice::<Record>(bytes) {
+    match serde_json::from_slice::<Record<Event>>(bytes) {
         Ok(Record::Event(event)) => Ok(event),
         Ok(Record::Error {
             reason,
@@ -220,23 +221,6 @@ pub fn resume_error(e: JournalError) -> RequestError {
     }
 }
 
-/// Streams `tenant`'s journal `token` to `sink` from after `after_seq`:
-/// every item under its own number, then the live tail, until the stream's
-/// last item. A journal whose writer died before its end ends the stream
-/// with RESUME_OWNER_GONE. Returns once the caller has it all (or left).
-pub async fn follow(
-    journal: &Journal,
-    tenant: &str,
-    token: &ResumeToken,
-    after_seq: u64,
-    sink: &mut EventSink,
-) -> Result<(), RequestError> {
-    Follower::open(journal, tenant, token, after_seq)
-        .await?
-        .run(sink)
-        .await
-}
-
 /// A journal being streamed back, its token already checked.
 pub struct Follower {
     reader: Reader,
@@ -354,7 +338,8 @@ mod tests {
             tokio::spawn(async move {
                 let (mut sink, mut events) = channel(SendLimits::default(), Delivery::Final);
                 let run = tokio::spawn(async move {
-                    follow(&journal, "t", &token, 1, &mut sink).await.unwrap();
+                    let mut follower = Follower::open(&journal, "t", &token, 1).await.unwrap();
+                    follower.run(&mut sink).await.unwrap();
                 });
                 let mut got = Vec::new();
                 while let Some(item) = events.recv().await {
@@ -382,8 +367,8 @@ mod tests {
         // Another tenant's follower is refused before anything streams.
         let (mut sink, _events) = channel(SendLimits::default(), Delivery::Final);
         assert_eq!(
-            follow(&journal, "other", &token, 0, &mut sink).await,
-            Err(RequestError::ResumeNotFound)
+            Follower::open(&journal, "other", &token, 0).await.err(),
+            Some(RequestError::ResumeNotFound)
         );
     }
 }
