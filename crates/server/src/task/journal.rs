@@ -365,7 +365,6 @@ mod tests {
         );
 
         // Another tenant's follower is refused before anything streams.
-        let (mut sink, _events) = channel(SendLimits::default(), Delivery::Final);
         assert_eq!(
             Follower::open(&journal, "other", &token, 0).await.err(),
             Some(RequestError::ResumeNotFound)
