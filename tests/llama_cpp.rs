@@ -64,6 +64,9 @@ async fn llama_server(gguf: &str, extra: &[&str]) -> (tokio::process::Child, Str
             &port.to_string(),
         ])
         .args(extra)
+        // Idle OpenMP threads sleep instead of spinning: two servers (and
+        // the rest of the suite) share these cores.
+        .env("OMP_WAIT_POLICY", "PASSIVE")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -178,7 +181,7 @@ async fn a_real_embedding_model_answers_a_near_repeat_from_the_semantic_cache() 
 
     let chat = Mock::start("openai", &[]).await;
     let config = format!(
-        "{}[[providers]]\nid = \"llama\"\nkind = \"openai\"\nbase_url = \"{base}\"\n  [[providers.models]]\n  name = \"smollm2\"\n  capabilities = [\"embeddings\"]\n{}semantic_cache = {{ embedder = \"llama/smollm2\", threshold = {threshold}, fresh_within = \"10m\", lookup_timeout = \"5s\" }}\n",
+        "{}[[providers]]\nid = \"llama\"\nkind = \"openai\"\nbase_url = \"{base}\"\n  [[providers.models]]\n  name = \"smollm2\"\n  capabilities = [\"embeddings\"]\n{}semantic_cache = {{ embedder = \"llama/smollm2\", threshold = {threshold}, fresh_within = \"10m\", lookup_timeout = \"10s\" }}\n",
         provider("p", "openai", &chat.base_url(), "m"),
         route("support", &["p/m"]),
     );
@@ -196,14 +199,18 @@ async fn a_real_embedding_model_answers_a_near_repeat_from_the_semantic_cache() 
         "{:?}",
         live.status
     );
-    // The fill runs after Finished: wait for it.
-    for _ in 0..200 {
+    // The fill runs after Finished (an embedding on a busy machine): wait
+    // for it, up to a minute, and say so if it never came.
+    let mut filled = false;
+    for _ in 0..1200 {
         let (_, m) = sy.admin_get("/metrics").await;
         if metric_sum(&m, "switchyard_semantic_cache_entries{route=\"support\"}") == 1.0 {
+            filled = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert!(filled, "the answer was never stored: {}", sy.logs());
     let hit = stream(&mut client, ask(near)).await;
     let f = hit
         .finished
