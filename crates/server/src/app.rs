@@ -330,6 +330,7 @@ impl Core {
             semantic: semantic.clone(),
             cost: stores.cost.clone(),
             affinity: stores.affinity.clone(),
+            limits: stores.limits.clone(),
             backoff: config.backoff.clone(),
             default_deadline: config.server.default_deadline,
             jobs: jobs.clone(),

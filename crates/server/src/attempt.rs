@@ -8,16 +8,18 @@
 
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
 use tokio::time::{timeout_at, Instant};
 
 use crate::chat::FinishReason;
 use crate::policy::outcome::{Failure, OutcomeClass};
-use crate::sink::EventSink;
+use crate::sink::{ClientGone, EventSink};
 use crate::upstream::endpoint::{Endpoint, Secret};
 use crate::upstream::keys::Lease;
 use crate::upstream::wire::{Body, Call, Refused, Wire};
-use crate::upstream::{classify, ChatRequest, Completion, Dropped};
+use crate::policy::rate_window::Reported;
+use crate::upstream::{classify, ratelimit, ChatRequest, Completion, Dropped};
 
 /// Largest error body read from an upstream (the rest is ignored).
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -71,6 +73,16 @@ pub struct AttemptResult {
     pub upstream_request_id: Option<String>,
     /// The key (of a provider with several) the upstream answered with.
     pub key: Option<String>,
+    /// What each answering key's rate-limit headers reported (reset times
+    /// relative to the answer), by key name.
+    pub reported: Vec<(String, Reported)>,
+}
+
+/// Rate-window admission of a key the attempt moves to after a key-local
+/// refusal (the task holds the store; the first key was admitted before).
+pub trait KeyAdmit: Sync {
+    /// Holds one request on key `name`, or the wait until its window resets.
+    fn admit<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), Duration>>;
 }
 
 /// Everything one attempt needs.
@@ -83,8 +95,71 @@ pub struct AttemptInput<'a> {
     /// 1-based attempt number, sent upstream as `x-switchyard-attempt`.
     pub attempt: u32,
     /// Send with this key of a provider with several while it is usable
-    /// (prompt-cache affinity).
+    /// (prompt-cache affinity, or the key admission held a window on).
     pub key: Option<&'a str>,
+    /// Keys are rate-window bounded: any key but `key` is admitted here first.
+    pub admit: Option<&'a dyn KeyAdmit>,
+}
+
+/// Where an attempt's output goes: the caller's sink, or one lane of a
+/// hedged request (`Lane`), read by the task that picks the winner.
+pub trait Out: Send {
+    /// Resolves when nobody will read the output any more.
+    fn closed(&self) -> impl std::future::Future<Output = ()> + Send;
+    /// Passes one chunk on.
+    fn chunk(
+        &mut self,
+        chunk: crate::chat::Chunk,
+    ) -> impl std::future::Future<Output = Result<(), ClientGone>> + Send;
+    /// What the attempt's wire left out of the request.
+    fn set_dropped(&mut self, dropped: Vec<String>);
+}
+
+impl Out for EventSink {
+    fn closed(&self) -> impl std::future::Future<Output = ()> + Send {
+        EventSink::closed(self)
+    }
+    fn chunk(
+        &mut self,
+        chunk: crate::chat::Chunk,
+    ) -> impl std::future::Future<Output = Result<(), ClientGone>> + Send {
+        EventSink::chunk(self, chunk)
+    }
+    fn set_dropped(&mut self, dropped: Vec<String>) {
+        EventSink::set_dropped(self, dropped);
+    }
+}
+
+/// What a hedged attempt's lane carries.
+#[derive(Debug)]
+pub enum LaneItem {
+    Dropped(Vec<String>),
+    Chunk(crate::chat::Chunk),
+}
+
+/// One hedged attempt's output, buffered in a bounded channel until the
+/// task knows whether this attempt answers; dropping the receiver ends it.
+pub struct Lane(pub tokio::sync::mpsc::Sender<LaneItem>);
+
+impl Out for Lane {
+    fn closed(&self) -> impl std::future::Future<Output = ()> + Send {
+        self.0.closed()
+    }
+    async fn chunk(&mut self, chunk: crate::chat::Chunk) -> Result<(), ClientGone> {
+        self.0
+            .send(LaneItem::Chunk(chunk))
+            .await
+            .map_err(|_| ClientGone)
+    }
+    fn set_dropped(&mut self, dropped: Vec<String>) {
+        // Sent before any chunk: the lane has room.
+        let _ = self.0.try_send(LaneItem::Dropped(dropped));
+    }
+}
+
+/// Runs one attempt into its own lane (a hedged request).
+pub async fn run_in_lane(input: AttemptInput<'_>, mut lane: Lane) -> AttemptResult {
+    run(input, &mut lane).await
 }
 
 /// Which timer fired.
@@ -102,10 +177,11 @@ fn expired(limit: Instant, deadline: Instant, what: &'static str) -> Expired {
 }
 
 /// Runs one attempt to its end.
-pub async fn run(input: AttemptInput<'_>, sink: &mut EventSink) -> AttemptResult {
+pub async fn run(input: AttemptInput<'_>, sink: &mut impl Out) -> AttemptResult {
     let started = Instant::now();
     let max_tokens = input.chat.max_tokens;
     let mut meta = Meta {
+        reported: Vec::new(),
         key_events: Vec::new(),
         started,
         ttft: None,
@@ -128,10 +204,12 @@ pub async fn run(input: AttemptInput<'_>, sink: &mut EventSink) -> AttemptResult
         elapsed: started.elapsed(),
         upstream_request_id: meta.upstream_request_id,
         key: meta.key,
+        reported: meta.reported,
     }
 }
 
 struct Meta {
+    reported: Vec<(String, Reported)>,
     key_events: Vec<(String, &'static str)>,
     /// The key the upstream accepted the call with.
     key: Option<String>,
@@ -190,7 +268,7 @@ enum Forward {
     Cut(Failure),
 }
 
-async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Meta) -> AttemptEnd {
+async fn run_inner(input: &AttemptInput<'_>, sink: &mut impl Out, meta: &mut Meta) -> AttemptEnd {
     let rt = input.endpoint;
     let wire = rt.kind.wire();
     let first_limit = (meta.started + rt.first_token_timeout).min(input.deadline);
@@ -221,7 +299,7 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut EventSink, meta: &mut Me
 /// requests); `None` for every other way of signing in.
 async fn google_token(
     rt: &Endpoint,
-    sink: &mut EventSink,
+    sink: &mut impl Out,
     meta: &Meta,
     first_limit: Instant,
 ) -> Result<Option<Secret>, AttemptEnd> {
@@ -244,25 +322,51 @@ async fn send(
     input: &AttemptInput<'_>,
     wire: &dyn Wire,
     bearer: Option<&Secret>,
-    sink: &mut EventSink,
+    sink: &mut impl Out,
     meta: &mut Meta,
     first_limit: Instant,
 ) -> Result<(reqwest::Response, Option<Lease>), AttemptEnd> {
     let rt = input.endpoint;
     let mut tried = Vec::new();
+    // The soonest reset of a key whose window had no room.
+    let mut full: Option<Duration> = None;
     loop {
         let lease = match &rt.keys {
             None => None,
             Some(pool) => match pool.pick_preferring(Instant::now(), &tried, input.key) {
                 Ok(lease) => Some(lease),
+                Err(_) if full.is_some() => {
+                    let mut f = Failure::new(
+                        OutcomeClass::RateLimited,
+                        "every other key of this provider is cooling or has no room in its rate windows",
+                    );
+                    f.retry_after = full;
+                    return Err(AttemptEnd::Failed(passed_on(f, rt, meta)));
+                }
                 Err(f) => return Err(AttemptEnd::Failed(passed_on(f, rt, meta))),
             },
         };
-        let key = match (&lease, &rt.keys) {
-            (Some(l), Some(pool)) => Some(&pool.keys[l.index].secret),
-            _ => rt.api_key.as_ref(),
+        let (key, name) = match (&lease, &rt.keys) {
+            (Some(l), Some(pool)) => (
+                Some(&pool.keys[l.index].secret),
+                pool.keys[l.index].name.as_str(),
+            ),
+            _ => (rt.api_key.as_ref(), crate::upstream::endpoint::SINGLE_KEY),
         };
+        if let (Some(l), Some(admit)) = (&lease, input.admit) {
+            if input.key != Some(name) {
+                if let Err(wait) = admit.admit(name).await {
+                    full = Some(full.map_or(wait, |f| f.min(wait)));
+                    tried.push(l.index);
+                    continue;
+                }
+            }
+        }
         let response = send_once(input, wire, bearer, key, sink, first_limit).await?;
+        let reported = ratelimit::reported(response.headers(), 0, std::time::SystemTime::now());
+        if !reported.is_empty() {
+            meta.reported.push((name.to_string(), reported));
+        }
         meta.upstream_request_id = request_id(response.headers()).map(|id| rt.upstream_id(&id));
         if response.status().is_success() {
             if let (Some(l), Some(pool)) = (&lease, &rt.keys) {
@@ -295,7 +399,7 @@ async fn send_once(
     wire: &dyn Wire,
     bearer: Option<&Secret>,
     key: Option<&Secret>,
-    sink: &mut EventSink,
+    sink: &mut impl Out,
     first_limit: Instant,
 ) -> Result<reqwest::Response, AttemptEnd> {
     let mut dropped = Dropped::default();
@@ -325,7 +429,7 @@ async fn send_once(
 async fn failed_response(
     wire: &dyn Wire,
     response: reqwest::Response,
-    sink: &mut EventSink,
+    sink: &mut impl Out,
     first_limit: Instant,
 ) -> Result<AttemptEnd, Failure> {
     let status = response.status();
@@ -411,7 +515,7 @@ async fn stream_body(
     input: &AttemptInput<'_>,
     wire: &dyn Wire,
     response: reqwest::Response,
-    sink: &mut EventSink,
+    sink: &mut impl Out,
     meta: &mut Meta,
     first_limit: Instant,
 ) -> AttemptEnd {
@@ -496,7 +600,7 @@ async fn stream_body(
 
 async fn forward(
     chunks: &mut Vec<crate::chat::Chunk>,
-    sink: &mut EventSink,
+    sink: &mut impl Out,
     meta: &mut Meta,
 ) -> Result<(), Forward> {
     for chunk in chunks.drain(..) {
@@ -513,7 +617,7 @@ async fn whole_body(
     input: &AttemptInput<'_>,
     wire: &dyn Wire,
     response: reqwest::Response,
-    sink: &mut EventSink,
+    sink: &mut impl Out,
     meta: &mut Meta,
     first_limit: Instant,
 ) -> AttemptEnd {

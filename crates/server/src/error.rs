@@ -64,6 +64,10 @@ pub enum RequestError {
         limit: &'static str,
         retry_after: Option<Duration>,
     },
+    /// No key of any target had room in its rate windows (configured or
+    /// reported by the upstream), within the route's `admission_wait`.
+    #[error("no key of route `{route}` has room in its rate windows")]
+    RateLimited { route: String, retry_in: Duration },
     /// Every capable target is tripped, cooling down or forced open.
     #[error("no healthy target for route `{route}`")]
     NoHealthyTarget {
@@ -162,6 +166,7 @@ impl RequestError {
             }
             RequestError::TenantLimit { retry_after, .. } => *retry_after,
             RequestError::CostCap { retry_in, .. } => Some(*retry_in),
+            RequestError::RateLimited { retry_in, .. } => Some(*retry_in),
             RequestError::NoHealthyTarget { retry_in, .. } => {
                 Some(retry_in.unwrap_or(Duration::from_secs(1)))
             }
@@ -188,6 +193,7 @@ impl RequestError {
             RequestError::DeadlineTooShort { .. } => "deadline",
             RequestError::TenantLimit { .. } => "tenant_limit",
             RequestError::CostCap { .. } => "cost_cap",
+            RequestError::RateLimited { .. } => "rate_limited",
             RequestError::QueueFull(_) => "queue_full",
             RequestError::Draining => "draining",
             _ => return None,
@@ -203,6 +209,7 @@ impl RequestError {
                 OutcomeClass::Invalid | OutcomeClass::Cancelled
             ),
             RequestError::NoHealthyTarget { .. }
+            | RequestError::RateLimited { .. }
             | RequestError::RetryBudgetExhausted { .. }
             | RequestError::Saturated { .. }
             | RequestError::DeadlineTooShort { .. } => true,

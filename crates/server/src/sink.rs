@@ -97,6 +97,10 @@ pub struct Finished {
     /// The whole stream is in its journal (stamped by the sink).
     #[serde(default)]
     pub resumable: bool,
+    /// A second attempt was started for a slow first token (`hedge`).
+    pub hedged: bool,
+    /// On a hedged request, the attempt that answered (0 otherwise).
+    pub won_attempt: u32,
 }
 
 /// Another attempt continues the answer the caller holds (`mid_stream =
@@ -840,6 +844,8 @@ mod tests {
             reasoning: Vec::new(),
             dropped: Vec::new(),
             resumable: false,
+            hedged: false,
+            won_attempt: 0,
         }
     }
 

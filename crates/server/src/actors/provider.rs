@@ -829,6 +829,7 @@ async fn synthetic_probe(
             deadline,
             attempt: 0,
             key: None,
+            admit: None,
         },
         &mut sink,
     )

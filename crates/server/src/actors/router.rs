@@ -71,6 +71,28 @@ pub struct Plan {
     pub fail_closed: bool,
     /// The route's prompt-cache affinity: how long a prefix stays warm.
     pub cache_affinity: Option<Duration>,
+    pub traffic: Traffic,
+}
+
+/// A route's admission and hedging options.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Traffic {
+    /// How long a request no key has room for waits for a window.
+    pub admission_wait: Duration,
+    pub priority: crate::config::TrafficPriority,
+    pub batch_share: f64,
+    pub hedge: Option<crate::config::HedgeConfig>,
+}
+
+impl Traffic {
+    fn of(r: &crate::config::RouteConfig) -> Self {
+        Traffic {
+            admission_wait: r.admission_wait,
+            priority: r.priority,
+            batch_share: r.batch_share,
+            hedge: r.hedge,
+        }
+    }
 }
 
 impl Plan {
@@ -185,6 +207,7 @@ struct RouteEntry {
     fail_closed: bool,
     family_failover: FamilyFailover,
     cache_affinity: Option<Duration>,
+    traffic: Traffic,
     budget: RetryBudget,
     /// Requests answered in the last minute, and how many by a non-primary target.
     served: ShareWindow,
@@ -330,6 +353,7 @@ fn build_routes(
                 fail_closed: r.fail_closed,
                 family_failover: r.embedding_family_failover,
                 cache_affinity: r.cache_affinity.map(|a| a.ttl),
+                traffic: Traffic::of(r),
                 budget: RetryBudget::new(budget, now),
                 served: ShareWindow::new(Duration::from_secs(60), now),
             };
@@ -569,6 +593,7 @@ impl RouterState {
             unavailable_for: if ranked_empty { soonest } else { None },
             fail_closed: entry.fail_closed,
             cache_affinity: entry.cache_affinity,
+            traffic: entry.traffic,
         })
     }
 }

@@ -374,6 +374,8 @@ fn finished(f: &Finished) -> proto::Finished {
             .collect(),
         dropped: f.dropped.clone(),
         resumable: f.resumable,
+        hedged: f.hedged,
+        won_attempt: f.won_attempt,
     }
 }
 
@@ -702,6 +704,8 @@ mod tests {
                 reasoning: Vec::new(),
                 dropped: Vec::new(),
                 resumable: false,
+                hedged: false,
+                won_attempt: 0,
             })))
             .unwrap();
         assert_eq!(done.text, "");

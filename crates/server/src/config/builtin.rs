@@ -37,6 +37,8 @@ impl Config {
                 cooldown: CooldownConfig::default(),
                 auth_cooldown: default_auth_cooldown(),
                 synthetic_probes: false,
+                rpm: None,
+                tpm: None,
                 models: vec![
                     ModelConfig {
                         name: "gpt-4o-mini".into(),
@@ -81,6 +83,8 @@ impl Config {
                 cooldown: CooldownConfig::default(),
                 auth_cooldown: default_auth_cooldown(),
                 synthetic_probes: false,
+                rpm: None,
+                tpm: None,
                 models: vec![ModelConfig {
                     name: "claude-sonnet-4-5".into(),
                     capabilities: vec![
@@ -151,5 +155,9 @@ fn builtin_route(name: &str, targets: &[&str]) -> RouteConfig {
         fail_closed: false,
         embedding_family_failover: FamilyFailover::Same,
         cache_affinity: None,
+        admission_wait: Duration::ZERO,
+        priority: TrafficPriority::Interactive,
+        batch_share: default_batch_share(),
+        hedge: None,
     }
 }

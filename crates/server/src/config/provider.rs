@@ -111,6 +111,15 @@ pub struct ProviderConfig {
     /// of a user's request, so no caller is spent on a dead provider.
     #[serde(default)]
     pub synthetic_probes: bool,
+    /// Requests per minute of the provider's key (each of its `keys`
+    /// unless a key sets its own); with the limits the upstream reports in
+    /// its rate-limit headers, the stricter wins.
+    #[serde(default)]
+    pub rpm: Option<u64>,
+    /// Tokens per minute of the provider's key (each of its `keys` unless
+    /// a key sets its own).
+    #[serde(default)]
+    pub tpm: Option<u64>,
     pub models: Vec<ModelConfig>,
 }
 
@@ -127,6 +136,13 @@ pub struct KeyConfig {
     /// This key's own ceiling on requests at once.
     #[serde(default)]
     pub max_concurrency: Option<u32>,
+    /// This key's requests per minute (the provider's `rpm` when unset).
+    #[serde(default)]
+    pub rpm: Option<u64>,
+    /// This key's tokens per minute: estimated input plus `max_tokens` are
+    /// held at admission and settled to the real usage.
+    #[serde(default)]
+    pub tpm: Option<u64>,
 }
 
 pub(super) fn default_key_weight() -> u32 {

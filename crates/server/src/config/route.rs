@@ -179,6 +179,75 @@ pub struct RouteConfig {
     /// hashes the same go to the target and key where it is warm.
     #[serde(default)]
     pub cache_affinity: Option<CacheAffinityConfig>,
+    /// How long a request that no key of any target has room for (their
+    /// rate windows, configured or reported) waits for the earliest window
+    /// to reset before RATE_LIMITED; bounded by the request's deadline.
+    #[serde(default, with = "crate::config::duration")]
+    pub admission_wait: Duration,
+    /// `interactive` (the default) or `batch`: batch work yields a short
+    /// window to waiting interactive requests (jobs and Batch API lines
+    /// are batch on any route).
+    #[serde(default)]
+    pub priority: TrafficPriority,
+    /// The share of a key's window batch work may use while interactive
+    /// requests wait for it, in (0, 1].
+    #[serde(default = "default_batch_share")]
+    pub batch_share: f64,
+    /// Hedged first tokens: `hedge = { after = "p95" | "<duration>", max_extra = 1 }`.
+    #[serde(default)]
+    pub hedge: Option<HedgeConfig>,
+}
+
+/// A route's `priority`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TrafficPriority {
+    #[default]
+    Interactive,
+    Batch,
+}
+
+pub(super) fn default_batch_share() -> f64 {
+    0.5
+}
+
+/// A route's `hedge`: when the first attempt has produced no token by
+/// `after`, a second attempt starts on the next eligible target; the first
+/// to produce a token answers and the other is cancelled.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HedgeConfig {
+    pub after: HedgeAfter,
+    /// Extra attempts per request, each paid from the retry budget.
+    #[serde(default = "default_max_extra")]
+    pub max_extra: u32,
+}
+
+fn default_max_extra() -> u32 {
+    1
+}
+
+/// When a hedge starts: the target's p95 time to first token, or a fixed wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HedgeAfter {
+    P95,
+    After(Duration),
+}
+
+impl<'de> Deserialize<'de> for HedgeAfter {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        if text == "p95" {
+            return Ok(HedgeAfter::P95);
+        }
+        humantime::parse_duration(&text)
+            .map(HedgeAfter::After)
+            .map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "hedge.after: `{text}` is neither \"p95\" nor a duration ({e})"
+                ))
+            })
+    }
 }
 
 /// A route's `cache_affinity = { ttl = "5m" }`.

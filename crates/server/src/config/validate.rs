@@ -369,7 +369,7 @@ impl Config {
                 "must be positive",
             ));
         }
-        Ok(())
+        validate_traffic(i, r)
     }
 
     /// A route's `semantic_cache` and its `semantic_cache` rung.
@@ -699,6 +699,11 @@ fn validate_keys(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
                     "must be at least 1",
                 ));
             }
+            for (name, v) in [("rpm", key.rpm), ("tpm", key.tpm)] {
+                if v == Some(0) {
+                    return Err(ConfigError::new(at_key(name), "must be at least 1"));
+                }
+            }
         }
     }
     let required = p.kind.quirks().auth == Auth::ApiKey { required: true };
@@ -722,6 +727,11 @@ fn validate_keys(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
 /// Ceilings, timeouts, the breaker and the health window.
 fn validate_limits(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
     let at = |field: &str| format!("providers[{i}].{field}");
+    for (name, v) in [("rpm", p.rpm), ("tpm", p.tpm)] {
+        if v == Some(0) {
+            return Err(ConfigError::new(at(name), "must be at least 1"));
+        }
+    }
     if p.max_concurrency == 0 {
         return Err(ConfigError::new(
             at("max_concurrency"),
@@ -788,6 +798,48 @@ fn validate_models(i: usize, p: &ProviderConfig) -> Result<(), ConfigError> {
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// A route's admission and hedging options.
+fn validate_traffic(i: usize, r: &RouteConfig) -> Result<(), ConfigError> {
+    if !(r.batch_share > 0.0 && r.batch_share <= 1.0) {
+        return Err(ConfigError::new(
+            format!("routes[{i}].batch_share"),
+            format!("{} is outside (0, 1]", r.batch_share),
+        ));
+    }
+    if r.admission_wait > Duration::from_secs(600) {
+        return Err(ConfigError::new(
+            format!("routes[{i}].admission_wait"),
+            format!("{:?} is longer than 10m", r.admission_wait),
+        ));
+    }
+    let Some(h) = &r.hedge else { return Ok(()) };
+    if r.side_effects {
+        return Err(ConfigError::new(
+            format!("routes[{i}].hedge"),
+            "a route with side_effects = true is never hedged (a hedge sends the request twice)",
+        ));
+    }
+    if h.max_extra == 0 || h.max_extra > 3 {
+        return Err(ConfigError::new(
+            format!("routes[{i}].hedge.max_extra"),
+            format!("{} is outside 1..=3", h.max_extra),
+        ));
+    }
+    if h.after == HedgeAfter::After(Duration::ZERO) {
+        return Err(ConfigError::new(
+            format!("routes[{i}].hedge.after"),
+            "must be positive (0 would send every request twice)",
+        ));
+    }
+    if r.max_attempts < 2 {
+        return Err(ConfigError::new(
+            format!("routes[{i}].hedge"),
+            "needs max_attempts >= 2 (a hedge is an attempt)",
+        ));
     }
     Ok(())
 }

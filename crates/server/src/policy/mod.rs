@@ -13,6 +13,7 @@ pub mod health;
 pub mod ladder;
 pub mod next;
 pub mod outcome;
+pub mod rate_window;
 pub mod share;
 pub mod token_bucket;
 pub(crate) mod window;

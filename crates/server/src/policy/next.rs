@@ -60,6 +60,8 @@ pub struct Tried {
     unpaid: u32,
     /// The soonest a locally refused candidate may take traffic again.
     refused_retry_in: Option<Duration>,
+    /// The soonest reset of a key window that refused a candidate.
+    limited: Option<Duration>,
 }
 
 /// What happened since the last answer.
@@ -72,6 +74,9 @@ pub enum Outcome {
         saturated: bool,
         retry_in: Option<Duration>,
     },
+    /// No key of the chosen candidate had room in its rate windows (it
+    /// was not sent); the soonest window resets in `retry_in`.
+    Limited { retry_in: Duration },
     /// The chosen candidate admitted it, but the route's budget refused one
     /// more attempt (it was not sent).
     NoBudget,
@@ -150,6 +155,7 @@ impl Tried {
             saturated: false,
             below_p95: None,
             refused_retry_in: None,
+            limited: None,
             emitted: 0,
             unpaid: 0,
         }
@@ -169,6 +175,22 @@ impl Tried {
     /// The chosen candidate is being sent now.
     pub fn sent(&mut self) {
         self.attempts += 1;
+    }
+
+    /// The first candidate after `from`, in plan order, not tried yet in
+    /// this request (where a hedge goes).
+    pub fn untried_after(&self, from: usize) -> Option<usize> {
+        (from + 1..self.slots.len()).find(|i| self.slots[*i] == Slot::Untried)
+    }
+
+    /// The candidate whose outcome comes next is `idx` (a hedge won).
+    pub fn now_on(&mut self, idx: usize) {
+        self.current = Some(idx);
+    }
+
+    /// The candidate chosen last.
+    pub fn current(&self) -> Option<usize> {
+        self.current
     }
 
     fn skip_current(&mut self) {
@@ -198,6 +220,10 @@ pub fn next(tried: &mut Tried, outcome: Outcome, view: &View<'_>, rng: &mut impl
             if let Some(d) = retry_in {
                 tried.refused_retry_in = Some(tried.refused_retry_in.map_or(d, |r| r.min(d)));
             }
+            tried.skip_current();
+        }
+        Outcome::Limited { retry_in } => {
+            tried.limited = Some(tried.limited.map_or(retry_in, |r| r.min(retry_in)));
             tried.skip_current();
         }
         Outcome::NoBudget => {
@@ -420,6 +446,10 @@ fn exhausted(tried: &Tried, view: &View<'_>) -> Next {
                 attempts: tried.attempts,
             }
         }
+        None if tried.limited.is_some() => RequestError::RateLimited {
+            route: policy.route.clone(),
+            retry_in: tried.limited.unwrap_or_default(),
+        },
         None if tried.saturated => RequestError::Saturated {
             route: policy.route.clone(),
         },
@@ -510,6 +540,22 @@ mod tests {
             Next::Stop(e) => crate::api::errors::reason(e),
             other => panic!("not a stop: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_full_rate_window_moves_on_and_ends_rate_limited_with_the_soonest_reset() {
+        let mut c = Case::new(3);
+        assert_eq!(c.step(Outcome::Begin), Next::FailOver { to: 0 });
+        let limited = |s: u64| Outcome::Limited {
+            retry_in: Duration::from_secs(s),
+        };
+        assert_eq!(c.step(limited(9)), Next::FailOver { to: 1 });
+        assert_eq!(c.step(limited(2)), Next::FailOver { to: 2 });
+        let end = c.step(limited(5));
+        assert_eq!(reason(&end), "RATE_LIMITED");
+        let Next::Stop(e) = end else { unreachable!() };
+        assert_eq!(e.retry_after(), Some(Duration::from_secs(2)));
+        assert_eq!(c.tried.attempts(), 0, "nothing was sent");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use super::cost::{CostGuard, CostLedger};
 use super::idempotency::{Idempotency, IdempotencyStore};
 use super::jobs::{JobStore, Jobs, Limits, RedisJobs};
 use super::journal::{self, Journal};
+use super::limits::KeyLimits;
 use super::redis::lease::Retries;
 use super::redis::Redis;
 use super::responses::{embedded, Bounds, EmbeddedResponses, ResponseStore};
@@ -31,6 +32,8 @@ pub struct Stores {
     pub affinity: Arc<AffinityMemory>,
     /// The resume journal of streamed answers.
     pub journal: Journal,
+    /// Every key's rate windows.
+    pub limits: Arc<KeyLimits>,
 }
 
 /// Lease of a job run in Redis: renewed while the run lives, so a replica
@@ -62,6 +65,7 @@ fn embedded_stores(config: &Config) -> Result<Stores, String> {
         redis: None,
         affinity: Arc::default(),
         journal: Journal::embedded(journal::Bounds::of(&config.resume, config.state.lease)),
+        limits: Arc::new(KeyLimits::embedded()),
     })
 }
 
@@ -108,6 +112,7 @@ fn fleet_stores(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, Strin
             st.lease,
         ),
         affinity: Arc::new(AffinityMemory::redis(redis.clone(), faults.clone())),
+        limits: Arc::new(KeyLimits::redis(redis.clone(), faults.clone())),
         journal: Journal::redis(
             redis.clone(),
             faults,

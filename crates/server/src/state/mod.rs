@@ -20,6 +20,7 @@ pub mod cost;
 pub mod files;
 pub mod idempotency;
 pub mod jobs;
+pub mod limits;
 pub mod journal;
 pub mod redis;
 pub mod responses;

@@ -12,13 +12,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::admit::Windows;
 use super::bill::{estimate_usage, price, Bill};
 use super::continuation::{self, Continuing};
 use super::Tasks;
 use crate::actors::client::Admission;
 use crate::actors::provider::{self, Permit, Refusal, TrafficClass};
 use crate::actors::registry::ProviderEntry;
-use crate::actors::router::{Candidate, Plan};
+use crate::actors::router::{Candidate, Plan, Traffic};
 use crate::attempt::{self, AttemptEnd, AttemptInput, AttemptResult};
 use crate::chat::{ChatRequest, Completion, Usage};
 use crate::error::RequestError;
@@ -32,14 +33,15 @@ use crate::telemetry::metrics::TargetSeries;
 const MIN_TTFT_SAMPLES: u64 = 5;
 
 /// One request's walk, as each attempt sees it.
-struct Call<'a> {
-    spec: &'a RequestSpec,
-    plan: &'a Plan,
-    candidate: &'a Candidate,
-    deadline: Instant,
-    affinity: Option<&'a Affinity>,
+#[derive(Clone, Copy)]
+pub(super) struct Call<'a> {
+    pub(super) spec: &'a RequestSpec,
+    pub(super) plan: &'a Plan,
+    pub(super) candidate: &'a Candidate,
+    pub(super) deadline: Instant,
+    pub(super) affinity: Option<&'a Affinity>,
     /// This attempt continues the answer the caller holds.
-    continues: Option<&'a Continuing>,
+    pub(super) continues: Option<&'a Continuing>,
 }
 
 /// A request's prompt-cache affinity, on a route with `cache_affinity`.
@@ -58,13 +60,27 @@ struct Served {
     /// Output tokens (estimated) of failed attempts whose text the caller
     /// kept (a continued answer): the usage sums them.
     carried: u32,
+    /// A hedged request: the attempt that answered.
+    won_attempt: Option<u32>,
 }
 
 /// A target that admitted an attempt, about to be sent.
-pub(super) struct Turn {
+pub(super) struct Turn<'a> {
     pub(super) entry: ProviderEntry,
     pub(super) permit: Permit,
     pub(super) traffic: TrafficClass,
+    /// The attempt's holds on the target's rate windows, and the key
+    /// admission chose (`None`: no key is bounded).
+    pub(super) windows: Option<(Windows<'a>, Option<String>)>,
+}
+
+/// What rate-window admission needs to know about the request.
+pub(super) struct Ask<'b> {
+    pub(super) spec: &'b RequestSpec,
+    pub(super) chat: &'b ChatRequest,
+    pub(super) traffic: &'b Traffic,
+    /// The key prompt-cache affinity prefers.
+    pub(super) prefer: Option<&'b str>,
 }
 
 /// What the walk carries from one attempt to the next.
@@ -109,6 +125,8 @@ impl Tasks {
             walk.failed = Some(from);
         }
         let mut outcome = first;
+        // Time spent waiting for a rate window (`admission_wait`).
+        let mut waited = Duration::ZERO;
         loop {
             if sink.is_closed() {
                 return Ok(());
@@ -124,7 +142,29 @@ impl Tasks {
             // The thread's RNG, held only for the call (it is not `Send`).
             let step = next(&mut tried, outcome, &view, &mut rand::rng());
             let (to, wait) = match step {
-                Next::Done => return Ok(()),
+                Next::Done => {
+                    if !waited.is_zero() {
+                        self.count_admission_wait(&plan.route, "admitted");
+                    }
+                    return Ok(());
+                }
+                Next::Stop(RequestError::RateLimited { route, retry_in })
+                    if tried.attempts() == 0 =>
+                {
+                    let allowed = plan.traffic.admission_wait;
+                    if self
+                        .wait_for_window(&route, retry_in, &mut waited, allowed, deadline, sink)
+                        .await
+                    {
+                        tried = Tried::new(plan.candidates.len());
+                        outcome = Outcome::Begin;
+                        continue;
+                    }
+                    if sink.is_closed() {
+                        return Ok(());
+                    }
+                    return Err(RequestError::RateLimited { route, retry_in });
+                }
                 Next::Stop(e) => return Err(e),
                 Next::Reset { reason } => {
                     if sink.reset(reason, tried.attempts()).await.is_err() {
@@ -213,28 +253,101 @@ impl Tasks {
         carried: u32,
     ) -> Result<Outcome, RequestError> {
         let candidate = call.candidate;
+        chat.model = candidate.model.clone();
+        chat.stream = candidate.streams;
+        let prefer = call.affinity.and_then(|a| {
+            affinity::key_for(a.warm.as_ref(), &candidate.provider, &candidate.model)
+        });
+        let ask = Ask {
+            spec: call.spec,
+            chat,
+            traffic: &call.plan.traffic,
+            prefer,
+        };
         let turn = match self
-            .take_turn(candidate, &call.plan.route, tried, call.deadline)
+            .take_turn(candidate, &call.plan.route, tried, call.deadline, Some(ask))
             .await
         {
             Ok(turn) => turn,
             Err(outcome) => return Ok(outcome),
         };
-        let Turn {
-            entry,
-            permit,
-            traffic,
-        } = turn;
-        chat.model = candidate.model.clone();
-        chat.stream = candidate.streams;
+        if let Some(hedge) = self.hedge_for(call, tried, sink) {
+            let base = chat.clone();
+            let out = self.hedged(*call, &base, tried, sink, turn, hedge).await;
+            for spare in out.failed {
+                let c = Call {
+                    candidate: &call.plan.candidates[spare.idx],
+                    ..*call
+                };
+                self.conclude_unanswered(&c, spare.turn, &spare.result).await;
+            }
+            let Some(done) = out.end else {
+                return Ok(Outcome::Completed);
+            };
+            let c = Call {
+                candidate: &call.plan.candidates[done.idx],
+                ..*call
+            };
+            chat.model = c.candidate.model.clone();
+            let won = out.hedged.then_some(done.attempt);
+            return self
+                .conclude(&c, chat, done.turn, done.result, (tried, sink, bill), (carried, won))
+                .await;
+        }
         chat.service_tier = call
             .plan
             .service_tier
             .clone()
-            .filter(|t| entry.runtime.kind.quirks().takes_service_tier(t));
+            .filter(|t| turn.entry.runtime.kind.quirks().takes_service_tier(t));
         let result = self
-            .send(call, &entry, chat, tried.attempts(), traffic, sink)
+            .send(
+                call,
+                &turn.entry,
+                chat,
+                tried.attempts(),
+                turn.traffic,
+                turn.windows.as_ref(),
+                sink,
+            )
             .await;
+        self.conclude(call, chat, turn, result, (tried, sink, bill), (carried, None))
+            .await
+    }
+
+    /// A hedged attempt that failed before any token while the other
+    /// answered: settled, reported and counted, never billed.
+    async fn conclude_unanswered(&self, call: &Call<'_>, turn: Turn<'_>, result: &AttemptResult) {
+        if let Some((w, _)) = &turn.windows {
+            w.settle(result).await;
+        }
+        self.series(call.candidate, &turn.entry)
+            .count_attempt(&self.metrics, result.end.class().as_str());
+        turn.permit
+            .report(provider::Outcome::of(result, 0));
+        self.record_attempt(call.candidate, &turn.entry, result);
+    }
+
+    /// After an attempt: its windows settled, its report, its bill, and
+    /// what the decision table reads next (a completed one is finished).
+    async fn conclude(
+        &self,
+        call: &Call<'_>,
+        chat: &ChatRequest,
+        turn: Turn<'_>,
+        result: AttemptResult,
+        (tried, sink, bill): (&mut Tried, &mut EventSink, &mut Bill<'_>),
+        (carried, won_attempt): (u32, Option<u32>),
+    ) -> Result<Outcome, RequestError> {
+        let Turn {
+            entry,
+            permit,
+            windows,
+            ..
+        } = turn;
+        let candidate = call.candidate;
+        if let Some((w, _)) = &windows {
+            w.settle(&result).await;
+        }
         let billed = self.report(call, &entry, permit, &result, sink);
         self.bill_failed_output(bill, billed).await?;
         self.record_attempt(candidate, &entry, &result);
@@ -245,6 +358,7 @@ impl Tasks {
                     attempts: tried.attempts(),
                     upstream_request_id: result.upstream_request_id,
                     carried,
+                    won_attempt,
                 };
                 let cost = self
                     .finish(call, &entry, chat, completion, served, sink)
@@ -272,7 +386,8 @@ impl Tasks {
         route: &str,
         tried: &mut Tried,
         deadline: Instant,
-    ) -> Result<Turn, Outcome> {
+        ask: Option<Ask<'_>>,
+    ) -> Result<Turn<'_>, Outcome> {
         let traffic = if c.primary {
             TrafficClass::Own
         } else {
@@ -299,11 +414,37 @@ impl Tasks {
                 });
             }
         };
+        // A key with room in its rate windows, held before anything is sent.
+        let windows = match ask {
+            Some(ask) => {
+                let w = Windows::new(
+                    (&self.limits, &self.metrics),
+                    entry.runtime.clone(),
+                    ask.spec,
+                    ask.chat,
+                    ask.traffic.priority,
+                    ask.traffic.batch_share,
+                );
+                match w.first(ask.prefer).await {
+                    Ok(key) => Some((w, key)),
+                    Err(retry_in) => {
+                        tracing::debug!(provider = %c.provider, ?retry_in, "no key has room in its rate windows");
+                        drop(permit);
+                        return Err(Outcome::Limited { retry_in });
+                    }
+                }
+            }
+            None => None,
+        };
         // Only an attempt that will really be sent spends the budget: a
         // local refusal above cost nothing.
         if tried.needs_budget() && !self.actors.withdraw_retry(route).await {
-            // Dropped unsent: it reports itself cancelled.
+            // Dropped unsent: it reports itself cancelled, and gives its
+            // window back.
             drop(permit);
+            if let Some((w, _)) = &windows {
+                w.release().await;
+            }
             return Err(Outcome::NoBudget);
         }
         tried.sent();
@@ -312,6 +453,7 @@ impl Tasks {
             entry,
             permit,
             traffic,
+            windows,
         })
     }
 
@@ -357,6 +499,7 @@ impl Tasks {
     }
 
     /// Sends one attempt inside its span and logs how it ended.
+    #[allow(clippy::too_many_arguments)]
     async fn send(
         &self,
         call: &Call<'_>,
@@ -364,52 +507,14 @@ impl Tasks {
         chat: &ChatRequest,
         attempt: u32,
         traffic: TrafficClass,
+        windows: Option<&(Windows<'_>, Option<String>)>,
         sink: &mut EventSink,
     ) -> AttemptResult {
-        let candidate = call.candidate;
-        match call.continues {
-            Some(c) => sink.begin_continuation(
-                c.event(&candidate.provider, &candidate.model, attempt),
-                c.prefill.seam(),
-            ),
-            None => sink.begin_attempt(Started {
-                provider: candidate.provider.clone(),
-                model: candidate.model.clone(),
-                attempt,
-                tier: candidate.tier(),
-                request_id: call.spec.request_id.clone(),
-                dropped: Vec::new(),
-                resume_token: None,
-            }),
-        }
-        let span = tracing::info_span!(
-            "attempt",
-            otel.name = %format!("chat {}", candidate.model),
-            otel.kind = "client",
-            provider = %candidate.provider,
-            gen_ai.provider.name = entry.runtime.kind.as_str(),
-            gen_ai.request.model = %candidate.model,
-            attempt,
-            traffic = traffic.as_str(),
-            outcome = tracing::field::Empty,
-            ttft_ms = tracing::field::Empty,
-            output_chars = tracing::field::Empty,
-        );
-        let input = AttemptInput {
-            endpoint: &entry.runtime.endpoint,
-            chat,
-            deadline: call.deadline,
-            attempt,
-            key: call.affinity.and_then(|a| {
-                affinity::key_for(a.warm.as_ref(), &candidate.provider, &candidate.model)
-            }),
-        };
+        begin(call, attempt, sink);
+        let span = attempt_span(call.candidate, entry, attempt, traffic);
+        let input = attempt_input(call, entry, chat, attempt, windows);
         let result = attempt::run(input, sink).instrument(span.clone()).await;
-        span.record("outcome", result.end.class().as_str());
-        if let Some(ttft) = result.ttft {
-            span.record("ttft_ms", ttft.as_millis() as u64);
-        }
-        span.record("output_chars", sink.attempt_chars() as u64);
+        close_span(&span, &result, sink.attempt_chars());
         log_attempt(call, attempt, &result);
         result
     }
@@ -457,6 +562,8 @@ impl Tasks {
                 reasoning: completion.reasoning,
                 dropped: sink.attempt_dropped(),
                 resumable: false,
+                hedged: served.won_attempt.is_some(),
+                won_attempt: served.won_attempt.unwrap_or(0),
             })
             .await;
         cost_usd
@@ -514,7 +621,7 @@ impl Tasks {
     }
 
     /// A target's p95 time to first token, once enough samples back it.
-    fn p95_ttft(&self, c: &Candidate) -> Option<Duration> {
+    pub(super) fn p95_ttft(&self, c: &Candidate) -> Option<Duration> {
         let entry = self.actors.provider(&c.provider)?;
         entry.runtime.with_snapshot(|snapshot| {
             let t = snapshot.models.get(&c.model)?;
@@ -583,6 +690,85 @@ impl Tasks {
     pub(super) fn served(&self, route: &str, c: &Candidate, tier: Tier) {
         self.count_served(route, tier, &c.provider);
         self.actors.served(route, c.position == 0);
+    }
+}
+
+/// Tells the sink an attempt begins (its `Started`, or a continuation's
+/// `Continued`, goes out with the first chunk).
+pub(super) fn begin(call: &Call<'_>, attempt: u32, sink: &mut EventSink) {
+    let candidate = call.candidate;
+    match call.continues {
+        Some(c) => sink.begin_continuation(
+            c.event(&candidate.provider, &candidate.model, attempt),
+            c.prefill.seam(),
+        ),
+        None => sink.begin_attempt(Started {
+            provider: candidate.provider.clone(),
+            model: candidate.model.clone(),
+            attempt,
+            tier: candidate.tier(),
+            request_id: call.spec.request_id.clone(),
+            dropped: Vec::new(),
+            resume_token: None,
+        }),
+    }
+}
+
+/// The attempt's client span (GenAI conventions).
+pub(super) fn attempt_span(
+    candidate: &Candidate,
+    entry: &ProviderEntry,
+    attempt: u32,
+    traffic: TrafficClass,
+) -> tracing::Span {
+    tracing::info_span!(
+        "attempt",
+        otel.name = %format!("chat {}", candidate.model),
+        otel.kind = "client",
+        provider = %candidate.provider,
+        gen_ai.provider.name = entry.runtime.kind.as_str(),
+        gen_ai.request.model = %candidate.model,
+        attempt,
+        traffic = traffic.as_str(),
+        outcome = tracing::field::Empty,
+        ttft_ms = tracing::field::Empty,
+        output_chars = tracing::field::Empty,
+    )
+}
+
+pub(super) fn close_span(span: &tracing::Span, result: &AttemptResult, output_chars: usize) {
+    span.record("outcome", result.end.class().as_str());
+    if let Some(ttft) = result.ttft {
+        span.record("ttft_ms", ttft.as_millis() as u64);
+    }
+    span.record("output_chars", output_chars as u64);
+}
+
+/// What the attempt is sent with: the key admission held (else the one
+/// prompt-cache affinity prefers) and the windows other keys must pass.
+pub(super) fn attempt_input<'a>(
+    call: &Call<'a>,
+    entry: &'a ProviderEntry,
+    chat: &'a ChatRequest,
+    attempt: u32,
+    windows: Option<&'a (Windows<'_>, Option<String>)>,
+) -> AttemptInput<'a> {
+    let candidate = call.candidate;
+    let affinity_key = call
+        .affinity
+        .and_then(|a| affinity::key_for(a.warm.as_ref(), &candidate.provider, &candidate.model));
+    AttemptInput {
+        endpoint: &entry.runtime.endpoint,
+        chat,
+        deadline: call.deadline,
+        attempt,
+        key: match windows {
+            Some((_, Some(key))) => Some(key.as_str()),
+            _ => affinity_key,
+        },
+        admit: windows
+            .filter(|(_, key)| key.is_some())
+            .map(|(w, _)| w as &dyn crate::attempt::KeyAdmit),
     }
 }
 

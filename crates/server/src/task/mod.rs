@@ -7,9 +7,11 @@
 //! from the actors and the pure policy tables; this folder carries it out.
 //! An embeddings call is the same walk without a ladder (`embed.rs`).
 
+mod admit;
 mod bill;
 mod continuation;
 mod embed;
+mod hedge;
 pub mod journal;
 mod live;
 mod queued;
@@ -39,6 +41,7 @@ use crate::state::cache::ResponseCache;
 use crate::state::cost::CostLedger;
 use crate::state::idempotency::{Idempotency, KeyClaim};
 use crate::state::jobs::Jobs;
+use crate::state::limits::KeyLimits;
 use crate::state::journal::{Journal, ResumeToken};
 use crate::state::StateFaults;
 use crate::telemetry::metrics::{Metrics, ServedLabels, ShedLabels};
@@ -57,6 +60,8 @@ pub struct Tasks {
     cost: Arc<CostLedger>,
     /// Where prompt-cache affinity remembers warm prefixes.
     affinity: Arc<AffinityMemory>,
+    /// Every key's rate windows.
+    limits: Arc<KeyLimits>,
     backoff: Backoff,
     default_deadline: Duration,
     /// The durable job queue, when configured.
@@ -91,6 +96,7 @@ pub struct Parts {
     pub semantic: Arc<SemanticCache>,
     pub cost: Arc<CostLedger>,
     pub affinity: Arc<AffinityMemory>,
+    pub limits: Arc<KeyLimits>,
     pub backoff: Backoff,
     pub default_deadline: Duration,
     pub jobs: Option<Arc<Jobs>>,
@@ -163,6 +169,7 @@ impl Tasks {
             semantic: parts.semantic,
             cost: parts.cost,
             affinity: parts.affinity,
+            limits: parts.limits,
             backoff: parts.backoff,
             default_deadline: parts.default_deadline,
             jobs: parts.jobs,

@@ -77,6 +77,20 @@ pub struct KeyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WindowLabels {
+    pub provider: String,
+    pub key: String,
+    /// `requests` or `tokens`.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteOutcomeLabels {
+    pub route: String,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServedLabels {
     pub route: String,
     pub tier: &'static str,
@@ -306,6 +320,15 @@ pub struct Metrics {
     pub permits_refused: Family<RefusalLabels, Counter>,
     pub cooldowns: Family<RefusalLabels, Counter>,
     pub key_events: Family<KeyLabels, Counter>,
+    /// What each key has left in its stricter window of each kind.
+    pub key_window_remaining: Family<WindowLabels, Gauge>,
+    /// Requests that found no key with room: `admitted` after waiting,
+    /// `rate_limited` when the wait ran out.
+    pub admission_waits: Family<RouteOutcomeLabels, Counter>,
+    /// Hedged requests: `won` (the extra attempt answered first), `lost`
+    /// (the first did), `cancelled` (neither produced a token), `budget`
+    /// (the retry budget refused the extra attempt).
+    pub hedges: Family<RouteOutcomeLabels, Counter>,
     pub failed_stream_tokens: Family<TargetLabels, Counter>,
     pub served: Family<ServedLabels, Counter>,
     pub failover_rate: Family<RouteLabels, Gauge<f64, AtomicU64>>,
@@ -398,6 +421,24 @@ impl Metrics {
             "switchyard_key_events",
             "Key-local answers of a provider with several keys: the key cooled (rate_limited, quota) or was disabled (401/403)",
             key_events.clone(),
+        );
+        let key_window_remaining = Family::<WindowLabels, Gauge>::default();
+        registry.register(
+            "switchyard_key_window_remaining",
+            "What a key has left in its stricter rate window (configured rpm/tpm or reported by the upstream), by kind (requests, tokens)",
+            key_window_remaining.clone(),
+        );
+        let admission_waits = Family::<RouteOutcomeLabels, Counter>::default();
+        registry.register(
+            "switchyard_admission_waits",
+            "Requests no key had room for in its rate windows: admitted after waiting, or rate_limited",
+            admission_waits.clone(),
+        );
+        let hedges = Family::<RouteOutcomeLabels, Counter>::default();
+        registry.register(
+            "switchyard_hedges",
+            "Hedged first tokens: won (the extra attempt answered), lost (the first did), cancelled (neither produced a token), budget (no budget for the extra attempt)",
+            hedges.clone(),
         );
         let failed_stream_tokens = Family::<TargetLabels, Counter>::default();
         registry.register(
@@ -523,6 +564,9 @@ impl Metrics {
             permits_refused,
             cooldowns,
             key_events,
+            key_window_remaining,
+            admission_waits,
+            hedges,
             failed_stream_tokens,
             served,
             failover_rate,

@@ -50,6 +50,8 @@ pub struct Endpoint {
     pub first_token_timeout: Duration,
     /// Longest silence inside a stream.
     pub idle_timeout: Duration,
+    /// The rate windows of `api_key` (the provider's `rpm`, `tpm`).
+    pub limits: crate::policy::rate_window::Limits,
     /// Cap on an upstream's `Retry-After` (`cooldown.max_retry_after`).
     pub max_retry_after: Duration,
     pub http: reqwest::Client,
@@ -128,12 +130,18 @@ impl Endpoint {
                 for k in list {
                     let value = std::env::var(&k.env)
                         .map_err(|_| EndpointError::MissingKey(k.env.clone()))?;
-                    keys.push(super::keys::Key::new(
-                        k.name.clone(),
-                        Secret::new(value),
-                        k.weight,
-                        k.max_concurrency,
-                    ));
+                    keys.push(
+                        super::keys::Key::new(
+                            k.name.clone(),
+                            Secret::new(value),
+                            k.weight,
+                            k.max_concurrency,
+                        )
+                        .with_limits(crate::policy::rate_window::Limits {
+                            rpm: k.rpm.or(cfg.rpm),
+                            tpm: k.tpm.or(cfg.tpm),
+                        }),
+                    );
                 }
                 Some(super::keys::KeyPool::new(keys, cfg.cooldown.clone()))
             }
@@ -164,9 +172,44 @@ impl Endpoint {
             vertex,
             first_token_timeout: cfg.first_token_timeout,
             idle_timeout: cfg.idle_timeout,
+            limits: crate::policy::rate_window::Limits {
+                rpm: cfg.rpm,
+                tpm: cfg.tpm,
+            },
             max_retry_after: cfg.cooldown.max_retry_after,
             http,
         })
+    }
+}
+
+/// The name rate windows know a provider's single `api_key` by.
+pub const SINGLE_KEY: &str = "default";
+
+impl Endpoint {
+    /// The keys admission may choose from, in the order it tries them, with
+    /// their windows: the pool's usable keys (`prefer` first, the rest by
+    /// weight) or the provider's one key.
+    pub fn rate_keys(
+        &self,
+        now: tokio::time::Instant,
+        prefer: Option<&str>,
+    ) -> Vec<(&str, crate::policy::rate_window::Limits)> {
+        match &self.keys {
+            Some(pool) => pool
+                .order(now, prefer)
+                .into_iter()
+                .map(|i| (pool.keys[i].name.as_str(), pool.keys[i].limits))
+                .collect(),
+            None => vec![(SINGLE_KEY, self.limits)],
+        }
+    }
+
+    /// Key `name`'s configured windows.
+    pub fn key_limits(&self, name: &str) -> crate::policy::rate_window::Limits {
+        self.keys
+            .as_ref()
+            .and_then(|p| p.keys.iter().find(|k| k.name == name))
+            .map_or(self.limits, |k| k.limits)
     }
 }
 

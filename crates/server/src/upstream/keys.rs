@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use super::endpoint::Secret;
 use crate::policy::cooldown::CooldownConfig;
+use crate::policy::rate_window::Limits;
 use crate::policy::outcome::{Failure, OutcomeClass};
 
 /// One key of the pool.
@@ -24,6 +25,8 @@ pub struct Key {
     weight: u32,
     permits: Option<Arc<Semaphore>>,
     state: Mutex<KeyState>,
+    /// Its configured rate windows (`rpm`, `tpm`).
+    pub limits: Limits,
 }
 
 #[derive(Default)]
@@ -40,7 +43,14 @@ impl Key {
             weight: weight.max(1),
             permits: max_concurrency.map(|n| Arc::new(Semaphore::new(n as usize))),
             state: Mutex::new(KeyState::default()),
+            limits: Limits::default(),
         }
+    }
+
+    /// The key with its configured rate windows.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
     }
 }
 
@@ -117,6 +127,40 @@ impl KeyPool {
 
     pub fn new(keys: Vec<Key>, cooldown: CooldownConfig) -> Self {
         KeyPool { keys, cooldown }
+    }
+
+    /// The keys usable now (not cooling, not disabled), in the order a
+    /// request tries them: the `prefer`red one first, the rest by weight.
+    pub fn order(&self, now: Instant, prefer: Option<&str>) -> Vec<usize> {
+        let mut rest: Vec<usize> = (0..self.keys.len())
+            .filter(|i| {
+                let s = self.keys[*i].state.lock().unwrap_or_else(|e| e.into_inner());
+                !s.disabled && s.cooling_until.is_none_or(|u| u <= now)
+            })
+            .collect();
+        let mut order = Vec::with_capacity(rest.len());
+        if let Some(at) = rest
+            .iter()
+            .position(|i| prefer == Some(self.keys[*i].name.as_str()))
+        {
+            order.push(rest.remove(at));
+        }
+        let mut rng = rand::rng();
+        while !rest.is_empty() {
+            let total: u32 = rest.iter().map(|i| self.keys[*i].weight).sum();
+            let mut roll = rng.random_range(0..total.max(1));
+            let at = rest
+                .iter()
+                .position(|i| {
+                    let w = self.keys[*i].weight;
+                    let hit = roll < w;
+                    roll = roll.saturating_sub(w);
+                    hit
+                })
+                .unwrap_or(0);
+            order.push(rest.remove(at));
+        }
+        order
     }
 
     /// A key by weight among those usable now and not in `tried`; else why none.

@@ -17,6 +17,7 @@ pub(crate) mod fuzz;
 pub mod gemini;
 pub mod keys;
 pub mod openai;
+pub mod ratelimit;
 mod openai_frame;
 pub mod sse;
 pub mod vertex;

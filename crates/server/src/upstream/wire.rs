@@ -329,6 +329,7 @@ mod tests {
             vertex: None,
             first_token_timeout: std::time::Duration::from_secs(1),
             idle_timeout: std::time::Duration::from_secs(1),
+            limits: Default::default(),
             max_retry_after: std::time::Duration::from_secs(1),
             http: reqwest::Client::new(),
         }

@@ -277,6 +277,8 @@ mod tests {
             reasoning: Vec::new(),
             dropped: Vec::new(),
             resumable: false,
+            hedged: false,
+            won_attempt: 0,
         }
     }
 

@@ -107,6 +107,7 @@ pub enum Kind {
     ConcurrencyLimit,
     TenantLimit,
     CostCap,
+    RateLimited,
     NoHealthyTarget,
     RetryBudgetExhausted,
     ServerDraining,
@@ -172,7 +173,7 @@ const UPSTREAM: &[&str] = &[
 
 impl Kind {
     /// Every row, in the table's order.
-    pub const ALL: [Kind; 59] = {
+    pub const ALL: [Kind; 60] = {
         use Kind::*;
         [
             InvalidRequest,
@@ -188,6 +189,7 @@ impl Kind {
             ConcurrencyLimit,
             TenantLimit,
             CostCap,
+            RateLimited,
             NoHealthyTarget,
             RetryBudgetExhausted,
             ServerDraining,
@@ -282,6 +284,7 @@ impl Kind {
             K::ConcurrencyLimit => rate_limited("CONCURRENCY_LIMIT", Never, &["route"]),
             K::TenantLimit => rate_limited("TENANT_LIMIT", IfKnown, &["limit"]),
             K::CostCap => rate_limited("COST_CAP", Always, &["tenant", "cap_usd"]),
+            K::RateLimited => rate_limited("RATE_LIMITED", Always, &["route"]),
             K::NoHealthyTarget => unavailable("NO_HEALTHY_TARGET", Always, &["route"]),
             K::RetryBudgetExhausted => unavailable(
                 "RETRY_BUDGET_EXHAUSTED",

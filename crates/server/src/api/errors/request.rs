@@ -45,6 +45,7 @@ pub fn kind(err: &RequestError) -> Kind {
         RequestError::Draining => Kind::ServerDraining,
         RequestError::StateUnavailable(_) => Kind::StateUnavailable,
         RequestError::NoHealthyTarget { .. } => Kind::NoHealthyTarget,
+        RequestError::RateLimited { .. } => Kind::RateLimited,
         RequestError::RetryBudgetExhausted { .. } => Kind::RetryBudgetExhausted,
         RequestError::DeadlineTooShort { .. } => Kind::DeadlineBelowP95Ttft,
         RequestError::CostCap { .. } => Kind::CostCap,
@@ -100,7 +101,9 @@ fn meta(err: &RequestError) -> Vec<(&'static str, String)> {
         RequestError::UnknownRoute(route) | RequestError::Saturated { route } => {
             vec![("route", route.clone())]
         }
-        RequestError::NoHealthyTarget { route, .. } => vec![("route", route.clone())],
+        RequestError::NoHealthyTarget { route, .. } | RequestError::RateLimited { route, .. } => {
+            vec![("route", route.clone())]
+        }
         RequestError::NoCapableTarget { route, missing } => {
             vec![("route", route.clone()), ("missing", missing.join(","))]
         }

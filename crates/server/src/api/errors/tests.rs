@@ -19,7 +19,7 @@ use crate::policy::outcome::{Failure, OutcomeClass};
 /// What each row must say: reason, gRPC code, HTTP status, OpenAI type,
 /// Anthropic type, Anthropic status.
 #[rustfmt::skip]
-const EXPECTED: [(Kind, &str, Code, u16, &str, &str, u16); 59] = {
+const EXPECTED: [(Kind, &str, Code, u16, &str, &str, u16); 60] = {
     use Code as C;
     use Kind as K;
     const INV: &str = "invalid_request_error";
@@ -42,6 +42,7 @@ const EXPECTED: [(Kind, &str, Code, u16, &str, &str, u16); 59] = {
         (K::ConcurrencyLimit, "CONCURRENCY_LIMIT", C::ResourceExhausted, 429, RATE, RATE, 429),
         (K::TenantLimit, "TENANT_LIMIT", C::ResourceExhausted, 429, RATE, RATE, 429),
         (K::CostCap, "COST_CAP", C::ResourceExhausted, 429, RATE, RATE, 429),
+        (K::RateLimited, "RATE_LIMITED", C::ResourceExhausted, 429, RATE, RATE, 429),
         (K::NoHealthyTarget, "NO_HEALTHY_TARGET", C::Unavailable, 503, SRV, OVER, 529),
         (K::RetryBudgetExhausted, "RETRY_BUDGET_EXHAUSTED", C::Unavailable, 503, SRV, OVER, 529),
         (K::ServerDraining, "SERVER_DRAINING", C::Unavailable, 503, SRV, OVER, 529),

@@ -1,0 +1,368 @@
+//! A key's rate windows, as one pure state machine: the configured
+//! `rpm`/`tpm` (a fixed minute from the window's first request) and the
+//! limits the upstream itself reported in its rate-limit headers (what is
+//! left and when it resets; they lapse at their reset). A request fits when
+//! every window has room for one request and its estimated tokens; the
+//! stricter window wins. Batch work yields: while an interactive request was
+//! refused on the key recently, a batch request may fill a window only to
+//! `batch_share` of it.
+//!
+//! Times are milliseconds on one clock passed in (the process's, or Redis's
+//! for the fleet: `state::limits` runs the same rules in one Lua script).
+
+use std::time::Duration;
+
+/// The configured window's length.
+pub const WINDOW_MS: u64 = 60_000;
+/// How long a refused interactive request makes batch work yield.
+pub const PRESSURE_MS: u64 = 5_000;
+
+/// What the provider said is left, and when that resets (absolute ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reported {
+    pub requests: Option<Left>,
+    pub tokens: Option<Left>,
+}
+
+/// One reported window: `remaining` until `reset_at_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Left {
+    pub remaining: u64,
+    pub reset_at_ms: u64,
+}
+
+impl Reported {
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_none() && self.tokens.is_none()
+    }
+}
+
+/// The configured limits of one key (`rpm`, `tpm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Limits {
+    pub rpm: Option<u64>,
+    pub tpm: Option<u64>,
+}
+
+impl Limits {
+    pub fn is_empty(&self) -> bool {
+        self.rpm.is_none() && self.tpm.is_none()
+    }
+}
+
+/// Whose request is asking.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Priority {
+    Interactive,
+    /// Jobs, Batch API lines, routes marked `priority = "batch"`: they use
+    /// at most `share` of a window while interactive requests wait.
+    Batch { share: f64 },
+}
+
+/// A learned window and what was reserved against it since it was learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Learned {
+    left: Left,
+    used: u64,
+}
+
+/// One key's windows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KeyWindow {
+    /// Start of the configured window (ms); 0 before the first request.
+    start_ms: u64,
+    used_requests: u64,
+    used_tokens: u64,
+    learned_requests: Option<Learned>,
+    learned_tokens: Option<Learned>,
+    /// Batch work yields until then.
+    pressure_until_ms: u64,
+}
+
+/// A request that fit: hand it back to `settle`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hold {
+    pub tokens: u64,
+    /// The configured window it was taken from.
+    pub window_start_ms: u64,
+}
+
+/// What one window looks like now (status, metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Room {
+    /// Requests left in the stricter window, if any window counts them.
+    pub requests: Option<u64>,
+    pub tokens: Option<u64>,
+    /// When the earliest window that bounds them resets, from now.
+    pub reset_in_ms: Option<u64>,
+}
+
+impl KeyWindow {
+    fn roll(&mut self, now_ms: u64) {
+        if self.start_ms == 0 || now_ms >= self.start_ms + WINDOW_MS {
+            self.start_ms = now_ms.max(1);
+            self.used_requests = 0;
+            self.used_tokens = 0;
+        }
+        for learned in [&mut self.learned_requests, &mut self.learned_tokens] {
+            if learned.is_some_and(|l| now_ms >= l.left.reset_at_ms) {
+                *learned = None;
+            }
+        }
+    }
+
+    /// Reserves one request of `tokens` if every window has room; else
+    /// how long until the soonest window that refused resets.
+    pub fn reserve(
+        &mut self,
+        limits: Limits,
+        tokens: u64,
+        priority: Priority,
+        now_ms: u64,
+    ) -> Result<Hold, Duration> {
+        self.roll(now_ms);
+        let share = match priority {
+            Priority::Batch { share } if now_ms < self.pressure_until_ms => share.clamp(0.0, 1.0),
+            _ => 1.0,
+        };
+        let cap = |limit: u64| (limit as f64 * share).floor() as u64;
+        let window_end = self.start_ms + WINDOW_MS;
+        let mut wait: Option<u64> = None;
+        let mut refuse = |until: u64| {
+            let w = until.saturating_sub(now_ms).max(1);
+            wait = Some(wait.map_or(w, |x| x.min(w)));
+        };
+        if limits.rpm.is_some_and(|rpm| self.used_requests + 1 > cap(rpm)) {
+            refuse(window_end);
+        }
+        if limits.tpm.is_some_and(|tpm| self.used_tokens + tokens > cap(tpm)) {
+            refuse(window_end);
+        }
+        if let Some(l) = self.learned_requests.filter(|l| l.used + 1 > cap(l.left.remaining)) {
+            refuse(l.left.reset_at_ms);
+        }
+        if let Some(l) = self
+            .learned_tokens
+            .filter(|l| l.used + tokens > cap(l.left.remaining))
+        {
+            refuse(l.left.reset_at_ms);
+        }
+        if let Some(ms) = wait {
+            if priority == Priority::Interactive {
+                self.pressure_until_ms = now_ms + PRESSURE_MS;
+            }
+            return Err(Duration::from_millis(ms));
+        }
+        self.used_requests += 1;
+        self.used_tokens += tokens;
+        if let Some(l) = self.learned_requests.as_mut() {
+            l.used += 1;
+        }
+        if let Some(l) = self.learned_tokens.as_mut() {
+            l.used += tokens;
+        }
+        Ok(Hold {
+            tokens,
+            window_start_ms: self.start_ms,
+        })
+    }
+
+    /// A held request ended having used `tokens` (0 when the upstream
+    /// refused it): the configured window it came from counts the real
+    /// usage. (A learned window is not corrected: the upstream's next
+    /// headers say what it counted.)
+    pub fn settle(&mut self, hold: Hold, tokens: u64) {
+        if hold.window_start_ms == self.start_ms {
+            self.used_tokens = (self.used_tokens + tokens).saturating_sub(hold.tokens);
+        }
+    }
+
+    /// The upstream reported what is left: it replaces what was learned
+    /// before (the reservations since are in its count or still in flight).
+    pub fn learn(&mut self, reported: Reported, now_ms: u64) {
+        self.roll(now_ms);
+        if let Some(left) = reported.requests.filter(|l| l.reset_at_ms > now_ms) {
+            self.learned_requests = Some(Learned { left, used: 0 });
+        }
+        if let Some(left) = reported.tokens.filter(|l| l.reset_at_ms > now_ms) {
+            self.learned_tokens = Some(Learned { left, used: 0 });
+        }
+    }
+
+    /// What is left now, the stricter window of each kind.
+    pub fn room(&mut self, limits: Limits, now_ms: u64) -> Room {
+        self.roll(now_ms);
+        let window_end = self.start_ms + WINDOW_MS;
+        let mut reset: Option<u64> = None;
+        let mut note = |at: u64| reset = Some(reset.map_or(at, |r: u64| r.min(at)));
+        let mut stricter = |configured: Option<u64>, used: u64, learned: Option<Learned>| {
+            let a = configured.map(|c| c.saturating_sub(used));
+            let b = learned.map(|l| l.left.remaining.saturating_sub(l.used));
+            if a.is_some() {
+                note(window_end);
+            }
+            if let Some(l) = learned {
+                note(l.left.reset_at_ms);
+            }
+            match (a, b) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        };
+        let requests = stricter(limits.rpm, self.used_requests, self.learned_requests);
+        let tokens = stricter(limits.tpm, self.used_tokens, self.learned_tokens);
+        Room {
+            requests,
+            tokens,
+            reset_in_ms: reset.map(|r| r.saturating_sub(now_ms)),
+        }
+    }
+
+    /// Whether anything bounds this key now.
+    pub fn is_bounded(&self, limits: Limits) -> bool {
+        !limits.is_empty() || self.learned_requests.is_some() || self.learned_tokens.is_some()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    const TPM: Limits = Limits {
+        rpm: None,
+        tpm: Some(10_000),
+    };
+
+    #[test]
+    fn a_token_window_admits_until_full_then_names_its_reset() {
+        let mut w = KeyWindow::default();
+        let t0 = 1_000;
+        for i in 0..10 {
+            assert!(
+                w.reserve(TPM, 1_000, Priority::Interactive, t0 + i).is_ok(),
+                "request {i}"
+            );
+        }
+        let wait = w
+            .reserve(TPM, 1_000, Priority::Interactive, t0 + 20_000)
+            .unwrap_err();
+        assert_eq!(wait, Duration::from_millis(40_000));
+        // A new minute, an empty window.
+        assert!(w
+            .reserve(TPM, 1_000, Priority::Interactive, t0 + WINDOW_MS)
+            .is_ok());
+    }
+
+    #[test]
+    fn settling_to_real_usage_gives_back_the_unused_reservation() {
+        let mut w = KeyWindow::default();
+        let holds: Vec<Hold> = (0..10)
+            .map(|_| w.reserve(TPM, 1_000, Priority::Interactive, 5).unwrap())
+            .collect();
+        assert!(w.reserve(TPM, 1_000, Priority::Interactive, 5).is_err());
+        // Each used 400 of its 1,000: 6,000 come back.
+        for h in holds {
+            w.settle(h, 400);
+        }
+        for _ in 0..6 {
+            w.reserve(TPM, 1_000, Priority::Interactive, 6).unwrap();
+        }
+        assert!(w.reserve(TPM, 1_000, Priority::Interactive, 6).is_err());
+        // A hold from an old window changes nothing in the new one.
+        let old = Hold {
+            tokens: 1_000,
+            window_start_ms: 5,
+        };
+        w.reserve(TPM, 1, Priority::Interactive, 5 + WINDOW_MS)
+            .unwrap();
+        w.settle(old, 0);
+        assert_eq!(w.room(TPM, 5 + WINDOW_MS).tokens, Some(9_999));
+    }
+
+    #[test]
+    fn a_reported_empty_window_stops_the_key_until_its_reset() {
+        let mut w = KeyWindow::default();
+        let none = Limits::default();
+        assert!(!w.is_bounded(none));
+        w.learn(
+            Reported {
+                requests: None,
+                tokens: Some(Left {
+                    remaining: 0,
+                    reset_at_ms: 3_000,
+                }),
+            },
+            1_000,
+        );
+        assert!(w.is_bounded(none));
+        assert_eq!(
+            w.reserve(none, 10, Priority::Interactive, 1_000),
+            Err(Duration::from_millis(2_000))
+        );
+        assert_eq!(
+            w.reserve(none, 10, Priority::Interactive, 2_999),
+            Err(Duration::from_millis(1))
+        );
+        assert!(w.reserve(none, 10, Priority::Interactive, 3_000).is_ok());
+        assert!(!w.is_bounded(none), "the learned window lapsed");
+    }
+
+    #[test]
+    fn the_stricter_of_configured_and_reported_wins() {
+        let mut w = KeyWindow::default();
+        let both = Limits {
+            rpm: Some(100),
+            tpm: Some(10_000),
+        };
+        w.learn(
+            Reported {
+                requests: Some(Left {
+                    remaining: 2,
+                    reset_at_ms: 10_000,
+                }),
+                tokens: Some(Left {
+                    remaining: 50_000,
+                    reset_at_ms: 10_000,
+                }),
+            },
+            1,
+        );
+        let room = w.room(both, 1);
+        assert_eq!(room.requests, Some(2));
+        assert_eq!(room.tokens, Some(10_000));
+        w.reserve(both, 10, Priority::Interactive, 2).unwrap();
+        w.reserve(both, 10, Priority::Interactive, 2).unwrap();
+        assert_eq!(
+            w.reserve(both, 10, Priority::Interactive, 2),
+            Err(Duration::from_millis(9_998)),
+            "the reported request window is the one full"
+        );
+    }
+
+    #[test]
+    fn batch_yields_to_waiting_interactive_work() {
+        let mut w = KeyWindow::default();
+        let batch = Priority::Batch { share: 0.5 };
+        // No interactive request waits: batch may fill the window.
+        for _ in 0..8 {
+            w.reserve(TPM, 1_000, batch, 10).unwrap();
+        }
+        // An interactive request that does not fit makes batch yield...
+        assert!(w.reserve(TPM, 3_000, Priority::Interactive, 11).is_err());
+        assert!(w.reserve(TPM, 1_000, batch, 12).is_err());
+        // ...while interactive requests still take what is left.
+        w.reserve(TPM, 1_000, Priority::Interactive, 12).unwrap();
+        // In a new window, batch stops at half while the pressure lasts.
+        let t = 10 + WINDOW_MS;
+        assert!(w.reserve(TPM, 3_000, Priority::Interactive, t).is_ok());
+        w.reserve(TPM, 8_000, Priority::Interactive, t).unwrap_err();
+        w.reserve(TPM, 2_000, batch, t + 1).unwrap();
+        assert!(
+            w.reserve(TPM, 1_000, batch, t + 1).is_err(),
+            "5,000 of 10,000 used"
+        );
+        // The pressure passes: batch may use the rest.
+        w.reserve(TPM, 1_000, batch, t + PRESSURE_MS + 1).unwrap();
+    }
+}

@@ -1,0 +1,274 @@
+//! Every key's rate windows (`policy::rate_window`), per process or, on
+//! Redis, for the fleet: one atomic script per reservation, clocked by
+//! Redis, like the cost ledger's. A key is asked about only once it is
+//! bounded: it has a configured `rpm`/`tpm`, or an upstream reported its
+//! windows in this process (every replica reads the headers of its own
+//! answers). When Redis does not answer, this replica's own windows decide
+//! (a rate window is a courtesy to the upstream, not a wall: traffic goes
+//! on) and the failure counts in `switchyard_state_errors_total{function="limits"}`.
+//!
+//! Bounded: one entry per configured key (providers × keys), each Redis hash
+//! expiring a minute after its last window ends.
+
+mod redis;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::policy::rate_window::{Hold, KeyWindow, Limits, Priority, Reported, Room};
+use crate::state::redis::Redis;
+use crate::state::StateFaults;
+
+/// Most keys whose windows a process keeps (a config names far fewer).
+const MAX_KEYS: usize = 4096;
+
+/// Where a reservation was held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    Local,
+    Fleet,
+}
+
+/// A request that fit a key: hand it back to `settle`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reservation {
+    /// `provider/key`.
+    pub id: String,
+    pub hold: Hold,
+    pub held: Held,
+}
+
+/// The windows of every key.
+pub struct KeyLimits {
+    local: Mutex<Local>,
+    fleet: Option<(Redis, Arc<StateFaults>)>,
+    epoch: Instant,
+}
+
+#[derive(Default)]
+struct Local {
+    windows: HashMap<String, KeyWindow>,
+    /// Keys an upstream reported windows for.
+    reported: HashSet<String>,
+    /// What each key had left when last asked (status, metrics).
+    room: HashMap<String, Room>,
+}
+
+impl Default for KeyLimits {
+    fn default() -> Self {
+        KeyLimits::embedded()
+    }
+}
+
+impl KeyLimits {
+    /// Windows kept in this process.
+    pub fn embedded() -> Self {
+        KeyLimits {
+            local: Mutex::default(),
+            fleet: None,
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Windows shared by the fleet on `redis`.
+    pub fn redis(redis: Redis, faults: Arc<StateFaults>) -> Self {
+        KeyLimits {
+            fleet: Some((redis, faults)),
+            ..KeyLimits::embedded()
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    fn local(&self) -> std::sync::MutexGuard<'_, Local> {
+        self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether admission asks about key `id` at all.
+    pub fn bounded(&self, id: &str, limits: Limits) -> bool {
+        !limits.is_empty() || self.local().reported.contains(id)
+    }
+
+    /// Holds one request of `tokens` on key `id` if every window has room;
+    /// else how long until the soonest full window resets.
+    pub async fn reserve(
+        &self,
+        id: &str,
+        limits: Limits,
+        tokens: u64,
+        priority: Priority,
+    ) -> Result<Reservation, Duration> {
+        if let Some((redis, faults)) = &self.fleet {
+            match redis.limits_reserve(id, limits, tokens, priority).await {
+                Ok((result, room)) => {
+                    self.note_room(id, room);
+                    return result.map(|hold| Reservation {
+                        id: id.to_string(),
+                        hold,
+                        held: Held::Fleet,
+                    });
+                }
+                Err(e) => faults.record("limits", &e, "rate windows are this replica's own"),
+            }
+        }
+        let now = self.now_ms();
+        let mut local = self.local();
+        if local.windows.len() >= MAX_KEYS && !local.windows.contains_key(id) {
+            return Ok(Reservation {
+                id: id.to_string(),
+                hold: Hold {
+                    tokens: 0,
+                    window_start_ms: 0,
+                },
+                held: Held::Local,
+            });
+        }
+        let window = local.windows.entry(id.to_string()).or_default();
+        let result = window.reserve(limits, tokens, priority, now);
+        let room = window.room(limits, now);
+        local.room.insert(id.to_string(), room);
+        result.map(|hold| Reservation {
+            id: id.to_string(),
+            hold,
+            held: Held::Local,
+        })
+    }
+
+    /// The request ended having used `tokens`; `reported` is what its
+    /// upstream's headers said is left (reset times relative to now).
+    pub async fn settle(&self, r: &Reservation, tokens: u64) {
+        match (r.held, &self.fleet) {
+            (Held::Fleet, Some((redis, faults))) => {
+                if let Err(e) = redis.limits_settle(&r.id, r.hold, tokens).await {
+                    faults.record("limits", &e, "a reservation was not settled");
+                }
+            }
+            _ => {
+                if let Some(w) = self.local().windows.get_mut(&r.id) {
+                    w.settle(r.hold, tokens);
+                }
+            }
+        }
+    }
+
+    /// An upstream reported key `id`'s windows (reset times relative to now).
+    pub async fn learn(&self, id: &str, limits: Limits, reported: Reported) {
+        if reported.is_empty() {
+            return;
+        }
+        let now = self.now_ms();
+        {
+            let mut local = self.local();
+            if local.reported.len() < MAX_KEYS {
+                local.reported.insert(id.to_string());
+            }
+            let absolute = shift(reported, now);
+            if let Some(w) = local.windows.get_mut(id) {
+                w.learn(absolute, now);
+            } else if local.windows.len() < MAX_KEYS {
+                let mut w = KeyWindow::default();
+                w.learn(absolute, now);
+                local.windows.insert(id.to_string(), w);
+            }
+            if let Some(w) = local.windows.get_mut(id) {
+                let room = w.room(limits, now);
+                local.room.insert(id.to_string(), room);
+            }
+        }
+        if let Some((redis, faults)) = &self.fleet {
+            match redis.limits_learn(id, limits, reported).await {
+                Ok(room) => self.note_room(id, room),
+                Err(e) => faults.record("limits", &e, "reported windows were not shared"),
+            }
+        }
+    }
+
+    fn note_room(&self, id: &str, room: Room) {
+        let mut local = self.local();
+        if local.room.len() < MAX_KEYS || local.room.contains_key(id) {
+            local.room.insert(id.to_string(), room);
+        }
+    }
+
+    /// What key `id` had left when last asked.
+    pub fn room(&self, id: &str) -> Option<Room> {
+        self.local().room.get(id).copied()
+    }
+}
+
+/// `reported` with its reset times (relative to now) moved to `now_ms`.
+fn shift(mut reported: Reported, now_ms: u64) -> Reported {
+    for left in [&mut reported.requests, &mut reported.tokens]
+        .into_iter()
+        .flatten()
+    {
+        left.reset_at_ms += now_ms;
+    }
+    reported
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::policy::rate_window::Left;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reported_empty_window_holds_until_its_reset_then_lapses() {
+        let limits = KeyLimits::embedded();
+        let none = Limits::default();
+        assert!(!limits.bounded("p/a", none));
+        limits
+            .learn(
+                "p/a",
+                none,
+                Reported {
+                    requests: None,
+                    tokens: Some(Left {
+                        remaining: 0,
+                        reset_at_ms: 2_000,
+                    }),
+                },
+            )
+            .await;
+        assert!(limits.bounded("p/a", none));
+        let wait = limits
+            .reserve("p/a", none, 100, Priority::Interactive)
+            .await
+            .unwrap_err();
+        assert!(wait <= Duration::from_secs(2) && wait > Duration::from_millis(1_900));
+        assert_eq!(limits.room("p/a").unwrap().tokens, Some(0));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(limits
+            .reserve("p/a", none, 100, Priority::Interactive)
+            .await
+            .is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_configured_window_is_settled_to_real_usage() {
+        let limits = KeyLimits::embedded();
+        let tpm = Limits {
+            rpm: None,
+            tpm: Some(1_000),
+        };
+        let r = limits
+            .reserve("p/a", tpm, 1_000, Priority::Interactive)
+            .await
+            .unwrap();
+        assert!(limits
+            .reserve("p/a", tpm, 1, Priority::Interactive)
+            .await
+            .is_err());
+        limits.settle(&r, 300).await;
+        assert!(limits
+            .reserve("p/a", tpm, 700, Priority::Interactive)
+            .await
+            .is_ok());
+    }
+}

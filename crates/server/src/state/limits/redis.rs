@@ -1,0 +1,247 @@
+//! The fleet's rate windows on Redis: one hash per key
+//! (`{fleet}:limits:<provider/key>`) holding the configured window's start
+//! and usage, what the upstream last reported (remaining, reset, used
+//! since) and until when batch work yields. Each operation is one script
+//! clocked by Redis, so replicas agree on the window whatever their clocks;
+//! the hash expires a minute after its last window ends.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use crate::policy::rate_window::{Hold, Limits, Priority, Reported, Room, PRESSURE_MS, WINDOW_MS};
+use crate::state::redis::{bad_reply, num, reply, Redis, LUA_NOW};
+use crate::state::StateError;
+
+/// Reads the hash, rolls lapsed windows and defines `room()`.
+const LUA_WINDOW: &str = r"
+local function load(key, now, window)
+  local t = {}
+  local flat = redis.call('HGETALL', key)
+  for i = 1, #flat, 2 do t[flat[i]] = tonumber(flat[i + 1]) end
+  local w = {start = t.start or 0, ureq = t.ureq or 0, utok = t.utok or 0,
+    rq_rem = t.rq_rem or 0, rq_at = t.rq_at or 0, rq_used = t.rq_used or 0,
+    tk_rem = t.tk_rem or 0, tk_at = t.tk_at or 0, tk_used = t.tk_used or 0,
+    pressure = t.pressure or 0}
+  if w.start == 0 or now >= w.start + window then
+    w.start = now; w.ureq = 0; w.utok = 0
+  end
+  if w.rq_at ~= 0 and now >= w.rq_at then w.rq_at = 0; w.rq_used = 0 end
+  if w.tk_at ~= 0 and now >= w.tk_at then w.tk_at = 0; w.tk_used = 0 end
+  return w
+end
+local function save(key, w, now, window)
+  redis.call('HSET', key, 'start', w.start, 'ureq', w.ureq, 'utok', w.utok,
+    'rq_rem', w.rq_rem, 'rq_at', w.rq_at, 'rq_used', w.rq_used,
+    'tk_rem', w.tk_rem, 'tk_at', w.tk_at, 'tk_used', w.tk_used, 'pressure', w.pressure)
+  local last = math.max(w.start + window, w.rq_at, w.tk_at, w.pressure)
+  redis.call('PEXPIREAT', key, last + window)
+end
+-- Left in the stricter window of each kind (-1: unbounded) and the
+-- soonest reset among the windows that bound them (-1: none).
+local function room(w, rpm, tpm, window)
+  local reset = -1
+  local function note(at) if reset < 0 or at < reset then reset = at end end
+  local function stricter(limit, used, at, rem, lused)
+    local left = -1
+    if limit > 0 then left = math.max(limit - used, 0); note(w.start + window) end
+    if at ~= 0 then
+      local l = math.max(rem - lused, 0)
+      if left < 0 or l < left then left = l end
+      note(at)
+    end
+    return left
+  end
+  local req = stricter(rpm, w.ureq, w.rq_at, w.rq_rem, w.rq_used)
+  local tok = stricter(tpm, w.utok, w.tk_at, w.tk_rem, w.tk_used)
+  return req, tok, reset
+end
+";
+
+/// KEYS: the key's hash. ARGV: rpm (0 none), tpm (0 none), tokens, batch
+/// (0/1), batch share, window ms, pressure ms.
+/// -> {1, window start, req left, tok left, reset at, now} or {0, wait ms, req left, tok left, reset at, now}.
+static RESERVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{LUA_NOW}{LUA_WINDOW}{}",
+        r"
+local now = now_ms()
+local rpm, tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local batch, window = ARGV[4] == '1', tonumber(ARGV[6])
+local w = load(KEYS[1], now, window)
+local share = 1
+if batch and now < w.pressure then share = tonumber(ARGV[5]) end
+local function cap(x) return math.floor(x * share) end
+local wait = -1
+local function refuse(at)
+  local d = math.max(at - now, 1)
+  if wait < 0 or d < wait then wait = d end
+end
+if rpm > 0 and w.ureq + 1 > cap(rpm) then refuse(w.start + window) end
+if tpm > 0 and w.utok + tokens > cap(tpm) then refuse(w.start + window) end
+if w.rq_at ~= 0 and w.rq_used + 1 > cap(w.rq_rem) then refuse(w.rq_at) end
+if w.tk_at ~= 0 and w.tk_used + tokens > cap(w.tk_rem) then refuse(w.tk_at) end
+local ok = 1
+if wait >= 0 then
+  ok = 0
+  if not batch then w.pressure = now + tonumber(ARGV[7]) end
+else
+  w.ureq = w.ureq + 1; w.utok = w.utok + tokens
+  if w.rq_at ~= 0 then w.rq_used = w.rq_used + 1 end
+  if w.tk_at ~= 0 then w.tk_used = w.tk_used + tokens end
+end
+save(KEYS[1], w, now, window)
+local req, tok, reset = room(w, rpm, tpm, window)
+if ok == 1 then return {1, w.start, req, tok, reset, now} end
+return {0, wait, req, tok, reset, now}
+"
+    ))
+});
+
+/// KEYS: the key's hash. ARGV: window start, held tokens, used tokens.
+static SETTLE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local start = tonumber(redis.call('HGET', KEYS[1], 'start') or '0')
+if start ~= tonumber(ARGV[1]) then return 0 end
+local utok = tonumber(redis.call('HGET', KEYS[1], 'utok') or '0')
+redis.call('HSET', KEYS[1], 'utok', math.max(utok + tonumber(ARGV[3]) - tonumber(ARGV[2]), 0))
+return 1
+",
+    )
+});
+
+/// KEYS: the key's hash. ARGV: requests left (-1 unknown), reset in ms,
+/// tokens left (-1 unknown), reset in ms, rpm, tpm, window ms.
+/// -> {req left, tok left, reset at, now}.
+static LEARN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{LUA_NOW}{LUA_WINDOW}{}",
+        r"
+local now = now_ms()
+local window = tonumber(ARGV[7])
+local w = load(KEYS[1], now, window)
+local rq, rq_in, tk, tk_in = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if rq >= 0 and rq_in > 0 then w.rq_rem = rq; w.rq_at = now + rq_in; w.rq_used = 0 end
+if tk >= 0 and tk_in > 0 then w.tk_rem = tk; w.tk_at = now + tk_in; w.tk_used = 0 end
+save(KEYS[1], w, now, window)
+local req, tok, reset = room(w, tonumber(ARGV[5]), tonumber(ARGV[6]), window)
+return {req, tok, reset, now}
+"
+    ))
+});
+
+fn room_of(items: &[Value], from: usize) -> Option<Room> {
+    let int = |i: usize| items.get(i).and_then(reply::int);
+    let left = |v: i64| (v >= 0).then_some(v as u64);
+    let (req, tok, reset, now) = (int(from)?, int(from + 1)?, int(from + 2)?, int(from + 3)?);
+    Some(Room {
+        requests: left(req),
+        tokens: left(tok),
+        reset_in_ms: left(reset).map(|at| at.saturating_sub(now as u64)),
+    })
+}
+
+impl Redis {
+    fn limits_key(&self, id: &str) -> String {
+        self.fleet_key(&format!("limits:{id}"))
+    }
+
+    /// One request of `tokens` on key `id`: held, or the wait until the
+    /// soonest full window resets; and what the key has left after it.
+    pub(super) async fn limits_reserve(
+        &self,
+        id: &str,
+        limits: Limits,
+        tokens: u64,
+        priority: Priority,
+    ) -> Result<(Result<Hold, Duration>, Room), StateError> {
+        let key = self.limits_key(id);
+        let (batch, share) = match priority {
+            Priority::Interactive => ("0", 1.0),
+            Priority::Batch { share } => ("1", share),
+        };
+        let v: Value = self
+            .call("limits_reserve", |mut c| async move {
+                RESERVE
+                    .key(key)
+                    .arg(limits.rpm.unwrap_or(0))
+                    .arg(limits.tpm.unwrap_or(0))
+                    .arg(tokens)
+                    .arg(batch)
+                    .arg(num(share))
+                    .arg(WINDOW_MS)
+                    .arg(PRESSURE_MS)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let items = reply::items(v).ok_or_else(|| bad_reply("limits_reserve"))?;
+        let int = |i: usize| items.get(i).and_then(reply::int);
+        let room = room_of(&items, 2).ok_or_else(|| bad_reply("limits_reserve"))?;
+        let result = match (int(0), int(1)) {
+            (Some(1), Some(start)) => Ok(Hold {
+                tokens,
+                window_start_ms: start as u64,
+            }),
+            (Some(0), Some(wait)) => Err(Duration::from_millis(wait.max(1) as u64)),
+            _ => return Err(bad_reply("limits_reserve")),
+        };
+        Ok((result, room))
+    }
+
+    /// A held request used `tokens`.
+    pub(super) async fn limits_settle(
+        &self,
+        id: &str,
+        hold: Hold,
+        tokens: u64,
+    ) -> Result<(), StateError> {
+        let key = self.limits_key(id);
+        let _: i64 = self
+            .call("limits_settle", |mut c| async move {
+                SETTLE
+                    .key(key)
+                    .arg(hold.window_start_ms)
+                    .arg(hold.tokens)
+                    .arg(tokens)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// The upstream reported key `id`'s windows (reset times relative to now).
+    pub(super) async fn limits_learn(
+        &self,
+        id: &str,
+        limits: Limits,
+        reported: Reported,
+    ) -> Result<Room, StateError> {
+        let key = self.limits_key(id);
+        let pair = |l: Option<crate::policy::rate_window::Left>| {
+            l.map_or((-1_i64, 0_u64), |l| (l.remaining as i64, l.reset_at_ms))
+        };
+        let (rq, rq_in) = pair(reported.requests);
+        let (tk, tk_in) = pair(reported.tokens);
+        let v: Value = self
+            .call("limits_learn", |mut c| async move {
+                LEARN
+                    .key(key)
+                    .arg(rq)
+                    .arg(rq_in)
+                    .arg(tk)
+                    .arg(tk_in)
+                    .arg(limits.rpm.unwrap_or(0))
+                    .arg(limits.tpm.unwrap_or(0))
+                    .arg(WINDOW_MS)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let items = reply::items(v).ok_or_else(|| bad_reply("limits_learn"))?;
+        room_of(&items, 0).ok_or_else(|| bad_reply("limits_learn"))
+    }
+}
