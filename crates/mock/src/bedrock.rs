@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
+use super::limits::WindowRefused;
 use super::server::{completion_as, Shared};
 use super::MockKind;
 use switchyard::upstream::bedrock::{chunk_frame, exception_frame, sign, AwsCredentials};
@@ -145,6 +146,11 @@ pub(super) async fn invoke_stream(
     let answer = completion_as(s, MockKind::Anthropic, req, Some(model)).await;
     let status = answer.status();
     if !status.is_success() {
+        // A rate-limit window's `retry-after` survives the re-framing.
+        let retry_after = answer
+            .extensions()
+            .get::<WindowRefused>()
+            .and_then(|_| answer.headers().get("retry-after").cloned());
         let body = axum::body::to_bytes(answer.into_body(), 1 << 20)
             .await
             .unwrap_or_default();
@@ -155,7 +161,11 @@ pub(super) async fn invoke_stream(
         } else {
             status
         };
-        return refuse(code, error_type(status.as_u16()), message);
+        let mut r = refuse(code, error_type(status.as_u16()), message);
+        if let Some(v) = retry_after {
+            r.headers_mut().insert("retry-after", v);
+        }
+        return r;
     }
     let mut parser = SseParser::new();
     let frames = answer.into_body().into_data_stream().map(move |chunk| {

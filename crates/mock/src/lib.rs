@@ -28,8 +28,39 @@
 //! - `PUT /_mock/keys` → `{"rate_limited":[key],"refused":[key],"labels":{key:label}}`:
 //!   keys answered 429 or 401 whatever the fault, and labels their requests
 //!   are logged with (`key_label`).
-//! - `GET|PUT /_mock/config` → `{"tokens":16,"token_delay_ms":0,"max_concurrency":0}`
-//!   (PUT takes any subset of the fields).
+//! - `GET|PUT /_mock/config` → `{"tokens":16,"token_delay_ms":0,"max_concurrency":0,"ttft":[],"ttft_seed":0}`
+//!   (PUT takes any subset of the fields). `ttft`: a time-to-first-token
+//!   distribution, `[{"p":0.95,"ms":20},{"p":0.05,"ms":4000}]` (weights are
+//!   normalised; `[]` clears); each answered (2xx) request draws one delay
+//!   from an RNG seeded with `ttft_seed` (default `--seed`; reseeded by a PUT
+//!   naming `ttft` or `ttft_seed`) and waits it after the response head,
+//!   before the first body byte (so before the first token, streamed or
+//!   not). A client leaving during the wait is noticed at once (hyper drops
+//!   the body; logged as `client_hung_up` with `hung_up_ms`). The log gets
+//!   `ttft_ms` (the draw), `first_token_ms` and `hung_up_ms` (ms since start).
+//! - `PUT /_mock/limits` → per-key rate-limit windows (replaces the config and
+//!   resets every counter; `{}` clears):
+//!   `{"window_ms":60000,"default":{"rpm":N,"tpm":N},"keys":{"<key as sent>":{"rpm":N,"tpm":N,"used_requests":N,"used_tokens":N}}}`,
+//!   every field optional; a key's unset `rpm`/`tpm` falls back to `default`'s,
+//!   a key with neither is unlimited; `used_*` pre-load its first window
+//!   (opened at the PUT). A key (the request's Bearer, `x-api-key`, `api-key`
+//!   or `x-goog-api-key`; none counts as the empty key) gets a fixed window of
+//!   `window_ms` from its first request; a request is charged 1 request and
+//!   `input_tokens + max_tokens` (the configured `tokens` when it names none)
+//!   at arrival, before any fault (a faulted or over-capacity request is still
+//!   charged); one that would pass `rpm` or `tpm` is not charged and gets the
+//!   kind's 429 (OpenAI `rate_limit_exceeded` with type `requests`/`tokens`,
+//!   Anthropic `rate_limit_error`, Gemini `RESOURCE_EXHAUSTED`) with
+//!   `retry-after`. Every response of a limited key carries, after its
+//!   charge, OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`
+//!   (OpenAI and Azure paths; resets like `59.874s`, `6m0s`) or Anthropic's
+//!   `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`
+//!   (`/v1/messages` only; RFC 3339 resets), each pair only for a limit set.
+//!   The log gets `rate_tokens` and `rate_limited`.
+//!   `GET /_mock/limits` → `{"window_ms":n,"keys":{"<label>":{"rpm":n,"tpm":n,"used_requests":n,
+//!   "used_tokens":n,"peak_requests":n,"peak_tokens":n,"limited":n,"window_remaining_ms":n}}}`,
+//!   labelled by `PUT /_mock/keys` or as the key's first 6 characters and `…`
+//!   (never the key).
 //! - `PUT /_mock/tools` → `{"name":"f","arguments":"{\"city\":\"Paris\"}","text_after_result":true}`:
 //!   tool calls name that offered tool with those whole arguments, and a request
 //!   whose last message is a tool result gets text (an agent's loop ends); `{}` resets.
@@ -74,11 +105,13 @@ mod bedrock;
 pub mod embeddings;
 mod faults;
 mod gemini;
+mod limits;
 mod log;
 mod openai_cache;
 mod schema;
 mod script;
 mod server;
+mod ttft;
 mod vertex;
 mod wire;
 
@@ -93,8 +126,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use faults::{Fault, FaultSpec, Preset};
+pub use limits::{KeyLimit, KeyUsage, Limit, LimitsSpec, LimitsView};
 pub use log::{RequestRecord, Stats};
 pub use server::MockConfig;
+pub use ttft::TtftBucket;
 pub use wire::{token_text, AUTH_MARKER};
 
 /// Default wire format of the mock (both endpoints are always served).
@@ -293,6 +328,17 @@ impl MockHandle {
     /// In-flight counters.
     pub fn stats(&self) -> Stats {
         self.shared.log.stats()
+    }
+
+    /// Same as `PUT /_mock/limits`: replaces the rate-limit config and
+    /// resets every window (an error for a `window_ms` of 0).
+    pub fn set_limits(&self, spec: LimitsSpec) -> Result<(), String> {
+        self.shared.set_limits(spec)
+    }
+
+    /// Same as `GET /_mock/limits`.
+    pub fn limits(&self) -> LimitsView {
+        self.shared.limits_view()
     }
 
     /// Stops accepting and drops every connection, then waits for the loop.

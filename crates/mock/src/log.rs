@@ -55,6 +55,57 @@ pub struct RequestRecord {
     /// (`labels`), so tests see which key was used (never the key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_label: Option<String>,
+    /// Tokens charged to the key's rate-limit window (`PUT /_mock/limits`):
+    /// input plus `max_tokens`; 0 when the key is unlimited or was refused.
+    #[serde(default)]
+    pub rate_tokens: u32,
+    /// Answered 429 by the key's rate-limit window.
+    #[serde(default)]
+    pub rate_limited: bool,
+    /// The time-to-first-token wait sampled for this request (`ttft` of
+    /// `PUT /_mock/config`), in ms.
+    #[serde(default)]
+    pub ttft_ms: Option<f64>,
+    /// Milliseconds since the mock started when the first content token
+    /// was handed to the connection (`null` if none was).
+    #[serde(default)]
+    pub first_token_ms: Option<f64>,
+    /// Milliseconds since the mock started when it noticed the client had
+    /// gone away (set with `client_hung_up`).
+    #[serde(default)]
+    pub hung_up_ms: Option<f64>,
+}
+
+impl Default for RequestRecord {
+    /// An empty record (for tests that build logs by hand).
+    fn default() -> Self {
+        RequestRecord {
+            seq: 0,
+            path: String::new(),
+            dialect: MockKind::Openai,
+            model: None,
+            stream: false,
+            max_tokens: None,
+            has_tools: false,
+            body: serde_json::Value::Null,
+            authorization_present: false,
+            headers: BTreeMap::new(),
+            arrived_ms: 0.0,
+            finished_ms: None,
+            status: None,
+            fault: None,
+            tokens_sent: 0,
+            completed: false,
+            client_hung_up: false,
+            over_capacity: false,
+            key_label: None,
+            rate_tokens: 0,
+            rate_limited: false,
+            ttft_ms: None,
+            first_token_ms: None,
+            hung_up_ms: None,
+        }
+    }
 }
 
 /// Concurrency counters, as served by `GET /_mock/stats`.
@@ -218,9 +269,27 @@ impl Attempt {
         self.log.update(self.seq, |r| r.status = Some(status));
     }
 
+    /// Logs the key's rate-limit charge and whether its window refused it.
+    pub(crate) fn set_rate(&self, tokens: u32, limited: bool) {
+        self.log.update(self.seq, |r| {
+            r.rate_tokens = tokens;
+            r.rate_limited = limited;
+        });
+    }
+
+    pub(crate) fn set_ttft(&self, ms: u64) {
+        self.log.update(self.seq, |r| r.ttft_ms = Some(ms as f64));
+    }
+
+    /// Counts `n` content tokens handed to the connection; the first
+    /// marks `first_token_ms`.
     pub(crate) fn add_tokens(&self, n: u32) {
         if n > 0 {
-            self.log.update(self.seq, |r| r.tokens_sent += n);
+            let now = self.log.now_ms();
+            self.log.update(self.seq, |r| {
+                r.tokens_sent += n;
+                r.first_token_ms.get_or_insert(now);
+            });
         }
     }
 
@@ -234,6 +303,9 @@ impl Attempt {
             r.finished_ms = Some(now);
             r.completed = ending == Ending::Completed;
             r.client_hung_up = ending == Ending::HungUp;
+            if r.client_hung_up {
+                r.hung_up_ms = Some(now);
+            }
         });
         if self.counted {
             let mut inner = self.log.lock();

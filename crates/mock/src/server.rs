@@ -30,8 +30,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::faults::{Fault, FaultSpec, FaultState, Preset};
+use super::limits::{self, Charge, HeaderStyle, Limits, LimitsSpec, LimitsView};
 use super::log::{Attempt, Log, RequestRecord};
 use super::script::{self, ConnCtl, Step};
+use super::ttft::{Ttft, TtftBucket};
 use super::wire::{self, Gen, Parsed};
 use super::MockKind;
 
@@ -57,13 +59,24 @@ pub struct MockConfig {
     pub max_concurrency: u32,
 }
 
-/// Partial update of [`MockConfig`].
+/// Partial update of [`MockConfig`] and the TTFT distribution.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ConfigPatch {
     tokens: Option<u32>,
     token_delay_ms: Option<u64>,
     max_concurrency: Option<u32>,
+    ttft: Option<Vec<TtftBucket>>,
+    ttft_seed: Option<u64>,
+}
+
+/// `GET|PUT /_mock/config`: [`MockConfig`] and the TTFT distribution.
+#[derive(Debug, Serialize)]
+struct ConfigView {
+    #[serde(flatten)]
+    config: MockConfig,
+    ttft: Vec<TtftBucket>,
+    ttft_seed: u64,
 }
 
 /// A request to the accept loop to stop listening for a while.
@@ -92,6 +105,10 @@ pub(crate) struct Shared {
     openai_cache: Mutex<super::openai_cache::AutoCache>,
     /// Anthropic: warm prompt prefixes (signed thinking needs no state).
     prompt_cache: Mutex<super::anthropic_cache::PromptCache>,
+    /// Per-key rate-limit windows (`PUT /_mock/limits`).
+    limits: Mutex<Limits>,
+    /// Time-to-first-token distribution (`ttft` of `PUT /_mock/config`).
+    ttft: Mutex<Ttft>,
 }
 
 /// A scripted tool call (`PUT /_mock/tools`), so an agent's tool loop can run
@@ -162,6 +179,8 @@ impl Shared {
             tools: Mutex::new(ToolScript::default()),
             openai_cache: Mutex::default(),
             prompt_cache: Mutex::default(),
+            limits: Mutex::default(),
+            ttft: Mutex::new(Ttft::new(seed)),
         };
         (Arc::new(shared), refuse_rx)
     }
@@ -177,6 +196,26 @@ impl Shared {
 
     pub(crate) fn current_fault(&self) -> FaultSpec {
         lock(&self.faults).current()
+    }
+
+    /// Replaces the rate-limit config and resets every window.
+    pub(crate) fn set_limits(&self, spec: LimitsSpec) -> Result<(), String> {
+        lock(&self.limits).set(spec, Instant::now())
+    }
+
+    /// Every limited key's window, by label.
+    pub(crate) fn limits_view(&self) -> LimitsView {
+        let labels = lock(&self.keys).labels.clone();
+        lock(&self.limits).view(&labels, Instant::now())
+    }
+
+    fn config_view(&self) -> ConfigView {
+        let ttft = lock(&self.ttft);
+        ConfigView {
+            config: self.config(),
+            ttft: ttft.buckets().to_vec(),
+            ttft_seed: ttft.seed(),
+        }
     }
 
     pub(crate) fn clear_refuse(&self, generation: u64) {
@@ -410,6 +449,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/_mock/stats", get(get_stats))
         .route("/_mock/config", get(get_config).put(put_config))
         .route("/_mock/keys", axum::routing::put(put_keys))
+        .route("/_mock/limits", get(get_limits).put(put_limits))
         .route("/_mock/tools", axum::routing::put(put_tools))
         .route("/_mock/health", get(|| async { "ok" }))
         .fallback(not_found)
@@ -479,22 +519,56 @@ async fn get_stats(State(s): State<Arc<Shared>>) -> Response {
     Json(s.log.stats()).into_response()
 }
 
-async fn get_config(State(s): State<Arc<Shared>>) -> Json<MockConfig> {
-    Json(s.config())
+async fn get_config(State(s): State<Arc<Shared>>) -> Json<ConfigView> {
+    Json(s.config_view())
 }
 
+/// Applies a [`ConfigPatch`]; a `ttft` or `ttft_seed` reseeds the TTFT sampler.
 async fn put_config(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
-    match serde_json::from_slice::<ConfigPatch>(&body) {
+    let patch = serde_json::from_slice::<ConfigPatch>(&body)
+        .map_err(|e| e.to_string())
+        .and_then(|p| match &p.ttft {
+            Some(b) => Ttft::validate(b).map(|()| p),
+            None => Ok(p),
+        });
+    match patch {
         Ok(p) => {
-            let mut c = lock(&s.config);
-            c.tokens = p.tokens.unwrap_or(c.tokens);
-            c.token_delay_ms = p.token_delay_ms.unwrap_or(c.token_delay_ms);
-            c.max_concurrency = p.max_concurrency.unwrap_or(c.max_concurrency);
-            Json(*c).into_response()
+            {
+                let mut c = lock(&s.config);
+                c.tokens = p.tokens.unwrap_or(c.tokens);
+                c.token_delay_ms = p.token_delay_ms.unwrap_or(c.token_delay_ms);
+                c.max_concurrency = p.max_concurrency.unwrap_or(c.max_concurrency);
+            }
+            if p.ttft.is_some() || p.ttft_seed.is_some() {
+                // Validated above: cannot fail.
+                let _ = lock(&s.ttft).set(p.ttft, p.ttft_seed);
+            }
+            Json(s.config_view()).into_response()
         }
         Err(e) => (
             StatusCode::BAD_REQUEST,
-            Json(serde_json::json!({"error": e.to_string()})),
+            Json(serde_json::json!({"error": e})),
+        )
+            .into_response(),
+    }
+}
+
+async fn get_limits(State(s): State<Arc<Shared>>) -> Json<LimitsView> {
+    Json(s.limits_view())
+}
+
+/// Replaces the rate-limit config (`{}` or an empty body clears it).
+async fn put_limits(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    let spec = if body.iter().all(u8::is_ascii_whitespace) {
+        Ok(LimitsSpec::default())
+    } else {
+        serde_json::from_slice::<LimitsSpec>(&body).map_err(|e| e.to_string())
+    };
+    match spec.and_then(|spec| s.set_limits(spec)) {
+        Ok(()) => Json(s.limits_view()).into_response(),
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": e})),
         )
             .into_response(),
     }
@@ -592,7 +666,7 @@ pub(super) fn new_record(
         completed: false,
         client_hung_up: false,
         over_capacity: false,
-        key_label: None,
+        ..RequestRecord::default()
     }
 }
 
@@ -673,6 +747,97 @@ pub(super) async fn completion_as(
         &parsed,
     );
     let attempt = s.log.begin(record, cfg.max_concurrency);
+    let key = request_key(&parts.headers);
+    if let Some(label) = key
+        .as_ref()
+        .and_then(|k| lock(&s.keys).labels.get(k).cloned())
+    {
+        attempt.set_key_label(label);
+    }
+    // Charged at arrival, before any fault (a refused or over-capacity
+    // request still counts, as real providers count it).
+    let charge_tokens =
+        u64::from(parsed.input_tokens) + u64::from(parsed.max_tokens.unwrap_or(cfg.tokens));
+    let charge = lock(&s.limits).charge(
+        key.as_deref().unwrap_or_default(),
+        charge_tokens,
+        Instant::now(),
+    );
+    let ctx = Answer {
+        dialect,
+        parsed,
+        body: body_json,
+        parsed_ok: json.is_some(),
+        conn,
+        key,
+        cfg,
+    };
+    let Some(charge) = charge else {
+        return answer(&s, ctx, attempt).await;
+    };
+    attempt.set_rate(
+        u32::try_from(charge.tokens).unwrap_or(u32::MAX),
+        charge.refused.is_some(),
+    );
+    let style = match dialect {
+        MockKind::Openai => HeaderStyle::OpenAi,
+        MockKind::Anthropic if parts.uri.path() == "/v1/messages" => HeaderStyle::Anthropic,
+        _ => HeaderStyle::None,
+    };
+    let mut resp = match charge.refused {
+        Some(refusal) => {
+            let gen = Gen::new(dialect, ctx.parsed, attempt.seq(), cfg.tokens, unix_now());
+            let (status, body) = limits::refusal_body(
+                dialect,
+                &refusal,
+                charge.reset_in,
+                gen.model_name(),
+                &gen.request_id(),
+            );
+            let mut resp = error_response(&gen, attempt, status, body, &BTreeMap::new(), None);
+            resp.extensions_mut().insert(limits::WindowRefused);
+            resp
+        }
+        None => answer(&s, ctx, attempt).await,
+    };
+    add_rate_headers(&mut resp, style, &charge);
+    resp
+}
+
+/// What [`answer`] needs of a request the mock read.
+struct Answer {
+    dialect: MockKind,
+    parsed: Parsed,
+    /// The JSON body (`null` if it did not parse).
+    body: serde_json::Value,
+    /// The body parsed as JSON.
+    parsed_ok: bool,
+    conn: Option<Arc<ConnCtl>>,
+    key: Option<String>,
+    cfg: MockConfig,
+}
+
+/// Adds a limited key's rate-limit headers (after its charge) to `resp`.
+fn add_rate_headers(resp: &mut Response, style: HeaderStyle, charge: &Charge) {
+    for (k, v) in limits::headers(style, charge, SystemTime::now()) {
+        if let (Ok(k), Ok(v)) = (HeaderName::try_from(k), HeaderValue::from_str(&v)) {
+            resp.headers_mut().insert(k, v);
+        }
+    }
+}
+
+/// Serves a request its rate-limit window let through: key rules,
+/// capacity, the fault, then the answer.
+async fn answer(s: &Arc<Shared>, ctx: Answer, attempt: Attempt) -> Response {
+    let Answer {
+        dialect,
+        parsed,
+        body: body_json,
+        parsed_ok,
+        conn,
+        key,
+        cfg,
+    } = ctx;
     let fault = lock(&s.faults).pick().unwrap_or(Fault::None);
     let mut gen = match fault {
         Fault::Flood {
@@ -686,13 +851,9 @@ pub(super) async fn completion_as(
         _ => Gen::new(dialect, parsed, attempt.seq(), cfg.tokens, unix_now()),
     };
 
-    let key = request_key(&parts.headers);
     let rule = {
         let rules = lock(&s.keys);
         let has = |list: &[String]| key.as_ref().is_some_and(|k| list.contains(k));
-        if let Some(label) = key.as_ref().and_then(|k| rules.labels.get(k)) {
-            attempt.set_key_label(label.clone());
-        }
         if has(&rules.refused) {
             Some(Preset::Auth)
         } else if has(&rules.rate_limited) {
@@ -720,7 +881,7 @@ pub(super) async fn completion_as(
         let (status, body) = wire::over_capacity(dialect, &gen.request_id());
         return error_response(&gen, attempt, status, body, &BTreeMap::new(), None);
     }
-    if json.is_none() {
+    if !parsed_ok {
         let (status, body) = wire::bad_json(dialect, &gen.request_id());
         return error_response(&gen, attempt, status, body, &BTreeMap::new(), None);
     }
@@ -744,7 +905,7 @@ pub(super) async fn completion_as(
         attempt.set_fault(Some(fault.name()));
     }
     if dialect == MockKind::Openai && answers(&fault, gen.req.stream) {
-        gen.req.cached_tokens = openai_cached_tokens(&s, &body_json, &gen.req);
+        gen.req.cached_tokens = openai_cached_tokens(s, &body_json, &gen.req);
     }
     let delay = Duration::from_millis(cfg.token_delay_ms);
     match &fault {
@@ -775,13 +936,21 @@ pub(super) async fn completion_as(
                 wire::preset_error(dialect, preset, gen.model_name(), &gen.request_id());
             error_response(&gen, attempt, code, body, &BTreeMap::new(), None)
         }
-        _ if gen.req.stream => {
-            let steps = script::stream_steps(&gen, &fault, delay);
-            respond(&gen, attempt, 200, steps, conn, true)
-        }
         _ => {
-            let steps = script::json_steps(&gen, &fault);
-            respond(&gen, attempt, 200, steps, conn, false)
+            let mut steps = if gen.req.stream {
+                script::stream_steps(&gen, &fault, delay)
+            } else {
+                script::json_steps(&gen, &fault)
+            };
+            // A slow first token: after the head, before the first byte of the body.
+            if let Some(ms) = lock(&s.ttft).sample() {
+                attempt.set_ttft(ms);
+                if ms > 0 {
+                    steps.insert(0, Step::Sleep(Duration::from_millis(ms)));
+                }
+            }
+            let sse = gen.req.stream;
+            respond(&gen, attempt, 200, steps, conn, sse)
         }
     }
 }

@@ -604,7 +604,8 @@ async fn control_endpoints() {
         .unwrap();
     assert_eq!(
         cfg,
-        json!({"tokens": 3, "token_delay_ms": 0, "max_concurrency": 0})
+        json!({"tokens": 3, "token_delay_ms": 0, "max_concurrency": 0,
+               "ttft": [], "ttft_seed": 0})
     );
     let v: Value = post(&h, "/chat/completions", &oa_body(false))
         .await
@@ -789,4 +790,665 @@ async fn a_scripted_tool_call_names_its_tool_and_ends_after_the_result() {
         .unwrap();
     assert_eq!(last["choices"][0]["message"]["content"], text_of(3));
     assert_eq!(last["choices"][0]["finish_reason"], "stop");
+}
+
+// ---- Rate-limit windows -----------------------------------------------------
+
+/// POSTs `body` to `path` (under `/v1`) with `key` in `header`.
+async fn post_key(
+    h: &MockHandle,
+    path: &str,
+    header: &str,
+    key: &str,
+    body: &Value,
+) -> reqwest::Response {
+    let value = if header == "authorization" {
+        format!("Bearer {key}")
+    } else {
+        key.to_string()
+    };
+    client()
+        .post(format!("http://{}{path}", h.addr()))
+        .header(header, value)
+        .json(body)
+        .send()
+        .await
+        .expect("send")
+}
+
+async fn put_limits(h: &MockHandle, spec: Value) -> Value {
+    let r = client()
+        .put(format!("http://{}/_mock/limits", h.addr()))
+        .json(&spec)
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(r.status(), 200, "limits rejected: {spec}");
+    r.json().await.expect("json")
+}
+
+async fn get_limits(h: &MockHandle) -> Value {
+    client()
+        .get(format!("http://{}/_mock/limits", h.addr()))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json")
+}
+
+fn header(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().expect("ascii").to_string())
+}
+
+fn header_u64(r: &reqwest::Response, name: &str) -> u64 {
+    header(r, name)
+        .unwrap_or_else(|| panic!("missing {name}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is not a number"))
+}
+
+/// Parses a duration as OpenAI writes it (Go's format): `120ms`, `1s`,
+/// `59.874s`, `6m0s`, `1h2m3s`.
+fn parse_openai_duration(s: &str) -> Duration {
+    if let Some(ms) = s.strip_suffix("ms") {
+        return Duration::from_millis(ms.parse().expect("ms"));
+    }
+    let (mut secs, mut num) = (0.0, String::new());
+    for c in s.chars() {
+        let unit = match c {
+            'h' => 3600.0,
+            'm' => 60.0,
+            's' => 1.0,
+            _ => {
+                num.push(c);
+                continue;
+            }
+        };
+        secs += num.parse::<f64>().expect("number") * unit;
+        num.clear();
+    }
+    assert!(num.is_empty() && s.ends_with('s'), "bad duration {s}");
+    Duration::from_secs_f64(secs)
+}
+
+fn parse_rfc3339(s: &str) -> std::time::SystemTime {
+    assert!(s.ends_with('Z'), "not UTC: {s}");
+    humantime_serde::re::humantime::parse_rfc3339(s).expect("rfc 3339")
+}
+
+fn oa_capped(max_tokens: u32, stream: bool) -> Value {
+    let mut b = oa_body(stream);
+    b["max_tokens"] = json!(max_tokens);
+    b
+}
+
+#[test]
+fn openai_durations_are_written_as_openai_writes_them() {
+    use crate::limits::openai_duration;
+    let ms = Duration::from_millis;
+    assert_eq!(openai_duration(ms(1000)), "1s");
+    assert_eq!(openai_duration(ms(360_000)), "6m0s");
+    assert_eq!(openai_duration(ms(59_874)), "59.874s");
+    assert_eq!(openai_duration(ms(1_200)), "1.2s");
+    assert_eq!(openai_duration(ms(120)), "120ms");
+    assert_eq!(openai_duration(ms(3_723_000)), "1h2m3s");
+    assert_eq!(openai_duration(Duration::ZERO), "0s");
+    for d in [
+        1, 999, 1000, 1001, 59_999, 60_000, 61_500, 3_600_000, 7_384_250,
+    ] {
+        assert_eq!(parse_openai_duration(&openai_duration(ms(d))), ms(d));
+    }
+    let t = std::time::UNIX_EPOCH + Duration::from_secs(1_796_229_000);
+    assert_eq!(
+        crate::limits::rfc3339_after(t, ms(1)),
+        "2026-12-02T16:30:01Z"
+    );
+}
+
+#[tokio::test]
+async fn openai_window_counts_requests_and_tokens_and_refuses_with_headers() {
+    let h = mock(4).await;
+    let view = put_limits(
+        &h,
+        json!({"window_ms": 60000, "keys": {"sk-alpha-1": {"rpm": 5, "tpm": 1000}}}),
+    )
+    .await;
+    assert_eq!(view["window_ms"], 60000);
+    let key = "sk-alpha-1";
+    let auth = "authorization";
+
+    // An unlimited key sees no rate-limit headers.
+    let r = post_key(
+        &h,
+        "/v1/chat/completions",
+        auth,
+        "sk-other",
+        &oa_body(false),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert!(r
+        .headers()
+        .keys()
+        .all(|k| !k.as_str().starts_with("x-ratelimit")));
+
+    // Each request is charged its prompt plus max_tokens.
+    let r = post_key(
+        &h,
+        "/v1/chat/completions",
+        auth,
+        key,
+        &oa_capped(300, false),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let heads = r.headers().clone();
+    let usage: Value = r.json().await.unwrap();
+    let input = usage["usage"]["prompt_tokens"].as_u64().unwrap();
+    let charge = input + 300;
+    let num = |n: &str| heads[n].to_str().unwrap().parse::<u64>().unwrap();
+    assert_eq!(num("x-ratelimit-limit-requests"), 5);
+    assert_eq!(num("x-ratelimit-limit-tokens"), 1000);
+    assert_eq!(num("x-ratelimit-remaining-requests"), 4);
+    assert_eq!(num("x-ratelimit-remaining-tokens"), 1000 - charge);
+    for name in ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"] {
+        let reset = parse_openai_duration(heads[name].to_str().unwrap());
+        assert!(
+            reset <= Duration::from_secs(60) && reset > Duration::ZERO,
+            "{reset:?}"
+        );
+    }
+    assert!(!heads.contains_key("retry-after"));
+
+    // Streamed answers carry them too; a fault's refusal is still charged.
+    let r = post_key(&h, "/v1/chat/completions", auth, key, &oa_capped(300, true)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        header_u64(&r, "x-ratelimit-remaining-tokens"),
+        1000 - 2 * charge
+    );
+    assert!(r.text().await.unwrap().ends_with("data: [DONE]\n\n"));
+    put_fault(&h, json!({"type": "status", "status": 503, "times": 1})).await;
+    let r = post_key(
+        &h,
+        "/v1/chat/completions",
+        auth,
+        key,
+        &oa_capped(300, false),
+    )
+    .await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 2);
+    assert_eq!(
+        header_u64(&r, "x-ratelimit-remaining-tokens"),
+        1000 - 3 * charge
+    );
+
+    // Past the token budget: refused, not charged.
+    let r = post_key(&h, "/v1/chat/completions", auth, key, &oa_capped(300, true)).await;
+    assert_eq!(r.status(), 429);
+    let retry = header_u64(&r, "retry-after");
+    assert!((1..=60).contains(&retry), "retry-after {retry}");
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 2);
+    assert_eq!(
+        header_u64(&r, "x-ratelimit-remaining-tokens"),
+        1000 - 3 * charge
+    );
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "tokens");
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    assert!(v["error"]["param"].is_null());
+    let msg = v["error"]["message"].as_str().unwrap();
+    let want = format!(
+        "Rate limit reached for gpt-test in organization org-mock on tokens per min (TPM): Limit 1000, Used {}, Requested {charge}. Please try again in ",
+        3 * charge
+    );
+    assert!(msg.starts_with(&want), "{msg}");
+    let wait = msg[want.len()..].strip_suffix('.').unwrap();
+    assert!(parse_openai_duration(wait) <= Duration::from_secs(60));
+
+    // A smaller request still fits; then the request budget runs out.
+    let small = input + 10;
+    assert!(3 * charge + small <= 1000);
+    let r = post_key(&h, "/v1/chat/completions", auth, key, &oa_capped(10, false)).await;
+    assert_eq!(r.status(), 200);
+    let r = post_key(&h, "/v1/chat/completions", auth, key, &oa_capped(1, false)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 0);
+    let r = post_key(&h, "/v1/chat/completions", auth, key, &oa_capped(1, false)).await;
+    assert_eq!(r.status(), 429);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "requests");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("on requests per min (RPM): Limit 5, Used 5, Requested 1."));
+
+    settle().await;
+    let log: Vec<RequestRecord> = h.requests().into_iter().skip(1).collect();
+    let rates: Vec<(u32, bool)> = log
+        .iter()
+        .map(|r| (r.rate_tokens, r.rate_limited))
+        .collect();
+    let c = charge as u32;
+    let (s1, s2) = (small as u32, input as u32 + 1);
+    assert_eq!(
+        rates,
+        [
+            (c, false),
+            (c, false),
+            (c, false),
+            (0, true),
+            (s1, false),
+            (s2, false),
+            (0, true)
+        ]
+    );
+    assert_eq!(h.requests()[0].rate_tokens, 0);
+    let view = get_limits(&h).await;
+    let k = &view["keys"]["sk-alp…"];
+    assert_eq!(k["rpm"], 5);
+    assert_eq!(k["tpm"], 1000);
+    assert_eq!(k["used_requests"], 5);
+    assert_eq!(k["used_tokens"], 3 * charge + small + input + 1);
+    assert_eq!(k["peak_requests"], 5);
+    assert_eq!(k["peak_tokens"], 3 * charge + small + input + 1);
+    assert_eq!(k["limited"], 2);
+    let left = k["window_remaining_ms"].as_u64().unwrap();
+    assert!(left > 0 && left <= 60_000);
+    assert!(!view.to_string().contains(key) && !view.to_string().contains("sk-other"));
+
+    // A PUT resets the counters; `{}` clears the limits.
+    let view = put_limits(&h, json!({"keys": {"sk-alpha-1": {"rpm": 5}}})).await;
+    assert_eq!(view["window_ms"], 60000);
+    assert_eq!(view["keys"]["sk-alp…"]["used_requests"], 0);
+    assert_eq!(view["keys"]["sk-alp…"]["limited"], 0);
+    assert!(view["keys"]["sk-alp…"]["tpm"].is_null());
+    let r = post_key(&h, "/v1/chat/completions", auth, key, &oa_body(false)).await;
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 4);
+    assert!(header(&r, "x-ratelimit-limit-tokens").is_none());
+    assert_eq!(put_limits(&h, json!({})).await["keys"], json!({}));
+    let r = post_key(&h, "/v1/chat/completions", auth, key, &oa_body(false)).await;
+    assert!(header(&r, "x-ratelimit-limit-requests").is_none());
+    let bad = client()
+        .put(format!("http://{}/_mock/limits", h.addr()))
+        .json(&json!({"window_ms": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+}
+
+#[tokio::test]
+async fn anthropic_window_sends_its_headers_and_rfc3339_resets() {
+    let h = mock(3).await;
+    put_limits(&h, json!({"default": {"rpm": 2, "tpm": 100000}})).await;
+    let key = "sk-ant-key";
+    let before = std::time::SystemTime::now();
+    let r = post_key(&h, "/v1/messages", "x-api-key", key, &an_body(true)).await;
+    assert_eq!(r.status(), 200);
+    let charged = 100000 - header_u64(&r, "anthropic-ratelimit-tokens-remaining");
+    for name in ["requests", "tokens", "input-tokens", "output-tokens"] {
+        let limit = header_u64(&r, &format!("anthropic-ratelimit-{name}-limit"));
+        let remaining = header_u64(&r, &format!("anthropic-ratelimit-{name}-remaining"));
+        let reset =
+            parse_rfc3339(&header(&r, &format!("anthropic-ratelimit-{name}-reset")).unwrap());
+        assert!(
+            reset >= before + Duration::from_secs(59),
+            "{name} reset too early"
+        );
+        assert!(reset <= std::time::SystemTime::now() + Duration::from_secs(61));
+        if name == "requests" {
+            assert_eq!((limit, remaining), (2, 1));
+        } else {
+            assert_eq!((limit, remaining), (100000, 100000 - charged));
+        }
+    }
+    assert!(r
+        .headers()
+        .keys()
+        .all(|k| !k.as_str().starts_with("x-ratelimit")));
+    assert!(r.text().await.unwrap().contains("message_stop"));
+    settle().await;
+    let input = h.requests()[0].body["max_tokens"].as_u64().unwrap();
+    assert!(
+        charged > input,
+        "the prompt is charged as well as max_tokens"
+    );
+
+    let r = post_key(&h, "/v1/messages", "x-api-key", key, &an_body(false)).await;
+    assert_eq!(r.status(), 200);
+    let r = post_key(&h, "/v1/messages", "x-api-key", key, &an_body(false)).await;
+    assert_eq!(r.status(), 429);
+    assert!(header_u64(&r, "retry-after") >= 1);
+    assert_eq!(header_u64(&r, "anthropic-ratelimit-requests-remaining"), 0);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("of 2 requests per minute"));
+
+    // Gemini: RESOURCE_EXHAUSTED with retry-after, no rate-limit headers.
+    put_limits(&h, json!({"keys": {"gm-key": {"rpm": 0}}})).await;
+    let body = json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]});
+    let r = post_key(
+        &h,
+        "/v1beta/models/gemini-test:generateContent",
+        "x-goog-api-key",
+        "gm-key",
+        &body,
+    )
+    .await;
+    assert_eq!(r.status(), 429);
+    assert!(header_u64(&r, "retry-after") >= 1);
+    assert!(r
+        .headers()
+        .keys()
+        .all(|k| !k.as_str().contains("ratelimit")));
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["status"], "RESOURCE_EXHAUSTED");
+    settle().await;
+    let last = h.requests().pop().unwrap();
+    assert!(last.rate_limited && last.rate_tokens == 0);
+}
+
+#[tokio::test]
+async fn a_window_ends_after_window_ms_and_the_next_request_opens_one() {
+    let h = mock(2).await;
+    put_limits(&h, json!({"window_ms": 300, "default": {"rpm": 1}})).await;
+    let key = "sk-short";
+    let t1 = std::time::Instant::now();
+    let r = post_key(
+        &h,
+        "/v1/chat/completions",
+        "authorization",
+        key,
+        &oa_body(false),
+    )
+    .await;
+    let r1_done = std::time::Instant::now();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 0);
+    let reset = parse_openai_duration(&header(&r, "x-ratelimit-reset-requests").unwrap());
+    assert!(reset <= Duration::from_millis(300));
+    let r = post_key(
+        &h,
+        "/v1/chat/completions",
+        "authorization",
+        key,
+        &oa_body(false),
+    )
+    .await;
+    let r2_done = std::time::Instant::now();
+    // Only a second request that surely arrived inside the window must be refused.
+    if r2_done.duration_since(t1) < Duration::from_millis(300) {
+        assert_eq!(r.status(), 429);
+    }
+    // Both windows (the first, and one the second may have opened) are over.
+    tokio::time::sleep_until((r1_done.max(r2_done) + Duration::from_millis(320)).into()).await;
+    let view = get_limits(&h).await;
+    assert_eq!(view["keys"]["sk-sho…"]["used_requests"], 0);
+    assert_eq!(view["keys"]["sk-sho…"]["window_remaining_ms"], 0);
+    let r = post_key(
+        &h,
+        "/v1/chat/completions",
+        "authorization",
+        key,
+        &oa_body(false),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-requests"), 0);
+    let view = get_limits(&h).await;
+    let k = &view["keys"]["sk-sho…"];
+    assert!(k["used_requests"].as_u64().unwrap() <= 1);
+    assert_eq!(k["peak_requests"], 1);
+    assert!(k["window_remaining_ms"].as_u64().unwrap() <= 300);
+}
+
+#[tokio::test]
+async fn peaks_keep_the_fullest_window_and_refusals_do_not_count() {
+    let h = mock(2).await;
+    // A pre-loaded window, then a lighter one: the peak stays.
+    put_limits(
+        &h,
+        json!({"window_ms": 300, "keys": {"sk-peak": {"tpm": 100000,
+               "used_requests": 4, "used_tokens": 900}}}),
+    )
+    .await;
+    let put_done = std::time::Instant::now();
+    let k = &get_limits(&h).await["keys"]["sk-pea…"];
+    assert_eq!(
+        (k["peak_requests"].as_u64(), k["peak_tokens"].as_u64()),
+        (Some(4), Some(900))
+    );
+    tokio::time::sleep_until((put_done + Duration::from_millis(320)).into()).await;
+    let r = post_key(
+        &h,
+        "/v1/chat/completions",
+        "authorization",
+        "sk-peak",
+        &oa_capped(100, false),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    // A new window: the pre-loaded 900 tokens are gone.
+    let charged = 100000 - header_u64(&r, "x-ratelimit-remaining-tokens");
+    assert!(charged > 100 && charged < 900, "{charged}");
+    let k = &get_limits(&h).await["keys"]["sk-pea…"];
+    assert!(k["used_requests"].as_u64().unwrap() <= 1);
+    assert_eq!(
+        (k["peak_requests"].as_u64(), k["peak_tokens"].as_u64()),
+        (Some(4), Some(900))
+    );
+
+    // One long window: the peak follows it; a refused request adds nothing.
+    put_limits(&h, json!({"keys": {"sk-peak": {"tpm": 2000}}})).await;
+    let mut used = 0;
+    for _ in 0..3 {
+        let r = post_key(
+            &h,
+            "/v1/chat/completions",
+            "authorization",
+            "sk-peak",
+            &oa_capped(100, false),
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+        used = 2000 - header_u64(&r, "x-ratelimit-remaining-tokens");
+    }
+    let r = post_key(
+        &h,
+        "/v1/chat/completions",
+        "authorization",
+        "sk-peak",
+        &oa_capped(5000, false),
+    )
+    .await;
+    assert_eq!(r.status(), 429);
+    let k = &get_limits(&h).await["keys"]["sk-pea…"];
+    assert_eq!(k["used_requests"], 3);
+    assert_eq!(k["peak_requests"], 3);
+    assert_eq!(k["used_tokens"].as_u64(), Some(used));
+    assert_eq!(k["peak_tokens"].as_u64(), Some(used));
+    assert_eq!(k["limited"], 1);
+}
+
+#[tokio::test]
+async fn preloaded_usage_starts_the_first_window_full() {
+    let h = mock(2).await;
+    client()
+        .put(format!("http://{}/_mock/keys", h.addr()))
+        .json(&json!({"labels": {"sk-pre-a": "primary"}}))
+        .send()
+        .await
+        .unwrap();
+    let view = put_limits(
+        &h,
+        json!({"keys": {"sk-pre-a": {"tpm": 1000, "used_tokens": 1000},
+                        "sk-pre-b": {"rpm": 2, "used_requests": 2}}}),
+    )
+    .await;
+    assert_eq!(view["keys"]["primary"]["used_tokens"], 1000);
+    assert_eq!(view["keys"]["sk-pre…"]["used_requests"], 2);
+    assert!(
+        view["keys"]["primary"]["window_remaining_ms"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+
+    let r = post_key(
+        &h,
+        "/v1/chat/completions",
+        "authorization",
+        "sk-pre-a",
+        &oa_body(false),
+    )
+    .await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining-tokens"), 0);
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("Limit 1000, Used 1000,"));
+
+    let r = post_key(&h, "/v1/messages", "x-api-key", "sk-pre-b", &an_body(false)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header_u64(&r, "anthropic-ratelimit-requests-remaining"), 0);
+    assert!(header(&r, "anthropic-ratelimit-tokens-limit").is_none());
+    let view = get_limits(&h).await;
+    assert_eq!(view["keys"]["primary"]["limited"], 1);
+    assert_eq!(view["keys"]["sk-pre…"]["limited"], 1);
+    settle().await;
+    let log = h.requests();
+    assert_eq!(log[0].key_label.as_deref(), Some("primary"));
+    assert!(log.iter().all(|r| r.rate_limited && r.rate_tokens == 0));
+}
+
+// ---- Time to first token ----------------------------------------------------
+
+#[test]
+fn ttft_sampler_follows_its_weights_and_seed() {
+    use crate::ttft::Ttft;
+    let buckets = |p: [f64; 2]| {
+        Some(vec![
+            TtftBucket { p: p[0], ms: 20 },
+            TtftBucket { p: p[1], ms: 4000 },
+        ])
+    };
+    let draw = |t: &mut Ttft| -> Vec<u64> { (0..200).map(|_| t.sample().unwrap()).collect() };
+    let mut t = Ttft::new(0);
+    assert_eq!(t.sample(), None);
+    t.set(buckets([0.95, 0.05]), Some(7)).unwrap();
+    let a = draw(&mut t);
+    let slow = a.iter().filter(|ms| **ms == 4000).count();
+    assert!((2..=25).contains(&slow), "{slow} slow of 200");
+    assert!(a.iter().all(|ms| *ms == 20 || *ms == 4000));
+    // Reseeded on every set; weights are normalised.
+    t.set(buckets([19.0, 1.0]), Some(7)).unwrap();
+    assert_eq!(draw(&mut t), a);
+    t.set(None, None).unwrap();
+    assert_eq!(draw(&mut t), a);
+    t.set(None, Some(8)).unwrap();
+    assert_ne!(draw(&mut t), a);
+    t.set(buckets([0.0, 1.0]), None).unwrap();
+    assert!(draw(&mut t).iter().all(|ms| *ms == 4000));
+    assert!(t.set(buckets([-1.0, 1.0]), None).is_err());
+    assert!(t.set(buckets([0.0, 0.0]), None).is_err());
+    t.set(Some(vec![]), None).unwrap();
+    assert_eq!(t.sample(), None);
+}
+
+async fn put_config(h: &MockHandle, cfg: Value) -> reqwest::Response {
+    client()
+        .put(format!("http://{}/_mock/config", h.addr()))
+        .json(&cfg)
+        .send()
+        .await
+        .expect("put")
+}
+
+#[tokio::test]
+async fn ttft_waits_before_the_first_token_and_is_logged() {
+    let h = mock(3).await;
+    let r = put_config(&h, json!({"ttft": [{"p": 1, "ms": 300}], "ttft_seed": 5})).await;
+    assert_eq!(r.status(), 200);
+    let cfg: Value = r.json().await.unwrap();
+    assert_eq!(cfg["ttft"], json!([{"p": 1.0, "ms": 300}]));
+    assert_eq!(cfg["ttft_seed"], 5);
+    let bad = put_config(&h, json!({"ttft": [{"p": -1, "ms": 3}]})).await;
+    assert_eq!(bad.status(), 400);
+
+    for stream in [true, false] {
+        let t0 = std::time::Instant::now();
+        let r = post(&h, "/chat/completions", &oa_body(stream)).await;
+        assert_eq!(r.status(), 200);
+        let text = r.text().await.unwrap();
+        assert!(t0.elapsed() >= Duration::from_millis(300));
+        assert!(text.contains("tok2 "));
+    }
+    settle().await;
+    for rec in h.requests() {
+        assert_eq!(rec.ttft_ms, Some(300.0));
+        let first = rec.first_token_ms.expect("first token");
+        assert!(first - rec.arrived_ms >= 300.0, "{rec:?}");
+        assert!(rec.completed && rec.hung_up_ms.is_none());
+    }
+    // `[]` clears: no wait, no ttft_ms, a first token all the same.
+    put_config(&h, json!({"ttft": []})).await;
+    h.clear_requests();
+    post(&h, "/chat/completions", &oa_body(true))
+        .await
+        .text()
+        .await
+        .unwrap();
+    settle().await;
+    let rec = &h.requests()[0];
+    assert_eq!(rec.ttft_ms, None);
+    assert!(rec.first_token_ms.is_some());
+}
+
+#[tokio::test]
+async fn a_hang_up_during_the_ttft_wait_is_noticed_at_once() {
+    let h = mock(3).await;
+    put_config(&h, json!({"ttft": [{"p": 1, "ms": 10000}]})).await;
+    for stream in [true, false] {
+        h.clear_requests();
+        let sent = std::time::Instant::now();
+        let r = post(&h, "/chat/completions", &oa_body(stream)).await;
+        assert_eq!(r.status(), 200, "the head comes before the wait");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let dropped = std::time::Instant::now();
+        drop(r);
+        let rec = loop {
+            let rec = h.requests().pop().unwrap();
+            if rec.client_hung_up || sent.elapsed() > Duration::from_secs(5) {
+                break rec;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert!(rec.client_hung_up && !rec.completed, "{rec:?}");
+        assert_eq!(rec.ttft_ms, Some(10000.0));
+        assert_eq!(rec.first_token_ms, None);
+        assert_eq!(rec.tokens_sent, 0);
+        let hung_up = rec.hung_up_ms.expect("hung_up_ms");
+        assert_eq!(rec.finished_ms, Some(hung_up));
+        // It arrived after `sent`: noticed within 100 ms of the drop.
+        let bound = dropped.duration_since(sent).as_secs_f64() * 1000.0 + 100.0;
+        assert!(
+            hung_up - rec.arrived_ms <= bound,
+            "{hung_up} - {} > {bound}",
+            rec.arrived_ms
+        );
+        assert_eq!(h.stats().in_flight, 0);
+    }
 }

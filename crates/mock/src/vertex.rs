@@ -15,6 +15,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+use super::limits::WindowRefused;
 use super::server::{completion_as, Shared};
 use super::MockKind;
 
@@ -118,7 +119,12 @@ pub(super) async fn stream_raw_predict(
     if status.is_success() {
         return answer;
     }
-    // Errors come back in Google's shape, as Vertex sends them.
+    // Errors come back in Google's shape, as Vertex sends them (with a
+    // rate-limit window's `retry-after`).
+    let retry_after = answer
+        .extensions()
+        .get::<WindowRefused>()
+        .and_then(|_| answer.headers().get("retry-after").cloned());
     let body = axum::body::to_bytes(answer.into_body(), 1 << 20)
         .await
         .unwrap_or_default();
@@ -133,5 +139,9 @@ pub(super) async fn stream_raw_predict(
         503 | 529 => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
         _ => (status, "INTERNAL"),
     };
-    google_error(code, name, message)
+    let mut r = google_error(code, name, message);
+    if let Some(v) = retry_after {
+        r.headers_mut().insert("retry-after", v);
+    }
+    r
 }
