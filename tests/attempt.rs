@@ -93,6 +93,7 @@ async fn attempt_for(
             deadline: Instant::now() + within,
             attempt: 1,
             key: None,
+            admit: None,
         },
         &mut sink,
     )

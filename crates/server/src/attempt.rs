@@ -14,11 +14,11 @@ use tokio::time::{timeout_at, Instant};
 
 use crate::chat::FinishReason;
 use crate::policy::outcome::{Failure, OutcomeClass};
+use crate::policy::rate_window::Reported;
 use crate::sink::{ClientGone, EventSink};
 use crate::upstream::endpoint::{Endpoint, Secret};
 use crate::upstream::keys::Lease;
 use crate::upstream::wire::{Body, Call, Refused, Wire};
-use crate::policy::rate_window::Reported;
 use crate::upstream::{classify, ratelimit, ChatRequest, Completion, Dropped};
 
 /// Largest error body read from an upstream (the rest is ignored).

@@ -1055,6 +1055,7 @@ mod tests {
             client_hung_up: false,
             over_capacity: false,
             key_label: None,
+            ..Default::default()
         };
         // 10 rps, 1 s phases: r5 is phase 0, r12 phase 1, r25 and r99 phase 2.
         let logs = vec![vec![

@@ -16,6 +16,8 @@ use std::time::Duration;
 pub const WINDOW_MS: u64 = 60_000;
 /// How long a refused interactive request makes batch work yield.
 pub const PRESSURE_MS: u64 = 5_000;
+/// Two reported resets this close name the same window.
+pub const SAME_WINDOW_MS: u64 = 1_000;
 
 /// What the provider said is left, and when that resets (absolute ms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -56,7 +58,9 @@ pub enum Priority {
     Interactive,
     /// Jobs, Batch API lines, routes marked `priority = "batch"`: they use
     /// at most `share` of a window while interactive requests wait.
-    Batch { share: f64 },
+    Batch {
+        share: f64,
+    },
 }
 
 /// A learned window and what was reserved against it since it was learned.
@@ -132,13 +136,22 @@ impl KeyWindow {
             let w = until.saturating_sub(now_ms).max(1);
             wait = Some(wait.map_or(w, |x| x.min(w)));
         };
-        if limits.rpm.is_some_and(|rpm| self.used_requests + 1 > cap(rpm)) {
+        if limits
+            .rpm
+            .is_some_and(|rpm| self.used_requests + 1 > cap(rpm))
+        {
             refuse(window_end);
         }
-        if limits.tpm.is_some_and(|tpm| self.used_tokens + tokens > cap(tpm)) {
+        if limits
+            .tpm
+            .is_some_and(|tpm| self.used_tokens + tokens > cap(tpm))
+        {
             refuse(window_end);
         }
-        if let Some(l) = self.learned_requests.filter(|l| l.used + 1 > cap(l.left.remaining)) {
+        if let Some(l) = self
+            .learned_requests
+            .filter(|l| l.used + 1 > cap(l.left.remaining))
+        {
             refuse(l.left.reset_at_ms);
         }
         if let Some(l) = self
@@ -177,15 +190,28 @@ impl KeyWindow {
         }
     }
 
-    /// The upstream reported what is left: it replaces what was learned
-    /// before (the reservations since are in its count or still in flight).
+    /// The upstream reported what is left. Within the same window (a
+    /// reset within a second of the known one) it can only lower what is
+    /// left: an answer may be older than requests admitted since (answers
+    /// come back out of order, and on several replicas); a new window
+    /// replaces the old.
     pub fn learn(&mut self, reported: Reported, now_ms: u64) {
         self.roll(now_ms);
+        let merge = |known: Option<Learned>, left: Left| match known {
+            Some(k) if k.left.reset_at_ms.abs_diff(left.reset_at_ms) < SAME_WINDOW_MS => Learned {
+                left: Left {
+                    remaining: left.remaining.min(k.left.remaining.saturating_sub(k.used)),
+                    reset_at_ms: left.reset_at_ms.max(k.left.reset_at_ms),
+                },
+                used: 0,
+            },
+            _ => Learned { left, used: 0 },
+        };
         if let Some(left) = reported.requests.filter(|l| l.reset_at_ms > now_ms) {
-            self.learned_requests = Some(Learned { left, used: 0 });
+            self.learned_requests = Some(merge(self.learned_requests, left));
         }
         if let Some(left) = reported.tokens.filter(|l| l.reset_at_ms > now_ms) {
-            self.learned_tokens = Some(Learned { left, used: 0 });
+            self.learned_tokens = Some(merge(self.learned_tokens, left));
         }
     }
 
@@ -338,6 +364,27 @@ mod tests {
             Err(Duration::from_millis(9_998)),
             "the reported request window is the one full"
         );
+    }
+
+    #[test]
+    fn an_older_answer_never_raises_what_is_left_in_the_same_window() {
+        let mut w = KeyWindow::default();
+        let none = Limits::default();
+        let tokens = |remaining, reset_at_ms| Reported {
+            requests: None,
+            tokens: Some(Left {
+                remaining,
+                reset_at_ms,
+            }),
+        };
+        w.learn(tokens(5_000, 10_000), 1);
+        w.reserve(none, 2_000, Priority::Interactive, 2).unwrap();
+        // An answer older than that reservation says 4,000 are left.
+        w.learn(tokens(4_000, 10_200), 3);
+        assert_eq!(w.room(none, 3).tokens, Some(3_000));
+        // A new window (reset a minute on) replaces it.
+        w.learn(tokens(9_000, 70_000), 11_000);
+        assert_eq!(w.room(none, 11_000).tokens, Some(9_000));
     }
 
     #[test]

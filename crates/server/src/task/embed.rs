@@ -127,7 +127,9 @@ impl Tasks {
         tried: &mut Tried,
         deadline: Instant,
     ) -> Result<Embedded, Outcome> {
-        let Turn { entry, permit, .. } = self.take_turn(c, &plan.route, tried, deadline, None).await?;
+        let Turn { entry, permit, .. } = self
+            .take_turn(c, &plan.route, tried, deadline, None)
+            .await?;
         let batch = Batch {
             model: &c.model,
             input: &spec.input,

@@ -72,7 +72,7 @@ struct Lanes<'f> {
 enum Step<'f> {
     Dropped(Vec<String>),
     Chunk(crate::chat::Chunk),
-    Ended(Turn<'f>, AttemptResult),
+    Ended(Box<(Turn<'f>, AttemptResult)>),
 }
 
 async fn step<'f>(side: &mut Option<Lanes<'f>>) -> Step<'f> {
@@ -86,11 +86,10 @@ async fn step<'f>(side: &mut Option<Lanes<'f>>) -> Step<'f> {
             Some(LaneItem::Chunk(c)) => Step::Chunk(c),
             // The lane closes when its attempt ends.
             None => {
-                let (turn, r) = (&mut s.fut).await;
-                Step::Ended(turn, r)
+                Step::Ended(Box::new((&mut s.fut).await))
             }
         },
-        (turn, r) = &mut s.fut => Step::Ended(turn, r),
+        ended = &mut s.fut => Step::Ended(Box::new(ended)),
     }
 }
 
@@ -169,7 +168,11 @@ impl Tasks {
                     continue;
                 }
             };
-            let (side, other) = if from_a { (&mut a, &mut b) } else { (&mut b, &mut a) };
+            let (side, other) = if from_a {
+                (&mut a, &mut b)
+            } else {
+                (&mut b, &mut a)
+            };
             match event {
                 Step::Dropped(d) => {
                     if let Some(s) = side.as_mut() {
@@ -184,9 +187,14 @@ impl Tasks {
                     }
                     tried.now_on(s.idx);
                     let end = self.stream_winner(call, sink, s, c).await;
-                    return Hedged { end, hedged, failed };
+                    return Hedged {
+                        end,
+                        hedged,
+                        failed,
+                    };
                 }
-                Step::Ended(turn, result) => {
+                Step::Ended(ended) => {
+                    let (turn, result) = *ended;
                     let Some(mut s) = side.take() else { continue };
                     let mut chunks = Vec::new();
                     while let Ok(item) = s.rx.try_recv() {
@@ -208,7 +216,11 @@ impl Tasks {
                         }
                         tried.now_on(done.idx);
                         let end = self.deliver(call, sink, done, s.dropped, chunks).await;
-                        return Hedged { end: Some(end), hedged, failed };
+                        return Hedged {
+                            end: Some(end),
+                            hedged,
+                            failed,
+                        };
                     }
                     if other.is_some() {
                         // The other attempt may still answer.
@@ -219,7 +231,11 @@ impl Tasks {
                         self.count_hedge(route, "cancelled");
                     }
                     tried.now_on(done.idx);
-                    return Hedged { end: Some(done), hedged, failed };
+                    return Hedged {
+                        end: Some(done),
+                        hedged,
+                        failed,
+                    };
                 }
             }
         }

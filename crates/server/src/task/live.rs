@@ -279,7 +279,8 @@ impl Tasks {
                     candidate: &call.plan.candidates[spare.idx],
                     ..*call
                 };
-                self.conclude_unanswered(&c, spare.turn, &spare.result).await;
+                self.conclude_unanswered(&c, spare.turn, &spare.result)
+                    .await;
             }
             let Some(done) = out.end else {
                 return Ok(Outcome::Completed);
@@ -291,7 +292,14 @@ impl Tasks {
             chat.model = c.candidate.model.clone();
             let won = out.hedged.then_some(done.attempt);
             return self
-                .conclude(&c, chat, done.turn, done.result, (tried, sink, bill), (carried, won))
+                .conclude(
+                    &c,
+                    chat,
+                    done.turn,
+                    done.result,
+                    (tried, sink, bill),
+                    (carried, won),
+                )
                 .await;
         }
         chat.service_tier = call
@@ -310,8 +318,15 @@ impl Tasks {
                 sink,
             )
             .await;
-        self.conclude(call, chat, turn, result, (tried, sink, bill), (carried, None))
-            .await
+        self.conclude(
+            call,
+            chat,
+            turn,
+            result,
+            (tried, sink, bill),
+            (carried, None),
+        )
+        .await
     }
 
     /// A hedged attempt that failed before any token while the other
@@ -322,8 +337,7 @@ impl Tasks {
         }
         self.series(call.candidate, &turn.entry)
             .count_attempt(&self.metrics, result.end.class().as_str());
-        turn.permit
-            .report(provider::Outcome::of(result, 0));
+        turn.permit.report(provider::Outcome::of(result, 0));
         self.record_attempt(call.candidate, &turn.entry, result);
     }
 

@@ -41,8 +41,8 @@ use crate::state::cache::ResponseCache;
 use crate::state::cost::CostLedger;
 use crate::state::idempotency::{Idempotency, KeyClaim};
 use crate::state::jobs::Jobs;
-use crate::state::limits::KeyLimits;
 use crate::state::journal::{Journal, ResumeToken};
+use crate::state::limits::KeyLimits;
 use crate::state::StateFaults;
 use crate::telemetry::metrics::{Metrics, ServedLabels, ShedLabels};
 

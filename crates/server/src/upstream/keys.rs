@@ -15,8 +15,8 @@ use tokio::time::Instant;
 
 use super::endpoint::Secret;
 use crate::policy::cooldown::CooldownConfig;
-use crate::policy::rate_window::Limits;
 use crate::policy::outcome::{Failure, OutcomeClass};
+use crate::policy::rate_window::Limits;
 
 /// One key of the pool.
 pub struct Key {
@@ -134,7 +134,10 @@ impl KeyPool {
     pub fn order(&self, now: Instant, prefer: Option<&str>) -> Vec<usize> {
         let mut rest: Vec<usize> = (0..self.keys.len())
             .filter(|i| {
-                let s = self.keys[*i].state.lock().unwrap_or_else(|e| e.into_inner());
+                let s = self.keys[*i]
+                    .state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
                 !s.disabled && s.cooling_until.is_none_or(|u| u <= now)
             })
             .collect();

@@ -32,8 +32,10 @@ pub fn reported(headers: &HeaderMap, now_ms: u64, now: SystemTime) -> Reported {
             .trim()
             .parse()
             .ok()?;
-        let reset = humantime::parse_rfc3339_weak(get(&format!("anthropic-ratelimit-{kind}-reset"))?.trim())
-            .ok()?;
+        let reset = humantime::parse_rfc3339_weak(
+            get(&format!("anthropic-ratelimit-{kind}-reset"))?.trim(),
+        )
+        .ok()?;
         // A reset already past (clock skew) still holds for a moment.
         let wait = reset
             .duration_since(now)

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
-use crate::policy::rate_window::{Hold, Limits, Priority, Reported, Room, PRESSURE_MS, WINDOW_MS};
+use crate::policy::rate_window::{
+    Hold, Limits, Priority, Reported, Room, PRESSURE_MS, SAME_WINDOW_MS, WINDOW_MS,
+};
 use crate::state::redis::{bad_reply, num, reply, Redis, LUA_NOW};
 use crate::state::StateError;
 
@@ -123,8 +125,20 @@ local now = now_ms()
 local window = tonumber(ARGV[7])
 local w = load(KEYS[1], now, window)
 local rq, rq_in, tk, tk_in = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-if rq >= 0 and rq_in > 0 then w.rq_rem = rq; w.rq_at = now + rq_in; w.rq_used = 0 end
-if tk >= 0 and tk_in > 0 then w.tk_rem = tk; w.tk_at = now + tk_in; w.tk_used = 0 end
+local same = tonumber(ARGV[8])
+-- Within the same window an answer only lowers what is left.
+local function merge(rem, at, used, new, new_at)
+  if at ~= 0 and math.abs(at - new_at) < same then
+    return math.min(new, math.max(rem - used, 0)), math.max(at, new_at)
+  end
+  return new, new_at
+end
+if rq >= 0 and rq_in > 0 then
+  w.rq_rem, w.rq_at = merge(w.rq_rem, w.rq_at, w.rq_used, rq, now + rq_in); w.rq_used = 0
+end
+if tk >= 0 and tk_in > 0 then
+  w.tk_rem, w.tk_at = merge(w.tk_rem, w.tk_at, w.tk_used, tk, now + tk_in); w.tk_used = 0
+end
 save(KEYS[1], w, now, window)
 local req, tok, reset = room(w, tonumber(ARGV[5]), tonumber(ARGV[6]), window)
 return {req, tok, reset, now}
@@ -237,6 +251,7 @@ impl Redis {
                     .arg(limits.rpm.unwrap_or(0))
                     .arg(limits.tpm.unwrap_or(0))
                     .arg(WINDOW_MS)
+                    .arg(SAME_WINDOW_MS)
                     .invoke_async(&mut c)
                     .await
             })
