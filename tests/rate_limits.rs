@@ -103,12 +103,7 @@ async fn two_replicas_on_redis_never_pass_a_keys_token_window() {
     let peak = view["keys"]["small"]["peak_tokens"].as_u64().unwrap();
     assert!(peak <= 10_000, "the mock's window peaked at {peak}: {view}");
     assert_eq!(view["keys"]["small"]["limited"], 0);
-    let metrics = reqwest::get(format!("http://{}/metrics", a.admin))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, metrics) = a.admin_get("/metrics").await;
     assert!(
         metrics.contains(
             "switchyard_key_window_remaining{provider=\"primary\",key=\"small\",kind=\"tokens\"}"
@@ -193,12 +188,7 @@ async fn a_request_that_fits_nowhere_waits_its_admission_wait_or_is_rate_limited
     let log = a.requests().await;
     assert_eq!(log.len(), 2);
     assert!(log.iter().all(|r| r["status"] == 200), "{log:#?}");
-    let metrics = reqwest::get(format!("http://{}/metrics", sy.admin))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, metrics) = sy.admin_get("/metrics").await;
     assert_eq!(
         metric_sum(
             &metrics,
@@ -267,12 +257,7 @@ async fn a_slow_first_token_is_hedged_and_the_loser_is_hung_up_on() {
         "the loser was hung up on {} ms after the winner's first token",
         hung_up - first_token
     );
-    let metrics = reqwest::get(format!("http://{}/metrics", sy.admin))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, metrics) = sy.admin_get("/metrics").await;
     assert_eq!(
         metric_sum(
             &metrics,

@@ -12,6 +12,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 
+use super::bill::prompt_bytes;
 use super::Tasks;
 use crate::actors::provider::ProviderRuntime;
 use crate::attempt::{AttemptEnd, AttemptResult, KeyAdmit};
@@ -40,27 +41,21 @@ fn id(provider: &str, key: &str) -> String {
     format!("{provider}/{key}")
 }
 
+/// Bytes of JSON framing counted per message, tool call and tool.
+const FRAMING: usize = 32;
+
 /// What the request holds in a token window: its estimated input (a
-/// conservative three bytes a token, with each message's framing) and the
-/// most output it may ask for.
+/// conservative three bytes a token, with the wire's JSON framing: never
+/// below what the upstream counts) and the most output it may ask for.
 pub(super) fn window_tokens(chat: &ChatRequest) -> u64 {
-    let messages: usize = chat
-        .messages
-        .iter()
-        .map(|m| {
-            32 + m.content_bytes()
-                + m.tool_calls
-                    .iter()
-                    .map(|c| c.name.len() + c.arguments.len() + 32)
-                    .sum::<usize>()
-        })
-        .sum();
-    let tools: usize = chat
-        .tools
-        .iter()
-        .map(|t| 32 + t.name.len() + t.description.len() + t.parameters.to_string().len())
-        .sum();
-    ((messages + tools).div_ceil(3) + 1) as u64
+    let parts = chat.messages.len()
+        + chat.tools.len()
+        + chat
+            .messages
+            .iter()
+            .map(|m| m.tool_calls.len())
+            .sum::<usize>();
+    ((prompt_bytes(chat) + FRAMING * parts).div_ceil(3) + 1) as u64
         + chat.max_tokens.map_or(UNBOUNDED_OUTPUT, u64::from)
 }
 
@@ -135,22 +130,7 @@ impl<'a> Windows<'a> {
 
     /// Updates `switchyard_key_window_remaining` for `key`.
     fn gauge(&self, key: &str) {
-        let Some(room) = self.limits.room(&id(self.provider(), key)) else {
-            return;
-        };
-        let metrics = self.metrics;
-        for (kind, left) in [("requests", room.requests), ("tokens", room.tokens)] {
-            if let Some(left) = left {
-                metrics
-                    .key_window_remaining
-                    .get_or_create(&WindowLabels {
-                        provider: self.provider().to_string(),
-                        key: key.to_string(),
-                        kind,
-                    })
-                    .set(i64::try_from(left).unwrap_or(i64::MAX));
-            }
-        }
+        gauge(self.limits, self.metrics, self.provider(), key);
     }
 
     /// After the attempt: the answering key's hold settles to the real
@@ -163,8 +143,7 @@ impl<'a> Windows<'a> {
                 .map(|u| u64::from(u.total_input()) + u64::from(u.output_tokens)),
             _ => None,
         };
-        let held = std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
-        for (key, r) in &held {
+        for (key, r) in &self.take_held() {
             let refused = result.key_events.iter().any(|(k, _)| k == key);
             // A provider's single key has no name in the result.
             let answered = result.key.as_deref().is_none_or(|k| k == key);
@@ -176,12 +155,43 @@ impl<'a> Windows<'a> {
                 _ => {}
             }
         }
-        for (key, reported) in &result.reported {
-            let limits = self.runtime.endpoint.key_limits(key);
-            self.limits
-                .learn(&id(self.provider(), key), limits, *reported)
-                .await;
-            self.gauge(key);
+        learn(self.limits, self.metrics, &self.runtime, result).await;
+    }
+}
+
+/// Learns what the attempt's answers reported about their keys' windows
+/// (also for a provider no admission asked about yet: that is how its
+/// keys become bounded).
+pub(super) async fn learn(
+    limits: &KeyLimits,
+    metrics: &Metrics,
+    runtime: &ProviderRuntime,
+    result: &AttemptResult,
+) {
+    for (key, reported) in &result.reported {
+        let configured = runtime.endpoint.key_limits(key);
+        limits
+            .learn(&runtime.id, &id(&runtime.id, key), configured, *reported)
+            .await;
+        gauge(limits, metrics, &runtime.id, key);
+    }
+}
+
+/// Updates `switchyard_key_window_remaining` for `provider`'s `key`.
+fn gauge(limits: &KeyLimits, metrics: &Metrics, provider: &str, key: &str) {
+    let Some(room) = limits.room(&id(provider, key)) else {
+        return;
+    };
+    for (kind, left) in [("requests", room.requests), ("tokens", room.tokens)] {
+        if let Some(left) = left {
+            metrics
+                .key_window_remaining
+                .get_or_create(&WindowLabels {
+                    provider: provider.to_string(),
+                    key: key.to_string(),
+                    kind,
+                })
+                .set(i64::try_from(left).unwrap_or(i64::MAX));
         }
     }
 }
@@ -189,10 +199,13 @@ impl<'a> Windows<'a> {
 impl Windows<'_> {
     /// The attempt was not sent: every hold goes back.
     pub(super) async fn release(&self) {
-        let held = std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
-        for (_, r) in &held {
+        for (_, r) in &self.take_held() {
             self.limits.settle(r, 0).await;
         }
+    }
+
+    fn take_held(&self) -> Vec<(String, Reservation)> {
+        std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 

@@ -187,9 +187,9 @@ pub(super) fn price(entry: &ProviderEntry, model: &str) -> crate::config::Price 
         .unwrap_or_default()
 }
 
-/// Rough prompt size, about four characters a token: the messages (with
-/// their tool calls) and the tool definitions.
-fn prompt_tokens(chat: &ChatRequest) -> u32 {
+/// The prompt's bytes: the messages (with their roles and tool calls) and
+/// the tool definitions.
+pub(super) fn prompt_bytes(chat: &ChatRequest) -> usize {
     let messages: usize = chat
         .messages
         .iter()
@@ -207,7 +207,12 @@ fn prompt_tokens(chat: &ChatRequest) -> u32 {
         .iter()
         .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
         .sum();
-    u32::try_from((messages + tools) / 4)
+    messages + tools
+}
+
+/// Rough prompt size, about four characters a token.
+fn prompt_tokens(chat: &ChatRequest) -> u32 {
+    u32::try_from(prompt_bytes(chat) / 4)
         .unwrap_or(u32::MAX)
         .max(1)
 }

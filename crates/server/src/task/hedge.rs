@@ -21,7 +21,7 @@ use super::Tasks;
 use crate::attempt::{self, AttemptEnd, AttemptResult, Lane, LaneItem};
 use crate::chat::ChatRequest;
 use crate::config::HedgeAfter;
-use crate::policy::next::{Outcome, Tried};
+use crate::policy::next::Tried;
 use crate::sink::EventSink;
 use crate::telemetry::metrics::RouteOutcomeLabels;
 
@@ -271,7 +271,6 @@ impl Tasks {
             Ok(turn) => Some(turn),
             Err(outcome) => {
                 tracing::debug!(?outcome, provider = %candidate.provider, "no hedge");
-                let _: Outcome = outcome;
                 None
             }
         }
@@ -285,12 +284,7 @@ impl Tasks {
         mut s: Lanes<'f>,
         first: crate::chat::Chunk,
     ) -> Option<Done<'f>> {
-        let wcall = Call {
-            candidate: &call.plan.candidates[s.idx],
-            ..call
-        };
-        begin(&wcall, s.attempt, sink);
-        sink.set_dropped(std::mem::take(&mut s.dropped));
+        open(call, sink, s.idx, s.attempt, std::mem::take(&mut s.dropped));
         let mut gone = sink.chunk(first).await.is_err();
         let (turn, mut result) = loop {
             tokio::select! {
@@ -331,12 +325,7 @@ impl Tasks {
         dropped: Vec<String>,
         chunks: Vec<crate::chat::Chunk>,
     ) -> Done<'f> {
-        let wcall = Call {
-            candidate: &call.plan.candidates[done.idx],
-            ..call
-        };
-        begin(&wcall, done.attempt, sink);
-        sink.set_dropped(dropped);
+        open(call, sink, done.idx, done.attempt, dropped);
         for c in chunks {
             if sink.chunk(c).await.is_err() {
                 done.result = gone_result();
@@ -345,6 +334,17 @@ impl Tasks {
         }
         done
     }
+}
+
+/// The winner (attempt `attempt` on candidate `idx`) begins on the
+/// caller's sink, with what its wire left out.
+fn open(call: Call<'_>, sink: &mut EventSink, idx: usize, attempt: u32, dropped: Vec<String>) {
+    let winner = Call {
+        candidate: &call.plan.candidates[idx],
+        ..call
+    };
+    begin(&winner, attempt, sink);
+    sink.set_dropped(dropped);
 }
 
 /// What an attempt whose caller left reports.

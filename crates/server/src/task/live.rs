@@ -332,13 +332,22 @@ impl Tasks {
     /// A hedged attempt that failed before any token while the other
     /// answered: settled, reported and counted, never billed.
     async fn conclude_unanswered(&self, call: &Call<'_>, turn: Turn<'_>, result: &AttemptResult) {
-        if let Some((w, _)) = &turn.windows {
-            w.settle(result).await;
-        }
+        self.settle_windows(&turn, result).await;
         self.series(call.candidate, &turn.entry)
             .count_attempt(&self.metrics, result.end.class().as_str());
         turn.permit.report(provider::Outcome::of(result, 0));
         self.record_attempt(call.candidate, &turn.entry, result);
+    }
+
+    /// An attempt's holds settled and what its answers reported learned.
+    async fn settle_windows(&self, turn: &Turn<'_>, result: &AttemptResult) {
+        match &turn.windows {
+            Some((w, _)) => w.settle(result).await,
+            None if !result.reported.is_empty() => {
+                super::admit::learn(&self.limits, &self.metrics, &turn.entry.runtime, result).await;
+            }
+            None => {}
+        }
     }
 
     /// After an attempt: its windows settled, its report, its bill, and
@@ -352,16 +361,9 @@ impl Tasks {
         (tried, sink, bill): (&mut Tried, &mut EventSink, &mut Bill<'_>),
         (carried, won_attempt): (u32, Option<u32>),
     ) -> Result<Outcome, RequestError> {
-        let Turn {
-            entry,
-            permit,
-            windows,
-            ..
-        } = turn;
+        self.settle_windows(&turn, &result).await;
+        let Turn { entry, permit, .. } = turn;
         let candidate = call.candidate;
-        if let Some((w, _)) = &windows {
-            w.settle(&result).await;
-        }
         let billed = self.report(call, &entry, permit, &result, sink);
         self.bill_failed_output(bill, billed).await?;
         self.record_attempt(candidate, &entry, &result);
@@ -429,8 +431,9 @@ impl Tasks {
             }
         };
         // A key with room in its rate windows, held before anything is sent.
+        let configured = entry.runtime.endpoint.has_rate_limits();
         let windows = match ask {
-            Some(ask) => {
+            Some(ask) if self.limits.may_bound(&entry.runtime.id, configured) => {
                 let w = Windows::new(
                     (&self.limits, &self.metrics),
                     entry.runtime.clone(),
@@ -448,7 +451,7 @@ impl Tasks {
                     }
                 }
             }
-            None => None,
+            _ => None,
         };
         // Only an attempt that will really be sent spends the budget: a
         // local refusal above cost nothing.

@@ -204,6 +204,15 @@ impl Endpoint {
         }
     }
 
+    /// Whether any of its keys has configured windows.
+    pub fn has_rate_limits(&self) -> bool {
+        !self.limits.is_empty()
+            || self
+                .keys
+                .as_ref()
+                .is_some_and(|p| p.keys.iter().any(|k| !k.limits.is_empty()))
+    }
+
     /// Key `name`'s configured windows.
     pub fn key_limits(&self, name: &str) -> crate::policy::rate_window::Limits {
         self.keys

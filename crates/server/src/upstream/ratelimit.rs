@@ -16,26 +16,17 @@ use crate::policy::rate_window::{Left, Reported};
 pub fn reported(headers: &HeaderMap, now_ms: u64, now: SystemTime) -> Reported {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let at = |d: Duration| now_ms + d.as_millis() as u64;
-    let openai = |kind: &str| {
-        let remaining = get(&format!("x-ratelimit-remaining-{kind}"))?
-            .trim()
-            .parse()
-            .ok()?;
-        let reset = openai_duration(get(&format!("x-ratelimit-reset-{kind}"))?)?;
+    let openai = |(remaining, reset): (&str, &str)| {
+        let remaining = get(remaining)?.trim().parse().ok()?;
+        let reset = openai_duration(get(reset)?)?;
         Some(Left {
             remaining,
             reset_at_ms: at(reset),
         })
     };
-    let anthropic = |kind: &str| {
-        let remaining: u64 = get(&format!("anthropic-ratelimit-{kind}-remaining"))?
-            .trim()
-            .parse()
-            .ok()?;
-        let reset = humantime::parse_rfc3339_weak(
-            get(&format!("anthropic-ratelimit-{kind}-reset"))?.trim(),
-        )
-        .ok()?;
+    let anthropic = |(remaining, reset): (&str, &str)| {
+        let remaining: u64 = get(remaining)?.trim().parse().ok()?;
+        let reset = humantime::parse_rfc3339_weak(get(reset)?.trim()).ok()?;
         // A reset already past (clock skew) still holds for a moment.
         let wait = reset
             .duration_since(now)
@@ -46,15 +37,40 @@ pub fn reported(headers: &HeaderMap, now_ms: u64, now: SystemTime) -> Reported {
             reset_at_ms: at(wait),
         })
     };
-    let tokens = ["tokens", "input-tokens", "output-tokens"]
+    let tokens = ANTHROPIC_TOKENS
         .into_iter()
         .filter_map(anthropic)
         .min_by_key(|l| l.remaining);
     Reported {
-        requests: openai("requests").or_else(|| anthropic("requests")),
-        tokens: openai("tokens").or(tokens),
+        requests: openai(OPENAI_REQUESTS).or_else(|| anthropic(ANTHROPIC_REQUESTS)),
+        tokens: openai(OPENAI_TOKENS).or(tokens),
     }
 }
+
+/// (remaining, reset) header names, read on every answer: no formatting.
+const OPENAI_REQUESTS: (&str, &str) = (
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+);
+const OPENAI_TOKENS: (&str, &str) = ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens");
+const ANTHROPIC_REQUESTS: (&str, &str) = (
+    "anthropic-ratelimit-requests-remaining",
+    "anthropic-ratelimit-requests-reset",
+);
+const ANTHROPIC_TOKENS: [(&str, &str); 3] = [
+    (
+        "anthropic-ratelimit-tokens-remaining",
+        "anthropic-ratelimit-tokens-reset",
+    ),
+    (
+        "anthropic-ratelimit-input-tokens-remaining",
+        "anthropic-ratelimit-input-tokens-reset",
+    ),
+    (
+        "anthropic-ratelimit-output-tokens-remaining",
+        "anthropic-ratelimit-output-tokens-reset",
+    ),
+];
 
 /// OpenAI's reset duration: `1s`, `6m0s`, `1h2m3.5s`, `120ms`.
 fn openai_duration(text: &str) -> Option<Duration> {

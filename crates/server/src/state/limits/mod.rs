@@ -53,6 +53,8 @@ struct Local {
     windows: HashMap<String, KeyWindow>,
     /// Keys an upstream reported windows for.
     reported: HashSet<String>,
+    /// Providers with such a key.
+    reporting: HashSet<String>,
     /// What each key had left when last asked (status, metrics).
     room: HashMap<String, Room>,
 }
@@ -87,6 +89,13 @@ impl KeyLimits {
 
     fn local(&self) -> std::sync::MutexGuard<'_, Local> {
         self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether admission asks about any key of `provider`: it has
+    /// `configured` limits or an upstream reported windows for one of its
+    /// keys (one lookup, no allocation: the hot path asks it per attempt).
+    pub fn may_bound(&self, provider: &str, configured: bool) -> bool {
+        configured || self.local().reporting.contains(provider)
     }
 
     /// Whether admission asks about key `id` at all.
@@ -157,7 +166,7 @@ impl KeyLimits {
     }
 
     /// An upstream reported key `id`'s windows (reset times relative to now).
-    pub async fn learn(&self, id: &str, limits: Limits, reported: Reported) {
+    pub async fn learn(&self, provider: &str, id: &str, limits: Limits, reported: Reported) {
         if reported.is_empty() {
             return;
         }
@@ -166,6 +175,9 @@ impl KeyLimits {
             let mut local = self.local();
             if local.reported.len() < MAX_KEYS {
                 local.reported.insert(id.to_string());
+                if !local.reporting.contains(provider) {
+                    local.reporting.insert(provider.to_string());
+                }
             }
             let absolute = shift(reported, now);
             if let Some(w) = local.windows.get_mut(id) {
@@ -223,8 +235,10 @@ mod tests {
         let limits = KeyLimits::embedded();
         let none = Limits::default();
         assert!(!limits.bounded("p/a", none));
+        assert!(!limits.may_bound("p", false));
         limits
             .learn(
+                "p",
                 "p/a",
                 none,
                 Reported {
@@ -237,6 +251,7 @@ mod tests {
             )
             .await;
         assert!(limits.bounded("p/a", none));
+        assert!(limits.may_bound("p", false) && !limits.may_bound("q", false));
         let wait = limits
             .reserve("p/a", none, 100, Priority::Interactive)
             .await
