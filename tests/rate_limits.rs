@@ -151,6 +151,18 @@ async fn a_reported_empty_window_stops_traffic_to_the_key_until_its_reset() {
         first.finished.unwrap().served_by.unwrap().provider,
         "primary"
     );
+    // Status shows the key's window by name, never its value.
+    let (_, status) = sy.admin_get("/v1/status").await;
+    assert!(!status.contains(KEY_A));
+    let status: Value = serde_json::from_str(&status).unwrap();
+    let primary = status["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["provider"] == "primary")
+        .unwrap();
+    assert_eq!(primary["windows"][0]["key"], "default", "{primary}");
+    assert!(primary["windows"][0]["tokens_remaining"].as_u64().unwrap() < 100);
     // The answer said 0 tokens are left for about 2 s: the next requests
     // go to the fallback, none to the empty key.
     for _ in 0..3 {

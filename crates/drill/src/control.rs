@@ -174,7 +174,8 @@ impl StatusSource {
     pub async fn snapshot(&mut self, route: &str) -> Option<Snapshot> {
         match self {
             StatusSource::Local(registry) => {
-                let view = collect(registry).await;
+                let view =
+                    collect(registry, &switchyard::state::limits::KeyLimits::embedded()).await;
                 let mut s = Snapshot::default();
                 for t in view.targets {
                     s.breakers

@@ -208,6 +208,7 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
         routable: routable.clone(),
         jobs: core.jobs.clone(),
         metrics: core.metrics.clone(),
+        limits: core.limits.clone(),
     });
     let bounds = |name, max_connections| listener::Bounds {
         name,
@@ -298,6 +299,8 @@ struct Core {
     responses: Arc<crate::state::responses::ResponseStore>,
     /// The golden-set validations (`Admin.RecordValidation`, `[golden] record`).
     validations: Arc<ValidationStore>,
+    /// Every key's rate windows (shown by the status surfaces).
+    limits: Arc<crate::state::limits::KeyLimits>,
     supervisor: ActorRef<SupervisorMsg>,
     supervisor_done: JoinHandle<()>,
 }
@@ -321,6 +324,7 @@ impl Core {
             None => None,
         };
         let responses = stores.responses.clone();
+        let limits = stores.limits.clone();
         let semantic = SemanticCache::new();
         let tasks = Arc::new(Tasks::new(Parts {
             registry: registry.clone(),
@@ -394,6 +398,7 @@ impl Core {
             jobs,
             responses,
             validations,
+            limits,
             supervisor,
             supervisor_done,
         })
@@ -503,6 +508,7 @@ async fn serve_grpc(
             core.registry.clone(),
             reloader.clone(),
             core.validations.clone(),
+            core.limits.clone(),
         )),
         move |req| admin_access.check(req),
     );

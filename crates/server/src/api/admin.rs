@@ -21,6 +21,7 @@ use crate::actors::CALL_TIMEOUT;
 use crate::policy::breaker::{BreakerState, Forced};
 use crate::proto;
 use crate::reload::Reloader;
+use crate::state::limits::KeyLimits;
 use crate::state::validation::record::RouteValidation;
 use crate::state::validation::store::ValidationStore;
 
@@ -44,6 +45,44 @@ pub struct TargetView {
     /// A provider with several keys: each key's state, by name.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub keys: Vec<crate::upstream::keys::KeyView>,
+    /// Each bounded key's rate windows as last seen, by name (`default`
+    /// for a provider's single key).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<WindowView>,
+}
+
+/// What one key has left in its stricter window of each kind.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WindowView {
+    pub key: String,
+    pub requests_remaining: Option<u64>,
+    pub tokens_remaining: Option<u64>,
+    /// When the earliest window that bounds them resets, from when it was seen.
+    pub reset_in_ms: Option<u64>,
+}
+
+/// `provider`'s keys that have windows, as the store last saw them.
+fn windows(
+    limits: &KeyLimits,
+    provider: &str,
+    endpoint: &crate::upstream::endpoint::Endpoint,
+) -> Vec<WindowView> {
+    let names: Vec<&str> = match &endpoint.keys {
+        Some(pool) => pool.keys.iter().map(|k| k.name.as_str()).collect(),
+        None => vec![crate::upstream::endpoint::SINGLE_KEY],
+    };
+    names
+        .into_iter()
+        .filter_map(|key| {
+            let room = limits.room(&format!("{provider}/{key}"))?;
+            Some(WindowView {
+                key: key.to_string(),
+                requests_remaining: room.requests,
+                tokens_remaining: room.tokens,
+                reset_in_ms: room.reset_in_ms,
+            })
+        })
+        .collect()
 }
 
 /// Everything `ListProviders` and `/v1/status` show.
@@ -54,7 +93,7 @@ pub struct StatusView {
 }
 
 /// Collects the current status from the published snapshots and the router.
-pub async fn collect(registry: &Registry) -> StatusView {
+pub async fn collect(registry: &Registry, limits: &KeyLimits) -> StatusView {
     let now = Instant::now();
     let mut targets = Vec::new();
     for p in registry.providers() {
@@ -95,6 +134,7 @@ pub async fn collect(registry: &Registry) -> StatusView {
                     .as_ref()
                     .map(|k| k.view(now))
                     .unwrap_or_default(),
+                windows: windows(limits, &p.runtime.id, &p.runtime.endpoint),
             });
         }
     }
@@ -125,6 +165,16 @@ fn target_proto(t: &TargetView) -> proto::TargetStatus {
         cooldown_reason: t.cooldown_reason.unwrap_or_default().to_string(),
         failover_share: t.failover_share,
         kind: t.kind.to_string(),
+        key_windows: t
+            .windows
+            .iter()
+            .map(|w| proto::KeyWindow {
+                key: w.key.clone(),
+                requests_remaining: w.requests_remaining.map_or(-1, |n| n as i64),
+                tokens_remaining: w.tokens_remaining.map_or(-1, |n| n as i64),
+                reset_in_ms: w.reset_in_ms.unwrap_or(0),
+            })
+            .collect(),
     }
 }
 
@@ -134,6 +184,7 @@ pub struct AdminService {
     registry: Arc<Registry>,
     reloader: Arc<Reloader>,
     validations: Arc<ValidationStore>,
+    limits: Arc<KeyLimits>,
 }
 
 impl AdminService {
@@ -141,11 +192,13 @@ impl AdminService {
         registry: Arc<Registry>,
         reloader: Arc<Reloader>,
         validations: Arc<ValidationStore>,
+        limits: Arc<KeyLimits>,
     ) -> Self {
         AdminService {
             registry,
             reloader,
             validations,
+            limits,
         }
     }
 }
@@ -196,7 +249,7 @@ impl proto::admin_server::Admin for AdminService {
         &self,
         _request: Request<proto::ListProvidersRequest>,
     ) -> Result<Response<proto::ListProvidersResponse>, Status> {
-        let view = collect(&self.registry).await;
+        let view = collect(&self.registry, &self.limits).await;
         Ok(Response::new(proto::ListProvidersResponse {
             targets: view.targets.iter().map(target_proto).collect(),
             routes: view
@@ -268,7 +321,7 @@ impl proto::admin_server::Admin for AdminService {
                 )))
             }
         }
-        let view = collect(&self.registry).await;
+        let view = collect(&self.registry, &self.limits).await;
         let target = view
             .targets
             .iter()

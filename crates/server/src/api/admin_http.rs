@@ -23,6 +23,8 @@ pub struct AdminState {
     /// The job queue, when configured (depth and oldest age at scrape time).
     pub jobs: Option<Arc<crate::state::jobs::Jobs>>,
     pub metrics: Arc<Metrics>,
+    /// Every key's rate windows (`/v1/status`).
+    pub limits: Arc<crate::state::limits::KeyLimits>,
 }
 
 pub fn router(state: AdminState) -> axum::Router {
@@ -50,7 +52,7 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn status(State(s): State<AdminState>) -> impl IntoResponse {
-    axum::Json(crate::api::admin::collect(&s.registry).await)
+    axum::Json(crate::api::admin::collect(&s.registry, &s.limits).await)
 }
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
