@@ -284,3 +284,44 @@ async fn a_slow_first_token_is_hedged_and_the_loser_is_hung_up_on() {
     assert!(!f.hedged);
     assert_eq!(mock.requests().await.len(), 1);
 }
+
+#[tokio::test]
+async fn hedges_are_paid_from_the_retry_budget_and_never_pass_it() {
+    let mock = Mock::start("openai", &[]).await;
+    // Every first token is slow: every request would like a hedge.
+    mock.set_config(json!({"ttft": [{"p": 1.0, "ms": 600}]}))
+        .await;
+    let config = format!(
+        "[retry_budget]\nratio = 0.1\nmin_per_sec = 0.1\n{}{}{}hedge = {{ after = \"50ms\" }}\n",
+        provider("primary", "openai", &mock.base_url(), "gpt-4o-mini"),
+        provider("secondary", "openai", &mock.base_url(), "gpt-4.1-mini")
+            .replace("gpt-4o-mini", "gpt-4.1-mini"),
+        route("chat", &["primary/gpt-4o-mini", "secondary/gpt-4.1-mini"])
+    );
+    let sy = Switchyard::start(&config).await;
+    let mut calls = Vec::new();
+    for _ in 0..20 {
+        let mut client = sy.client().await;
+        calls.push(tokio::spawn(async move {
+            stream(&mut client, request("chat")).await
+        }));
+    }
+    let mut hedged = 0;
+    for c in calls {
+        let got = c.await.unwrap();
+        let f = got
+            .finished
+            .unwrap_or_else(|| panic!("{:?}\n{}", got.status, sy.logs()));
+        hedged += usize::from(f.hedged);
+    }
+    let extra = mock.requests().await.len() - 20;
+    // What the budget allows: ratio x first attempts + min_per_sec x ttl.
+    assert!(extra <= 3, "{extra} hedges for 20 requests");
+    assert_eq!(extra, hedged, "each extra request is a hedge");
+    let (_, metrics) = sy.admin_get("/metrics").await;
+    let refused = metric_sum(
+        &metrics,
+        "switchyard_hedges_total{route=\"chat\",outcome=\"budget\"}",
+    );
+    assert_eq!(refused as usize, 20 - extra, "{metrics}");
+}

@@ -21,7 +21,7 @@ use super::Tasks;
 use crate::attempt::{self, AttemptEnd, AttemptResult, Lane, LaneItem};
 use crate::chat::ChatRequest;
 use crate::config::HedgeAfter;
-use crate::policy::next::Tried;
+use crate::policy::next::{Outcome, Tried};
 use crate::sink::EventSink;
 use crate::telemetry::metrics::RouteOutcomeLabels;
 
@@ -144,7 +144,8 @@ impl Tasks {
         let first_idx = tried.current().unwrap_or_default();
         let mut a = Some(start(call, chat, first_idx, first, tried.attempts()));
         let mut b: Option<Lanes<'f>> = None;
-        let mut hedged = false;
+        // The hedge was due (`due`) and a second attempt started (`hedged`).
+        let (mut due, mut hedged) = (false, false);
         let mut failed: Vec<Done<'f>> = Vec::new();
         let timer = tokio::time::sleep(hedge.after);
         tokio::pin!(timer);
@@ -159,11 +160,14 @@ impl Tasks {
                 }
                 e = step(&mut a) => (true, e),
                 e = step(&mut b) => (false, e),
-                _ = &mut timer, if !hedged && a.is_some() => {
-                    hedged = true;
+                _ = &mut timer, if !due && a.is_some() => {
+                    due = true;
                     match self.hedge_turn(call, chat, tried, hedge.to).await {
-                        Some(turn) => b = Some(start(call, chat, hedge.to, turn, tried.attempts())),
-                        None => self.count_hedge(route, "budget"),
+                        Some(turn) => {
+                            hedged = true;
+                            b = Some(start(call, chat, hedge.to, turn, tried.attempts()));
+                        }
+                        None => {}
                     }
                     continue;
                 }
@@ -242,7 +246,7 @@ impl Tasks {
     }
 
     /// A turn for the hedge's target, paid from the retry budget; `None`
-    /// when it refused or the budget is spent.
+    /// when it refused or the budget is spent (counted as `budget`).
     async fn hedge_turn<'f>(
         &'f self,
         call: Call<'f>,
@@ -271,6 +275,9 @@ impl Tasks {
             Ok(turn) => Some(turn),
             Err(outcome) => {
                 tracing::debug!(?outcome, provider = %candidate.provider, "no hedge");
+                if outcome == Outcome::NoBudget {
+                    self.count_hedge(&call.plan.route, "budget");
+                }
                 None
             }
         }
