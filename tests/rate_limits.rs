@@ -325,3 +325,35 @@ async fn hedges_are_paid_from_the_retry_budget_and_never_pass_it() {
     );
     assert_eq!(refused as usize, 20 - extra, "{metrics}");
 }
+
+#[tokio::test]
+async fn max_extra_hedges_one_more_target_each_after() {
+    let mock = Mock::start("openai", &[]).await;
+    let model =
+        |m: &str| provider(m, "openai", &mock.base_url(), "gpt-4o-mini").replace("gpt-4o-mini", m);
+    let config = format!(
+        "{}{}{}{}hedge = {{ after = \"100ms\", max_extra = 2 }}\n",
+        model("m1"),
+        model("m2"),
+        model("m3"),
+        route("chat", &["m1/m1", "m2/m2", "m3/m3"])
+    );
+    let sy = Switchyard::start(&config).await;
+    // The first two attempts are slow; the third answers at once.
+    mock.set_fault(json!({"type": "slow_first_token", "delay_ms": 3000, "times": 2}))
+        .await;
+    let mut client = sy.client().await;
+    let got = stream(&mut client, request("chat")).await;
+    let f = got
+        .finished
+        .unwrap_or_else(|| panic!("{:?}\n{}", got.status, sy.logs()));
+    assert!(f.hedged);
+    assert_eq!((f.won_attempt, f.attempts), (3, 3));
+    assert_eq!(f.served_by.unwrap().provider, "m3");
+    let log = mock
+        .wait_for("both losers hung up on", |l| {
+            l.iter().filter(|r| r["client_hung_up"] == true).count() == 2
+        })
+        .await;
+    assert_eq!(log.len(), 3, "two hedges, no more");
+}

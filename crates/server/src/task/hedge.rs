@@ -1,11 +1,11 @@
 //! Hedged first tokens (a route's `hedge = { after, max_extra }`): when the
 //! first attempt of a request has produced no token by `after` (its
-//! target's p95 time to first token, or a fixed wait), a second attempt
-//! starts on the next target not tried yet, admitted and paid from the
-//! retry budget like any other (so a brownout cannot double the load).
-//! Each attempt writes into its own bounded lane; the first to produce a
-//! token answers and the other is dropped at once, which closes its
-//! upstream connection. Only before the first token, never on a route
+//! target's p95 time to first token, or a fixed wait), another attempt
+//! starts on the next target not tried yet (again each `after`, up to
+//! `max_extra`), admitted and paid from the retry budget like any other
+//! (so a brownout cannot double the load). Each attempt writes into its
+//! own bounded lane; the first to produce a token answers and the others
+//! are dropped at once, which closes their upstream connections. Only before the first token, never on a route
 //! with side effects, never for a continuation.
 
 use std::future::Future;
@@ -75,22 +75,29 @@ enum Step<'f> {
     Ended(Box<(Turn<'f>, AttemptResult)>),
 }
 
-async fn step<'f>(side: &mut Option<Lanes<'f>>) -> Step<'f> {
-    let Some(s) = side else {
-        return std::future::pending().await;
-    };
+async fn step<'f>(s: &mut Lanes<'f>) -> Step<'f> {
     tokio::select! {
         biased;
         item = s.rx.recv() => match item {
             Some(LaneItem::Dropped(d)) => Step::Dropped(d),
             Some(LaneItem::Chunk(c)) => Step::Chunk(c),
             // The lane closes when its attempt ends.
-            None => {
-                Step::Ended(Box::new((&mut s.fut).await))
-            }
+            None => Step::Ended(Box::new((&mut s.fut).await)),
         },
         ended = &mut s.fut => Step::Ended(Box::new(ended)),
     }
+}
+
+/// The next thing any running attempt did, and which lane did it.
+async fn next_step<'f>(lanes: &mut [Lanes<'f>]) -> (usize, Step<'f>) {
+    if lanes.is_empty() {
+        return std::future::pending().await;
+    }
+    let steps = lanes
+        .iter_mut()
+        .enumerate()
+        .map(|(i, l)| Box::pin(async move { (i, step(l).await) }));
+    futures_util::future::select_all(steps).await.0
 }
 
 impl Tasks {
@@ -128,9 +135,10 @@ impl Tasks {
             .inc();
     }
 
-    /// Runs `first` (admitted and counted) and, at `hedge.after` without a
-    /// token, a second attempt on `hedge.to`; the first to produce a token
-    /// streams to the caller and the other is dropped.
+    /// Runs `first` (admitted and counted) and, each `hedge.after` without a
+    /// token, one more attempt on the next target not tried yet, up to the
+    /// route's `max_extra`; the first to produce a token streams to the
+    /// caller and the others are dropped.
     pub(super) async fn hedged<'f>(
         &'f self,
         call: Call<'f>,
@@ -141,16 +149,17 @@ impl Tasks {
         hedge: Hedge,
     ) -> Hedged<'f> {
         let route = call.plan.route.as_str();
+        let max_extra = call.plan.traffic.hedge.map_or(1, |h| h.max_extra);
         let first_idx = tried.current().unwrap_or_default();
-        let mut a = Some(start(call, chat, first_idx, first, tried.attempts()));
-        let mut b: Option<Lanes<'f>> = None;
-        // The hedge was due (`due`) and a second attempt started (`hedged`).
-        let (mut due, mut hedged) = (false, false);
+        let first_attempt = tried.attempts();
+        let mut lanes = vec![start(call, chat, first_idx, first, first_attempt)];
+        // Hedges that came due, the next one's target, and whether any started.
+        let (mut due, mut next_to, mut hedged) = (0, Some(hedge.to), false);
         let mut failed: Vec<Done<'f>> = Vec::new();
         let timer = tokio::time::sleep(hedge.after);
         tokio::pin!(timer);
         loop {
-            let (from_a, event) = tokio::select! {
+            let (i, event) = tokio::select! {
                 biased;
                 _ = sink.closed() => {
                     if hedged {
@@ -158,37 +167,26 @@ impl Tasks {
                     }
                     return Hedged { end: None, hedged, failed };
                 }
-                e = step(&mut a) => (true, e),
-                e = step(&mut b) => (false, e),
-                _ = &mut timer, if !due && a.is_some() => {
-                    due = true;
-                    match self.hedge_turn(call, chat, tried, hedge.to).await {
-                        Some(turn) => {
-                            hedged = true;
-                            b = Some(start(call, chat, hedge.to, turn, tried.attempts()));
-                        }
-                        None => {}
+                e = next_step(&mut lanes) => e,
+                _ = &mut timer, if due < max_extra && next_to.is_some() && !lanes.is_empty() => {
+                    due += 1;
+                    let to = next_to.take().unwrap_or_default();
+                    if let Some(turn) = self.hedge_turn(call, chat, tried, to).await {
+                        hedged = true;
+                        lanes.push(start(call, chat, to, turn, tried.attempts()));
                     }
+                    next_to = tried.untried_after(to);
+                    timer.as_mut().reset(Instant::now() + hedge.after);
                     continue;
                 }
             };
-            let (side, other) = if from_a {
-                (&mut a, &mut b)
-            } else {
-                (&mut b, &mut a)
-            };
             match event {
-                Step::Dropped(d) => {
-                    if let Some(s) = side.as_mut() {
-                        s.dropped = d;
-                    }
-                }
+                Step::Dropped(d) => lanes[i].dropped = d,
                 Step::Chunk(c) => {
-                    let Some(s) = side.take() else { continue };
-                    // The other attempt is dropped at once.
-                    if other.take().is_some() || !from_a {
-                        self.count_hedge(route, if from_a { "lost" } else { "won" });
-                    }
+                    let s = lanes.swap_remove(i);
+                    // The other attempts are dropped at once.
+                    lanes.clear();
+                    self.count_winner(route, hedged, s.attempt == first_attempt);
                     tried.now_on(s.idx);
                     let end = self.stream_winner(call, sink, s, c).await;
                     return Hedged {
@@ -199,7 +197,7 @@ impl Tasks {
                 }
                 Step::Ended(ended) => {
                     let (turn, result) = *ended;
-                    let Some(mut s) = side.take() else { continue };
+                    let mut s = lanes.swap_remove(i);
                     let mut chunks = Vec::new();
                     while let Ok(item) = s.rx.try_recv() {
                         if let LaneItem::Chunk(c) = item {
@@ -215,9 +213,8 @@ impl Tasks {
                         result,
                     };
                     if answered {
-                        if other.take().is_some() || !from_a {
-                            self.count_hedge(route, if from_a { "lost" } else { "won" });
-                        }
+                        lanes.clear();
+                        self.count_winner(route, hedged, done.attempt == first_attempt);
                         tried.now_on(done.idx);
                         let end = self.deliver(call, sink, done, s.dropped, chunks).await;
                         return Hedged {
@@ -226,12 +223,12 @@ impl Tasks {
                             failed,
                         };
                     }
-                    if other.is_some() {
-                        // The other attempt may still answer.
+                    if !lanes.is_empty() {
+                        // Another attempt may still answer.
                         failed.push(done);
                         continue;
                     }
-                    if hedged && !failed.is_empty() {
+                    if hedged {
                         self.count_hedge(route, "cancelled");
                     }
                     tried.now_on(done.idx);
@@ -242,6 +239,14 @@ impl Tasks {
                     };
                 }
             }
+        }
+    }
+
+    /// A hedged request's answer: `lost` when the first attempt gave it,
+    /// `won` when an extra one did.
+    fn count_winner(&self, route: &str, hedged: bool, first: bool) {
+        if hedged {
+            self.count_hedge(route, if first { "lost" } else { "won" });
         }
     }
 
