@@ -357,3 +357,71 @@ async fn max_extra_hedges_one_more_target_each_after() {
         .await;
     assert_eq!(log.len(), 3, "two hedges, no more");
 }
+
+/// A flood of batch work waiting on one key's short window: every window
+/// that resets starts again from the size the upstream reported (not from
+/// nothing, which would let the whole flood through at once), so the
+/// upstream never refuses one, and interactive requests on the same key are
+/// still served within their deadline. (That batch work yields a window's
+/// half to waiting interactive requests is `policy::rate_window`'s
+/// `batch_yields_to_waiting_interactive_work`: here the interactive
+/// requests are served with or without it.)
+#[tokio::test]
+async fn a_batch_flood_leaves_interactive_requests_served_within_their_deadline() {
+    let Some(redis) = RedisServer::start("rate windows batch").await else {
+        return;
+    };
+    let mock = Mock::start("openai", &[]).await;
+    // 3,000 tokens every 2 s: three of these requests never fit one window.
+    put(
+        &mock,
+        "/_mock/limits",
+        json!({"window_ms": 2000, "keys": {KEY_A: {"tpm": 3000}}}),
+    )
+    .await;
+    let config = format!(
+        "[state]\nbackend = \"redis\"\n{}{}deadline = \"8s\"\nadmission_wait = \"6s\"\n{}priority = \"batch\"\nadmission_wait = \"60s\"\ndeadline = \"90s\"\n",
+        provider("primary", "openai", &mock.base_url(), "gpt-4o-mini")
+            .replace("first_token_timeout", "api_key_env = \"SY_KEY_A\"\nfirst_token_timeout"),
+        route("chat", &["primary/gpt-4o-mini"]),
+        route("bulk", &["primary/gpt-4o-mini"]),
+    );
+    let env = [
+        ("SWITCHYARD_REDIS_URL", redis.url()),
+        ("SY_KEY_A", KEY_A.to_string()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let sy = Switchyard::start_with(&config, &env).await;
+    // One answer teaches the router the key's window (and its size).
+    let mut client = sy.client().await;
+    assert!(stream(&mut client, big("chat")).await.finished.is_some());
+    let mut flood = Vec::new();
+    for _ in 0..20 {
+        let mut client = sy.client().await;
+        flood.push(tokio::spawn(async move {
+            stream(&mut client, big("bulk")).await
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for i in 0..3 {
+        let got = stream(&mut client, big("chat")).await;
+        assert!(
+            got.finished.is_some(),
+            "interactive request {i}: {:?}\n{}",
+            got.status,
+            sy.logs()
+        );
+    }
+    let log = mock.requests().await;
+    assert!(
+        log.iter().all(|r| r["status"] == 200),
+        "the upstream never refused a request: {log:#?}"
+    );
+    let view = limits(&mock).await;
+    assert!(view["keys"]
+        .as_object()
+        .unwrap()
+        .values()
+        .all(|k| k["peak_tokens"].as_u64().unwrap() <= 3000));
+    drop(flood);
+}

@@ -31,6 +31,9 @@ pub struct Reported {
 pub struct Left {
     pub remaining: u64,
     pub reset_at_ms: u64,
+    /// The window's whole size, when the upstream says it: a window that
+    /// lapsed starts again from it (not from nothing) until the next report.
+    pub limit: Option<u64>,
 }
 
 impl Reported {
@@ -109,8 +112,17 @@ impl KeyWindow {
             self.used_tokens = 0;
         }
         for learned in [&mut self.learned_requests, &mut self.learned_tokens] {
-            if learned.is_some_and(|l| now_ms >= l.left.reset_at_ms) {
-                *learned = None;
+            if let Some(l) = learned.filter(|l| now_ms >= l.left.reset_at_ms) {
+                // A new window of the size last reported, for a minute or
+                // until the upstream reports it.
+                *learned = l.left.limit.map(|limit| Learned {
+                    left: Left {
+                        remaining: limit,
+                        reset_at_ms: now_ms + WINDOW_MS,
+                        limit: Some(limit),
+                    },
+                    used: 0,
+                });
             }
         }
     }
@@ -202,6 +214,7 @@ impl KeyWindow {
                 left: Left {
                     remaining: left.remaining.min(k.left.remaining.saturating_sub(k.used)),
                     reset_at_ms: left.reset_at_ms.max(k.left.reset_at_ms),
+                    limit: left.limit.or(k.left.limit),
                 },
                 used: 0,
             },
@@ -317,6 +330,7 @@ mod tests {
                 tokens: Some(Left {
                     remaining: 0,
                     reset_at_ms: 3_000,
+                    limit: None,
                 }),
             },
             1_000,
@@ -346,10 +360,12 @@ mod tests {
                 requests: Some(Left {
                     remaining: 2,
                     reset_at_ms: 10_000,
+                    limit: None,
                 }),
                 tokens: Some(Left {
                     remaining: 50_000,
                     reset_at_ms: 10_000,
+                    limit: None,
                 }),
             },
             1,
@@ -375,6 +391,7 @@ mod tests {
             tokens: Some(Left {
                 remaining,
                 reset_at_ms,
+                limit: None,
             }),
         };
         w.learn(tokens(5_000, 10_000), 1);
@@ -385,6 +402,34 @@ mod tests {
         // A new window (reset a minute on) replaces it.
         w.learn(tokens(9_000, 70_000), 11_000);
         assert_eq!(w.room(none, 11_000).tokens, Some(9_000));
+    }
+
+    #[test]
+    fn a_lapsed_window_of_known_size_starts_again_from_its_size() {
+        let mut w = KeyWindow::default();
+        let none = Limits::default();
+        w.learn(
+            Reported {
+                requests: None,
+                tokens: Some(Left {
+                    remaining: 0,
+                    reset_at_ms: 2_000,
+                    limit: Some(3_000),
+                }),
+            },
+            1,
+        );
+        assert!(w
+            .reserve(none, 1_000, Priority::Interactive, 1_999)
+            .is_err());
+        // The window resets: 3,000 tokens, not an unbounded key.
+        for _ in 0..3 {
+            w.reserve(none, 1_000, Priority::Interactive, 2_000)
+                .unwrap();
+        }
+        assert!(w
+            .reserve(none, 1_000, Priority::Interactive, 2_001)
+            .is_err());
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! `x-ratelimit-remaining-{requests,tokens}` with `x-ratelimit-reset-*`
 //! durations (`6m0s`, `59.874s`, `120ms`), Anthropic's
 //! `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining`
-//! with RFC 3339 `-reset` times. A header that does not parse is ignored.
+//! with RFC 3339 `-reset` times; each with its `-limit`, the window's size.
+//! A header that does not parse is ignored.
 
 use std::time::{Duration, SystemTime};
 
@@ -16,25 +17,26 @@ use crate::policy::rate_window::{Left, Reported};
 pub fn reported(headers: &HeaderMap, now_ms: u64, now: SystemTime) -> Reported {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let at = |d: Duration| now_ms + d.as_millis() as u64;
-    let openai = |(remaining, reset): (&str, &str)| {
-        let remaining = get(remaining)?.trim().parse().ok()?;
-        let reset = openai_duration(get(reset)?)?;
+    let number = |name: &str| get(name)?.trim().parse::<u64>().ok();
+    let openai = |h: Names| {
+        let reset = openai_duration(get(h.reset)?)?;
         Some(Left {
-            remaining,
+            remaining: number(h.remaining)?,
             reset_at_ms: at(reset),
+            limit: number(h.limit),
         })
     };
-    let anthropic = |(remaining, reset): (&str, &str)| {
-        let remaining: u64 = get(remaining)?.trim().parse().ok()?;
-        let reset = humantime::parse_rfc3339_weak(get(reset)?.trim()).ok()?;
+    let anthropic = |h: Names| {
+        let reset = humantime::parse_rfc3339_weak(get(h.reset)?.trim()).ok()?;
         // A reset already past (clock skew) still holds for a moment.
         let wait = reset
             .duration_since(now)
             .unwrap_or(Duration::ZERO)
             .max(Duration::from_secs(1));
         Some(Left {
-            remaining,
+            remaining: number(h.remaining)?,
             reset_at_ms: at(wait),
+            limit: number(h.limit),
         })
     };
     let tokens = ANTHROPIC_TOKENS
@@ -47,29 +49,45 @@ pub fn reported(headers: &HeaderMap, now_ms: u64, now: SystemTime) -> Reported {
     }
 }
 
-/// (remaining, reset) header names, read on every answer: no formatting.
-const OPENAI_REQUESTS: (&str, &str) = (
-    "x-ratelimit-remaining-requests",
-    "x-ratelimit-reset-requests",
-);
-const OPENAI_TOKENS: (&str, &str) = ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens");
-const ANTHROPIC_REQUESTS: (&str, &str) = (
-    "anthropic-ratelimit-requests-remaining",
-    "anthropic-ratelimit-requests-reset",
-);
-const ANTHROPIC_TOKENS: [(&str, &str); 3] = [
-    (
-        "anthropic-ratelimit-tokens-remaining",
-        "anthropic-ratelimit-tokens-reset",
-    ),
-    (
-        "anthropic-ratelimit-input-tokens-remaining",
-        "anthropic-ratelimit-input-tokens-reset",
-    ),
-    (
-        "anthropic-ratelimit-output-tokens-remaining",
-        "anthropic-ratelimit-output-tokens-reset",
-    ),
+/// One window's header names, read on every answer: no formatting.
+#[derive(Clone, Copy)]
+struct Names {
+    remaining: &'static str,
+    reset: &'static str,
+    limit: &'static str,
+}
+
+const OPENAI_REQUESTS: Names = Names {
+    remaining: "x-ratelimit-remaining-requests",
+    reset: "x-ratelimit-reset-requests",
+    limit: "x-ratelimit-limit-requests",
+};
+const OPENAI_TOKENS: Names = Names {
+    remaining: "x-ratelimit-remaining-tokens",
+    reset: "x-ratelimit-reset-tokens",
+    limit: "x-ratelimit-limit-tokens",
+};
+const ANTHROPIC_REQUESTS: Names = Names {
+    remaining: "anthropic-ratelimit-requests-remaining",
+    reset: "anthropic-ratelimit-requests-reset",
+    limit: "anthropic-ratelimit-requests-limit",
+};
+const ANTHROPIC_TOKENS: [Names; 3] = [
+    Names {
+        remaining: "anthropic-ratelimit-tokens-remaining",
+        reset: "anthropic-ratelimit-tokens-reset",
+        limit: "anthropic-ratelimit-tokens-limit",
+    },
+    Names {
+        remaining: "anthropic-ratelimit-input-tokens-remaining",
+        reset: "anthropic-ratelimit-input-tokens-reset",
+        limit: "anthropic-ratelimit-input-tokens-limit",
+    },
+    Names {
+        remaining: "anthropic-ratelimit-output-tokens-remaining",
+        reset: "anthropic-ratelimit-output-tokens-reset",
+        limit: "anthropic-ratelimit-output-tokens-limit",
+    },
 ];
 
 /// OpenAI's reset duration: `1s`, `6m0s`, `1h2m3.5s`, `120ms`.
@@ -156,14 +174,16 @@ mod tests {
             r.requests,
             Some(Left {
                 remaining: 59,
-                reset_at_ms: 11_000
+                reset_at_ms: 11_000,
+                limit: Some(60)
             })
         );
         assert_eq!(
             r.tokens,
             Some(Left {
                 remaining: 0,
-                reset_at_ms: 12_500
+                reset_at_ms: 12_500,
+                limit: Some(10_000)
             })
         );
     }
@@ -173,6 +193,7 @@ mod tests {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_227_200);
         let reset = humantime::format_rfc3339_seconds(now + Duration::from_secs(30)).to_string();
         let h = headers(&[
+            ("anthropic-ratelimit-requests-limit", "50"),
             ("anthropic-ratelimit-requests-remaining", "49"),
             ("anthropic-ratelimit-requests-reset", &reset),
             ("anthropic-ratelimit-tokens-remaining", "9000"),
@@ -187,7 +208,8 @@ mod tests {
             r.requests,
             Some(Left {
                 remaining: 49,
-                reset_at_ms: 30_000
+                reset_at_ms: 30_000,
+                limit: Some(50)
             })
         );
         assert_eq!(r.tokens.unwrap().remaining, 1_200);

@@ -246,6 +246,7 @@ mod tests {
                     tokens: Some(Left {
                         remaining: 0,
                         reset_at_ms: 2_000,
+                        limit: None,
                     }),
                 },
             )

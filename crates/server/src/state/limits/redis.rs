@@ -23,20 +23,28 @@ local function load(key, now, window)
   local flat = redis.call('HGETALL', key)
   for i = 1, #flat, 2 do t[flat[i]] = tonumber(flat[i + 1]) end
   local w = {start = t.start or 0, ureq = t.ureq or 0, utok = t.utok or 0,
-    rq_rem = t.rq_rem or 0, rq_at = t.rq_at or 0, rq_used = t.rq_used or 0,
-    tk_rem = t.tk_rem or 0, tk_at = t.tk_at or 0, tk_used = t.tk_used or 0,
+    rq_rem = t.rq_rem or 0, rq_at = t.rq_at or 0, rq_used = t.rq_used or 0, rq_lim = t.rq_lim or 0,
+    tk_rem = t.tk_rem or 0, tk_at = t.tk_at or 0, tk_used = t.tk_used or 0, tk_lim = t.tk_lim or 0,
     pressure = t.pressure or 0}
   if w.start == 0 or now >= w.start + window then
     w.start = now; w.ureq = 0; w.utok = 0
   end
-  if w.rq_at ~= 0 and now >= w.rq_at then w.rq_at = 0; w.rq_used = 0 end
-  if w.tk_at ~= 0 and now >= w.tk_at then w.tk_at = 0; w.tk_used = 0 end
+  -- A lapsed reported window starts again from its size, when known.
+  if w.rq_at ~= 0 and now >= w.rq_at then
+    w.rq_used = 0
+    if w.rq_lim > 0 then w.rq_rem = w.rq_lim; w.rq_at = now + window else w.rq_at = 0 end
+  end
+  if w.tk_at ~= 0 and now >= w.tk_at then
+    w.tk_used = 0
+    if w.tk_lim > 0 then w.tk_rem = w.tk_lim; w.tk_at = now + window else w.tk_at = 0 end
+  end
   return w
 end
 local function save(key, w, now, window)
   redis.call('HSET', key, 'start', w.start, 'ureq', w.ureq, 'utok', w.utok,
-    'rq_rem', w.rq_rem, 'rq_at', w.rq_at, 'rq_used', w.rq_used,
-    'tk_rem', w.tk_rem, 'tk_at', w.tk_at, 'tk_used', w.tk_used, 'pressure', w.pressure)
+    'rq_rem', w.rq_rem, 'rq_at', w.rq_at, 'rq_used', w.rq_used, 'rq_lim', w.rq_lim,
+    'tk_rem', w.tk_rem, 'tk_at', w.tk_at, 'tk_used', w.tk_used, 'tk_lim', w.tk_lim,
+    'pressure', w.pressure)
   local last = math.max(w.start + window, w.rq_at, w.tk_at, w.pressure)
   redis.call('PEXPIREAT', key, last + window)
 end
@@ -115,7 +123,8 @@ return 1
 });
 
 /// KEYS: the key's hash. ARGV: requests left (-1 unknown), reset in ms,
-/// tokens left (-1 unknown), reset in ms, rpm, tpm, window ms.
+/// tokens left (-1 unknown), reset in ms, rpm, tpm, window ms, same-window
+/// ms, requests limit (0 unknown), tokens limit (0 unknown).
 /// -> {req left, tok left, reset at, now}.
 static LEARN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -133,11 +142,14 @@ local function merge(rem, at, used, new, new_at)
   end
   return new, new_at
 end
+local rq_lim, tk_lim = tonumber(ARGV[9]), tonumber(ARGV[10])
 if rq >= 0 and rq_in > 0 then
   w.rq_rem, w.rq_at = merge(w.rq_rem, w.rq_at, w.rq_used, rq, now + rq_in); w.rq_used = 0
+  if rq_lim > 0 then w.rq_lim = rq_lim end
 end
 if tk >= 0 and tk_in > 0 then
   w.tk_rem, w.tk_at = merge(w.tk_rem, w.tk_at, w.tk_used, tk, now + tk_in); w.tk_used = 0
+  if tk_lim > 0 then w.tk_lim = tk_lim end
 end
 save(KEYS[1], w, now, window)
 local req, tok, reset = room(w, tonumber(ARGV[5]), tonumber(ARGV[6]), window)
@@ -235,11 +247,13 @@ impl Redis {
         reported: Reported,
     ) -> Result<Room, StateError> {
         let key = self.limits_key(id);
-        let pair = |l: Option<crate::policy::rate_window::Left>| {
-            l.map_or((-1_i64, 0_u64), |l| (l.remaining as i64, l.reset_at_ms))
+        let triple = |l: Option<crate::policy::rate_window::Left>| {
+            l.map_or((-1_i64, 0_u64, 0_u64), |l| {
+                (l.remaining as i64, l.reset_at_ms, l.limit.unwrap_or(0))
+            })
         };
-        let (rq, rq_in) = pair(reported.requests);
-        let (tk, tk_in) = pair(reported.tokens);
+        let (rq, rq_in, rq_lim) = triple(reported.requests);
+        let (tk, tk_in, tk_lim) = triple(reported.tokens);
         let v: Value = self
             .call("limits_learn", |mut c| async move {
                 LEARN
@@ -252,6 +266,8 @@ impl Redis {
                     .arg(limits.tpm.unwrap_or(0))
                     .arg(WINDOW_MS)
                     .arg(SAME_WINDOW_MS)
+                    .arg(rq_lim)
+                    .arg(tk_lim)
                     .invoke_async(&mut c)
                     .await
             })
