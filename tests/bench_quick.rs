@@ -104,6 +104,40 @@ fn bench_quick_runs_every_scenario_correctly() {
     for c in cost {
         assert_eq!(c["tasks"], data("cost")["tasks"], "{c}");
     }
+    let tail = data("tail")["arms"].as_array().unwrap();
+    let arms: Vec<&str> = tail.iter().map(|a| a["arm"].as_str().unwrap()).collect();
+    assert_eq!(arms, ["off", "p95", "fixed", "client retry"]);
+    for arm in tail {
+        assert_eq!(arm["answered"], arm["requests"], "{arm}");
+        assert!(arm["upstream_requests"].as_u64().unwrap() >= arm["requests"].as_u64().unwrap());
+        assert!(
+            arm["cost_usd_per_1k_requests"].as_f64().unwrap() > 0.0,
+            "{arm}"
+        );
+    }
+    let limits = data("limits")["rows"].as_array().unwrap();
+    assert_eq!(limits[0]["arm"], "direct");
+    // The load exceeds the windows: the direct client meets 429s.
+    assert!(
+        limits[0]["upstream_429"].as_u64().unwrap() > 0,
+        "{}",
+        limits[0]
+    );
+    let replicas: Vec<u64> = limits
+        .iter()
+        .map(|r| r["replicas"].as_u64().unwrap())
+        .collect();
+    if replicas.len() < 5 {
+        // The two-replica arms need redis-server: `.ci/run` installs it.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but the limits scenario skipped its two-replica arms"
+        );
+        eprintln!("\n*** SKIPPED bench limits on two replicas: redis-server not installed ***\n");
+    }
+    for row in &limits[1..] {
+        assert!(row["answered"].as_u64().unwrap() > 0, "{row}");
+    }
     assert_eq!(json["correctness_passed"], true);
     assert!(out.status.success(), "stderr:\n{stderr}");
     assert!(json["machine"]["cores"].as_u64().unwrap() >= 1);

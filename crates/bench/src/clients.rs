@@ -50,6 +50,10 @@ pub struct Answer {
     pub cost_usd: f64,
     /// Switchyard's `cache_similarity` (semantic cache hits).
     pub cache_similarity: f32,
+    /// Switchyard's `Finished.hedged`: a second attempt was started.
+    pub hedged: bool,
+    /// Switchyard's `Finished.won_attempt` (0 unless hedged).
+    pub won_attempt: u32,
 }
 
 impl Answer {
@@ -64,6 +68,7 @@ impl Answer {
             tier: proto::Tier::try_from(tier).ok().map(|t| t.as_str_name()),
             cost_usd,
             cache_similarity,
+            ..Answer::default()
         }
     }
 }
@@ -263,7 +268,29 @@ pub async fn grpc_call_counting(
     tokens: Option<&AtomicU64>,
 ) -> Outcome {
     let limit = call.timeout + Duration::from_secs(1);
-    match tokio::time::timeout(limit, grpc_inner(&mut client, call, t0, tokens)).await {
+    match tokio::time::timeout(limit, grpc_inner(&mut client, call, t0, tokens, None)).await {
+        Ok(o) => o,
+        Err(_) => Outcome::failed(t0, 0, "timeout (client)".into()),
+    }
+}
+
+/// The error of a stream the caller gave up on (see [`grpc_stream_or_abandon`]).
+pub const ABANDONED: &str = "CANCELLED no first token in time (client)";
+
+/// A streamed call (timed from `t0`) that the caller abandons, dropping the
+/// stream as a client's own timeout does, when no token has arrived
+/// `first_token_within` after it was sent; the outcome's error is then
+/// [`ABANDONED`].
+pub async fn grpc_stream_or_abandon(
+    mut client: RouterClient<Channel>,
+    call: &Call,
+    t0: Instant,
+    first_token_within: Duration,
+) -> Outcome {
+    let limit = call.timeout + Duration::from_secs(1);
+    let abandon_at = Instant::now() + first_token_within;
+    let inner = grpc_inner(&mut client, call, t0, None, Some(abandon_at));
+    match tokio::time::timeout(limit, inner).await {
         Ok(o) => o,
         Err(_) => Outcome::failed(t0, 0, "timeout (client)".into()),
     }
@@ -274,6 +301,7 @@ async fn grpc_inner(
     call: &Call,
     t0: Instant,
     counter: Option<&AtomicU64>,
+    abandon_at: Option<Instant>,
 ) -> Outcome {
     if !call.stream {
         return match client.complete(request(call)).await {
@@ -301,7 +329,16 @@ async fn grpc_inner(
             }
         };
     }
-    let mut stream = match client.stream_completion(request(call)).await {
+    let abandoned = || Outcome::failed(t0, 0, ABANDONED.into());
+    let opened = client.stream_completion(request(call));
+    let opened = match abandon_at {
+        Some(at) => match tokio::time::timeout_at(at, opened).await {
+            Ok(r) => r,
+            Err(_) => return abandoned(),
+        },
+        None => opened.await,
+    };
+    let mut stream = match opened {
         Ok(resp) => resp.into_inner(),
         Err(s) => {
             let (e, attempts) = status_error(&s);
@@ -311,7 +348,16 @@ async fn grpc_inner(
     let mut out = Outcome::default();
     // Bounded: a stream of at most `max_tokens` deltas plus a few events.
     for _ in 0..(call.max_tokens as usize + 64) * 4 {
-        match stream.message().await {
+        let next = stream.message();
+        let next = match abandon_at.filter(|_| out.ttft_ms.is_none()) {
+            // Dropping the stream cancels the call (RST_STREAM).
+            Some(at) => match tokio::time::timeout_at(at, next).await {
+                Ok(m) => m,
+                Err(_) => return abandoned(),
+            },
+            None => next.await,
+        };
+        match next {
             Ok(Some(ev)) => match ev.event {
                 Some(proto::completion_event::Event::Delta(d)) => {
                     if out.ttft_ms.is_none() && !d.text.is_empty() {
@@ -326,12 +372,16 @@ async fn grpc_inner(
                 Some(proto::completion_event::Event::Finished(f)) => {
                     out.ok = true;
                     out.attempts = f.attempts;
-                    out.answer = Some(Answer::from_switchyard(
-                        f.tier,
-                        f.usage.as_ref(),
-                        f.cost_usd,
-                        f.cache_similarity,
-                    ));
+                    out.answer = Some(Answer {
+                        hedged: f.hedged,
+                        won_attempt: f.won_attempt,
+                        ..Answer::from_switchyard(
+                            f.tier,
+                            f.usage.as_ref(),
+                            f.cost_usd,
+                            f.cache_similarity,
+                        )
+                    });
                 }
                 _ => {}
             },

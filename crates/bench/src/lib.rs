@@ -26,6 +26,8 @@ pub const SCENARIOS: &[&str] = &[
     "streams",
     "state",
     "cost",
+    "tail",
+    "limits",
 ];
 /// Scenarios run only when named (not part of `all`).
 pub const EXTRA_SCENARIOS: &[&str] = &["peers", "soak"];
@@ -34,7 +36,7 @@ pub const EXTRA_SCENARIOS: &[&str] = &["peers", "soak"];
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// overhead | blackout | burst | amplification | streams | state | cost |
-    /// all | peers | soak. `soak` (15 minutes of mixed load under seeded random
+    /// tail | limits | all | peers | soak. `soak` (15 minutes of mixed load under seeded random
     /// faults, reloads and actor kills, with invariants checked at the end)
     /// is NOT part of `all`.
     /// `peers` (LiteLLM proxy and Portkey gateway side by side with Switchyard)

@@ -12,7 +12,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use super::{BenchError, Ctx};
-use switchyard_mock::{RequestRecord, Stats};
+use switchyard_mock::{LimitsView, RequestRecord, Stats};
 
 /// Clock ticks per second of `/proc/PID/stat` (USER_HZ, 100 on Linux).
 const CLK_TCK: f64 = 100.0;
@@ -204,6 +204,29 @@ impl MockProc {
         serde_json::from_str(&text).map_err(|e| BenchError::Mock(format!("{}: {e}", self.name)))
     }
 
+    /// `PUT /_mock/limits` (resets every key's window and counters).
+    pub async fn set_limits(&self, spec: &Value) -> Result<(), BenchError> {
+        let req = self.http.put(self.url("/_mock/limits")).json(spec);
+        self.send(req, "PUT /_mock/limits").await.map(|_| ())
+    }
+
+    /// `GET /_mock/limits`: each key's window, peak and 429 count, by label.
+    pub async fn limits(&self) -> Result<LimitsView, BenchError> {
+        let text = self
+            .send(
+                self.http.get(self.url("/_mock/limits")),
+                "GET /_mock/limits",
+            )
+            .await?;
+        serde_json::from_str(&text).map_err(|e| BenchError::Mock(format!("{}: {e}", self.name)))
+    }
+
+    /// `PUT /_mock/keys` (e.g. `{"labels": {"<key>": "a"}}`).
+    pub async fn set_keys(&self, rules: &Value) -> Result<(), BenchError> {
+        let req = self.http.put(self.url("/_mock/keys")).json(rules);
+        self.send(req, "PUT /_mock/keys").await.map(|_| ())
+    }
+
     /// `DELETE /_mock/requests` (also restarts `max_in_flight`).
     pub async fn clear(&self) -> Result<(), BenchError> {
         let req = self.http.delete(self.url("/_mock/requests"));
@@ -230,6 +253,8 @@ pub struct Provider {
     pub model_extra: String,
     /// `first_token_timeout` and `idle_timeout`.
     pub timeout: &'static str,
+    /// The name of its one model (`m` unless set).
+    pub model: &'static str,
 }
 
 impl Provider {
@@ -243,6 +268,7 @@ impl Provider {
             extra: String::new(),
             model_extra: String::new(),
             timeout: "5s",
+            model: "m",
         }
     }
 
@@ -261,6 +287,12 @@ impl Provider {
         self.model_extra = extra.into();
         self
     }
+
+    /// Names its model `model` instead of `m`.
+    pub fn model(mut self, model: &'static str) -> Self {
+        self.model = model;
+        self
+    }
 }
 
 /// A Switchyard config: `top` holds top-level `key = value` lines
@@ -277,13 +309,14 @@ pub fn config_text(top: &str, providers: &[Provider], routes: &[(&str, &[&str])]
             "\n[[providers]]\nid = \"{}\"\nkind = \"{}\"\nbase_url = \"{}\"\n\
              max_concurrency = {}\nfailover_max_concurrency = {}\n\
              connect_timeout = \"1s\"\nfirst_token_timeout = \"{t}\"\nidle_timeout = \"{t}\"\n{}\n\
-             [[providers.models]]\nname = \"m\"\n{}\n",
+             [[providers.models]]\nname = \"{}\"\n{}\n",
             p.id,
             p.kind,
             p.url,
             p.max_concurrency,
             p.failover_max_concurrency,
             p.extra,
+            p.model,
             p.model_extra,
             t = p.timeout
         ));
@@ -297,7 +330,13 @@ pub fn config_text(top: &str, providers: &[Provider], routes: &[(&str, &[&str])]
 /// One `[[routes]]` block over model `m` of `targets`, with `extra` lines
 /// (caches, ladder) after them.
 pub fn route_text(name: &str, targets: &[&str], extra: &str) -> String {
-    let t: Vec<String> = targets.iter().map(|t| format!("\"{t}/m\"")).collect();
+    let t: Vec<String> = targets.iter().map(|t| format!("{t}/m")).collect();
+    route_over(name, &t, extra)
+}
+
+/// One `[[routes]]` block over `provider/model` targets, with `extra` lines.
+pub fn route_over(name: &str, targets: &[String], extra: &str) -> String {
+    let t: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
     format!(
         "\n[[routes]]\nname = \"{name}\"\ntargets = [{}]\n{extra}\n",
         t.join(", ")
@@ -386,6 +425,23 @@ impl RouterProc {
             http,
             child,
         })
+    }
+
+    /// `GET` of an admin path (`/metrics`, `/v1/status`), as text.
+    pub async fn admin_get(&self, path: &str) -> Result<String, BenchError> {
+        let err = |e: reqwest::Error| BenchError::Io(format!("switchyard admin {path}: {e}"));
+        reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(err)?
+            .get(format!("http://{}{path}", self.admin))
+            .send()
+            .await
+            .map_err(err)?
+            .text()
+            .await
+            .map_err(err)
     }
 
     /// Heap allocations and bytes counted so far (`/metrics`), if exported.
@@ -499,6 +555,7 @@ mod tests {
             extra: "synthetic_probes = true\nbreaker = { consecutive_failures = 3 }".into(),
             model_extra: "price = { input_per_mtok = 2.5, output_per_mtok = 10.0 }".into(),
             timeout: "30s",
+            model: "m",
         };
         let text = config_text(
             "retry_budget = { ratio = 0.2 }",

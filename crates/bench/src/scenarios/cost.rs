@@ -745,7 +745,7 @@ mod tests {
                 usage: Some(usage),
                 tier,
                 cost_usd: cost,
-                cache_similarity: 0.0,
+                ..Answer::default()
             }),
             ..Outcome::default()
         }

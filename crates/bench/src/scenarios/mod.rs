@@ -1,5 +1,6 @@
-//! The five scenarios of the issue, one module each, `state` and `cost`,
-//! plus `peers` and `soak` (not in `all`). Every scenario starts
+//! The five scenarios of the issue, one module each, `state`, `cost`,
+//! `tail` (hedged first tokens) and `limits` (rate-window admission), plus
+//! `peers` and `soak` (not in `all`). Every scenario starts
 //! its own mocks and Switchyard processes, returns its data, its Markdown,
 //! its correctness checks and the issue's targets, and stops what it started.
 
@@ -7,11 +8,13 @@ mod amplification;
 mod blackout;
 mod burst;
 mod cost;
+mod limits;
 mod overhead;
 mod peers;
 mod soak;
 mod state;
 mod streams;
+mod tail;
 
 use super::clients::Outcome;
 use super::load::Run;
@@ -27,6 +30,8 @@ pub async fn run(name: &str, ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "streams" => streams::run(ctx).await,
         "state" => state::run(ctx).await,
         "cost" => cost::run(ctx).await,
+        "tail" => tail::run(ctx).await,
+        "limits" => limits::run(ctx).await,
         "peers" => peers::run(ctx).await,
         "soak" => soak::run(ctx).await,
         other => Err(BenchError::Usage(format!("unknown scenario `{other}`"))),
