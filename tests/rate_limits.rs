@@ -110,6 +110,12 @@ async fn two_replicas_on_redis_never_pass_a_keys_token_window() {
         ),
         "{metrics}"
     );
+    assert!(
+        metrics.contains(
+            "switchyard_key_window_limit{provider=\"primary\",key=\"small\",kind=\"tokens\"} 10000"
+        ),
+        "the window's size, for `switchyard plan`: {metrics}"
+    );
 }
 
 /// One provider with one key limited by the mock, a fallback provider.

@@ -39,6 +39,10 @@ pub struct Observed {
     pub rate_limited: BTreeMap<TargetKey, f64>,
     /// Breaker phase now (`closed`, `open`, ...), by target, when known.
     pub breakers: BTreeMap<TargetKey, String>,
+    /// Requests a minute the upstream allows each provider's keys together
+    /// (`switchyard_key_window_limit{kind="requests"}`: learned from its
+    /// rate-limit headers, or configured), fleet-wide.
+    pub upstream_rpm: BTreeMap<String, f64>,
 }
 
 /// A provider's ceilings, from the config.
@@ -46,6 +50,8 @@ pub struct Observed {
 pub struct Ceilings {
     pub max_concurrency: u32,
     pub failover_max_concurrency: u32,
+    /// Requests a minute its keys may send together (`rpm`), fleet-wide.
+    pub rpm: Option<u32>,
 }
 
 /// A route as the plan needs it, from the config.
@@ -93,6 +99,7 @@ impl Topology {
                         Ceilings {
                             max_concurrency: p.max_concurrency,
                             failover_max_concurrency: p.failover_max_concurrency,
+                            rpm: configured_rpm(p),
                         },
                     )
                 })
@@ -101,6 +108,16 @@ impl Topology {
             budget_floor_per_sec: config.retry_budget.min_per_sec,
         }
     }
+}
+
+/// A provider's configured requests a minute, all its keys together (a key
+/// without its own `rpm` has the provider's); `None` when one is unbounded.
+fn configured_rpm(p: &switchyard::config::ProviderConfig) -> Option<u32> {
+    let rpm = match &p.keys {
+        Some(keys) => keys.iter().map(|k| k.rpm.or(p.rpm)).sum::<Option<u64>>()?,
+        None => p.rpm?,
+    };
+    Some(u32::try_from(rpm).unwrap_or(u32::MAX))
 }
 
 /// How one ceiling fares.
@@ -186,6 +203,11 @@ pub struct Row {
     pub failover: CeilingCheck,
     /// The provider's total ceiling against all its traffic, all routes.
     pub total: CeilingCheck,
+    /// The upstream's own request limit, a minute, fleet-wide (the stricter
+    /// of configured `rpm` and the windows it reports) against the
+    /// provider's requests a minute in the scenario, all routes and
+    /// replicas; `None` when nothing says the upstream's limit.
+    pub upstream: Option<CeilingCheck>,
     /// Upstream 429s per second in the window (the upstream's own limit showing).
     pub upstream_429_per_sec: f64,
     pub breaker: Option<String>,
@@ -194,7 +216,11 @@ pub struct Row {
 
 impl Row {
     pub fn exceeded(&self) -> bool {
-        self.failover.verdict == Verdict::Exceeded || self.total.verdict == Verdict::Exceeded
+        self.failover.verdict == Verdict::Exceeded
+            || self.total.verdict == Verdict::Exceeded
+            || self
+                .upstream
+                .is_some_and(|u| u.verdict == Verdict::Exceeded)
     }
 }
 
@@ -233,6 +259,9 @@ struct ProviderLoad {
     own_peak: f64,
     failover: f64,
     failover_peak: f64,
+    /// Requests a second, and with the retries the budgets allow.
+    rate: f64,
+    rate_peak: f64,
 }
 
 /// One route's traffic under a scenario: per target position, the rate now,
@@ -352,11 +381,13 @@ fn provider_loads(
         let m = retry_multiplier(topo, route, demand);
         let f = flow(route, obs, down);
         for (i, (p, _)) in route.targets.iter().enumerate() {
+            let load = loads.entry(p.clone()).or_default();
+            load.rate += f.after[i];
+            load.rate_peak += f.after[i] * (1.0 + m);
             let Some((w, _)) = f.duration[i] else {
                 continue;
             };
             let l = f.after[i] * w;
-            let load = loads.entry(p.clone()).or_default();
             if i == 0 {
                 load.own += l;
                 load.own_peak += l * (1.0 + m);
@@ -403,6 +434,14 @@ fn suggest(provider: &str, c: &Ceilings, row: &Row, load: &ProviderLoad) -> Vec<
                 ));
             }
         }
+    }
+    if let Some(u) = row.upstream.filter(|u| u.verdict != Verdict::Ok) {
+        out.push(format!(
+            "providers.{provider}: the upstream allows {} requests a minute (its rate-limit \
+             headers, or rpm) and the scenario asks up to {:.0}: add a key (keys = [...]) or \
+             a target before traffic waits or gets RATE_LIMITED",
+            u.ceiling, u.peak
+        ));
     }
     if row.failover.verdict != Verdict::Ok {
         let want = ceil(row.failover.peak * MARGIN).min(c.max_concurrency);
@@ -464,12 +503,27 @@ fn row(
             load.own_peak + load.failover_peak,
             c.max_concurrency,
         ),
+        upstream: upstream_ceiling(c, obs.upstream_rpm.get(provider).copied()).map(|rpm| {
+            let per_min = 60.0 * obs.replicas.max(1.0);
+            CeilingCheck::new(load.rate * per_min, load.rate_peak * per_min, rpm)
+        }),
         upstream_429_per_sec: obs.rate_limited.get(&key).copied().unwrap_or(0.0),
         breaker: obs.breakers.get(&key).cloned(),
         suggestions: Vec::new(),
     };
     r.suggestions = suggest(provider, c, &r, &load);
     Some(r)
+}
+
+/// The stricter of the configured `rpm` and the one the upstream reports.
+fn upstream_ceiling(c: &Ceilings, learned: Option<f64>) -> Option<u32> {
+    let learned = learned
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .map(|r| r.min(f64::from(u32::MAX)) as u32);
+    match (c.rpm, learned) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// Upstream attempts per answered request, minus one (0 without traffic).
@@ -550,6 +604,7 @@ mod tests {
                     Ceilings {
                         max_concurrency: 64,
                         failover_max_concurrency: 16,
+                        rpm: None,
                     },
                 ),
                 (
@@ -557,6 +612,7 @@ mod tests {
                     Ceilings {
                         max_concurrency: 20,
                         failover_max_concurrency: failover_ceiling,
+                        rpm: None,
                     },
                 ),
             ]
@@ -725,5 +781,40 @@ mod tests {
             65.0 / 60.0 - 1.0
         ));
         assert!(close(measured_retry_multiplier(&Observed::default()), 0.0));
+    }
+
+    #[test]
+    fn the_upstreams_request_limit_is_a_ceiling_learned_or_configured() {
+        let mut t = topo(16);
+        let mut o = observed();
+        let none = BTreeSet::new();
+        let a_row = |p: &Plan| p.routes[0].rows[0].clone();
+        assert_eq!(
+            a_row(&plan(&t, &o, &none)).upstream,
+            None,
+            "nothing says it"
+        );
+        // The upstream reports 60 requests a minute for a's keys together.
+        o.upstream_rpm.insert("a".into(), 60.0);
+        let p = plan(&t, &o, &none);
+        let u = a_row(&p).upstream.unwrap();
+        assert_eq!(u.ceiling, 60);
+        assert!(u.peak > 60.0, "{u:?}");
+        assert_eq!(u.verdict, Verdict::Exceeded);
+        assert!(p.exceeded);
+        assert!(a_row(&p)
+            .suggestions
+            .iter()
+            .any(|s| s.contains("the upstream allows 60 requests a minute")));
+        // A configured rpm stricter than what is reported wins.
+        t.ceilings.get_mut("a").unwrap().rpm = Some(30);
+        assert_eq!(a_row(&plan(&t, &o, &none)).upstream.unwrap().ceiling, 30);
+        // Room to spare: no verdict against it.
+        o.upstream_rpm.insert("a".into(), 1_000_000.0);
+        t.ceilings.get_mut("a").unwrap().rpm = None;
+        assert_eq!(
+            a_row(&plan(&t, &o, &none)).upstream.unwrap().verdict,
+            Verdict::Ok
+        );
     }
 }

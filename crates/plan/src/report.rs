@@ -25,6 +25,7 @@ fn check(c: &CeilingCheck) -> [String; 2] {
 fn verdict(r: &Row) -> &'static str {
     let worst = [r.failover.verdict, r.total.verdict]
         .into_iter()
+        .chain(r.upstream.map(|u| u.verdict))
         .max_by_key(|v| match v {
             Verdict::Ok => 0,
             Verdict::Tight => 1,
@@ -57,6 +58,10 @@ fn row_cells(r: &Row) -> Vec<String> {
         fo_head,
         tot,
         tot_head,
+        r.upstream.map_or_else(
+            || "-".into(),
+            |u| format!("{} / {}", num(u.peak), u.ceiling),
+        ),
         if r.upstream_429_per_sec > 0.0 {
             num(r.upstream_429_per_sec)
         } else {
@@ -78,6 +83,7 @@ const HEADER: &[&str] = &[
     "headroom",
     "total burst / peak / ceiling",
     "headroom",
+    "upstream req/min peak / limit",
     "429/s",
     "verdict",
 ];

@@ -132,6 +132,7 @@ const ATTEMPTS: &str = "switchyard_upstream_attempts_total";
 const DURATION_SUM: &str = "gen_ai_client_operation_duration_seconds_sum";
 const DURATION_COUNT: &str = "gen_ai_client_operation_duration_seconds_count";
 const BREAKER: &str = "switchyard_breaker_state";
+const WINDOW_LIMIT: &str = "switchyard_key_window_limit";
 
 /// The metric names [`observe`] reads (the metric-name test checks them).
 pub const METRICS_READ: &[&str] = &[
@@ -209,9 +210,18 @@ pub fn observe(before: &Scrape, after: &Scrape, secs: f64) -> Observed {
         .into_iter()
         .map(|(k, v)| (k, breaker_phase(v).to_string()))
         .collect();
+    // Each key's request window (a gauge: the latest scrape), by provider.
+    let upstream_rpm = after
+        .sum_by(WINDOW_LIMIT, &["provider"], |s| {
+            s.label("kind") == "requests"
+        })
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.into_iter().next()?, v)))
+        .collect();
     Observed {
         window_secs: secs,
         replicas: 1.0,
+        upstream_rpm,
         served: pairs(served),
         shed: pairs(shed),
         duration: pairs(duration),

@@ -171,6 +171,7 @@ pub enum Figure {
     Attempts,
     RateLimited,
     Breakers,
+    UpstreamRpm,
 }
 
 /// The instant queries `--prometheus` runs; `{w}` is the window. Sums over
@@ -198,6 +199,12 @@ pub const QUERIES: &[(Figure, &str)] = &[
         r#"sum by (provider, model) (rate(switchyard_upstream_attempts_total{outcome="rate_limited"}[{w}]))"#,
     ),
     (Figure::Breakers, "max by (provider, model) (switchyard_breaker_state)"),
+    // Fleet-wide already (every replica sees the same windows): the largest
+    // any replica reports, never a sum over replicas.
+    (
+        Figure::UpstreamRpm,
+        r#"max by (provider) (sum by (provider, instance) (switchyard_key_window_limit{kind="requests"}))"#,
+    ),
 ];
 
 /// How many replicas report (each has its own ceilings).
@@ -300,6 +307,9 @@ pub async fn prometheus(url: &str, window: Duration) -> Result<Observed, PlanErr
                         (l("provider"), l("model")),
                         scrape::breaker_phase(v).to_string(),
                     );
+                }
+                Figure::UpstreamRpm => {
+                    o.upstream_rpm.insert(l("provider"), v);
                 }
             }
         }

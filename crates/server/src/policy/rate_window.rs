@@ -257,6 +257,20 @@ impl KeyWindow {
         }
     }
 
+    /// Each window's size, the stricter of configured and reported:
+    /// (requests, tokens) per window.
+    pub fn sizes(&self, limits: Limits) -> (Option<u64>, Option<u64>) {
+        let stricter = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let size = |l: Option<Learned>| l.and_then(|l| l.left.limit);
+        (
+            stricter(limits.rpm, size(self.learned_requests)),
+            stricter(limits.tpm, size(self.learned_tokens)),
+        )
+    }
+
     /// Whether anything bounds this key now.
     pub fn is_bounded(&self, limits: Limits) -> bool {
         !limits.is_empty() || self.learned_requests.is_some() || self.learned_tokens.is_some()

@@ -130,7 +130,8 @@ impl<'a> Windows<'a> {
 
     /// Updates `switchyard_key_window_remaining` for `key`.
     fn gauge(&self, key: &str) {
-        gauge(self.limits, self.metrics, self.provider(), key);
+        let configured = self.runtime.endpoint.key_limits(key);
+        gauge(self.limits, self.metrics, self.provider(), key, configured);
     }
 
     /// After the attempt: the answering key's hold settles to the real
@@ -173,27 +174,37 @@ pub(super) async fn learn(
         limits
             .learn(&runtime.id, &id(&runtime.id, key), configured, *reported)
             .await;
-        gauge(limits, metrics, &runtime.id, key);
+        gauge(limits, metrics, &runtime.id, key, configured);
     }
 }
 
-/// Updates `switchyard_key_window_remaining` for `provider`'s `key`.
-fn gauge(limits: &KeyLimits, metrics: &Metrics, provider: &str, key: &str) {
-    let Some(room) = limits.room(&id(provider, key)) else {
+/// Updates `switchyard_key_window_remaining` and `_limit` for `provider`'s `key`.
+fn gauge(limits: &KeyLimits, metrics: &Metrics, provider: &str, key: &str, configured: Limits) {
+    let id = id(provider, key);
+    let Some(room) = limits.room(&id) else {
         return;
     };
-    for (kind, left) in [("requests", room.requests), ("tokens", room.tokens)] {
-        if let Some(left) = left {
-            metrics
-                .key_window_remaining
+    let (requests, tokens) = limits.sizes(&id, configured);
+    let set = |family: &prometheus_client::metrics::family::Family<
+        WindowLabels,
+        prometheus_client::metrics::gauge::Gauge,
+    >,
+               kind: &'static str,
+               value: Option<u64>| {
+        if let Some(v) = value {
+            family
                 .get_or_create(&WindowLabels {
                     provider: provider.to_string(),
                     key: key.to_string(),
                     kind,
                 })
-                .set(i64::try_from(left).unwrap_or(i64::MAX));
+                .set(i64::try_from(v).unwrap_or(i64::MAX));
         }
-    }
+    };
+    set(&metrics.key_window_remaining, "requests", room.requests);
+    set(&metrics.key_window_remaining, "tokens", room.tokens);
+    set(&metrics.key_window_limit, "requests", requests);
+    set(&metrics.key_window_limit, "tokens", tokens);
 }
 
 impl Windows<'_> {

@@ -322,6 +322,8 @@ pub struct Metrics {
     pub key_events: Family<KeyLabels, Counter>,
     /// What each key has left in its stricter window of each kind.
     pub key_window_remaining: Family<WindowLabels, Gauge>,
+    /// Each key's window size (the stricter of configured and reported).
+    pub key_window_limit: Family<WindowLabels, Gauge>,
     /// Requests that found no key with room: `admitted` after waiting,
     /// `rate_limited` when the wait ran out.
     pub admission_waits: Family<RouteOutcomeLabels, Counter>,
@@ -427,6 +429,12 @@ impl Metrics {
             "switchyard_key_window_remaining",
             "What a key has left in its stricter rate window (configured rpm/tpm or reported by the upstream), by kind (requests, tokens)",
             key_window_remaining.clone(),
+        );
+        let key_window_limit = Family::<WindowLabels, Gauge>::default();
+        registry.register(
+            "switchyard_key_window_limit",
+            "A key's window size per minute, by kind (requests, tokens): the stricter of its configured rpm/tpm and what the upstream's rate-limit headers say (`switchyard plan` reads it as the upstream's ceiling)",
+            key_window_limit.clone(),
         );
         let admission_waits = Family::<RouteOutcomeLabels, Counter>::default();
         registry.register(
@@ -565,6 +573,7 @@ impl Metrics {
             cooldowns,
             key_events,
             key_window_remaining,
+            key_window_limit,
             admission_waits,
             hedges,
             failed_stream_tokens,

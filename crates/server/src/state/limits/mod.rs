@@ -207,6 +207,15 @@ impl KeyLimits {
         }
     }
 
+    /// Key `id`'s window sizes (requests, tokens): the stricter of
+    /// `limits` and what an upstream reported to this process.
+    pub fn sizes(&self, id: &str, limits: Limits) -> (Option<u64>, Option<u64>) {
+        match self.local().windows.get(id) {
+            Some(w) => w.sizes(limits),
+            None => (limits.rpm, limits.tpm),
+        }
+    }
+
     /// What key `id` had left when last asked.
     pub fn room(&self, id: &str) -> Option<Room> {
         self.local().room.get(id).copied()
