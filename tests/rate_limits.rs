@@ -431,3 +431,48 @@ async fn a_batch_flood_leaves_interactive_requests_served_within_their_deadline(
         .all(|k| k["peak_tokens"].as_u64().unwrap() <= 3000));
     drop(flood);
 }
+
+#[tokio::test]
+async fn a_window_one_replica_learned_holds_the_other_replica_back_too() {
+    let Some(redis) = RedisServer::start("rate windows learned fleet").await else {
+        return;
+    };
+    let a_mock = Mock::start("openai", &[]).await;
+    let b_mock = Mock::start("openai", &[]).await;
+    // Nothing configured: the window is only what the upstream reports.
+    put(
+        &a_mock,
+        "/_mock/limits",
+        json!({"window_ms": 30000, "keys": {KEY_A: {"tpm": 1000, "used_tokens": 80}}}),
+    )
+    .await;
+    let config = format!(
+        "[state]\nbackend = \"redis\"\n{}{}{}",
+        provider("primary", "openai", &a_mock.base_url(), "gpt-4o-mini").replace(
+            "first_token_timeout",
+            "api_key_env = \"SY_KEY_A\"\nfirst_token_timeout"
+        ),
+        provider("secondary", "openai", &b_mock.base_url(), "gpt-4o-mini"),
+        route("chat", &["primary/gpt-4o-mini", "secondary/gpt-4o-mini"])
+    );
+    let env = [
+        ("SWITCHYARD_REDIS_URL", redis.url()),
+        ("SY_KEY_A", KEY_A.to_string()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let one = Switchyard::start_with(&config, &env).await;
+    let two = Switchyard::start_with(&config, &env).await;
+    // Replica one's answer empties the window and says so.
+    let got = stream(&mut one.client().await, big("chat")).await;
+    assert_eq!(got.finished.unwrap().served_by.unwrap().provider, "primary");
+    // Replica two never had an answer from the key; within its refresh it
+    // knows the fleet's window and sends nothing into it.
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let got = stream(&mut two.client().await, big("chat")).await;
+    assert_eq!(
+        got.finished.unwrap().served_by.unwrap().provider,
+        "secondary"
+    );
+    let log = a_mock.requests().await;
+    assert_eq!(log.len(), 1, "nothing sent into the full window: {log:#?}");
+}

@@ -43,7 +43,8 @@ pub const REDIS_JOB_LEASE: Duration = Duration::from_secs(10);
 const EMBEDDED_JOB_LEASE: Duration = Duration::from_secs(600);
 
 /// The stores for `config`; a Redis URL variable that is unset is an error.
-/// On Redis the cost ledger's upkeep (heartbeat, owed charges) is spawned.
+/// On Redis the cost ledger's upkeep (heartbeat, owed charges) and the rate
+/// windows' (which keys the fleet learned) are spawned.
 pub fn build(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, String> {
     match config.state.backend {
         StateBackend::Embedded => embedded_stores(config),
@@ -87,8 +88,10 @@ fn fleet_stores(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, Strin
         redis.clone(),
         faults.clone(),
     ));
+    let limits = Arc::new(KeyLimits::redis(redis.clone(), faults.clone()));
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         rt.spawn(cost.clone().upkeep());
+        rt.spawn(limits.clone().upkeep());
     }
     Ok(Stores {
         idempotency: Arc::new(Idempotency::redis(
@@ -112,7 +115,7 @@ fn fleet_stores(config: &Config, metrics: &Arc<Metrics>) -> Result<Stores, Strin
             st.lease,
         ),
         affinity: Arc::new(AffinityMemory::redis(redis.clone(), faults.clone())),
-        limits: Arc::new(KeyLimits::redis(redis.clone(), faults.clone())),
+        limits,
         journal: Journal::redis(
             redis.clone(),
             faults,

@@ -24,6 +24,8 @@ use crate::state::StateFaults;
 
 /// Most keys whose windows a process keeps (a config names far fewer).
 const MAX_KEYS: usize = 4096;
+/// How often a replica reads which keys the fleet learned windows for.
+const REFRESH: Duration = Duration::from_secs(1);
 
 /// Where a reservation was held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +91,44 @@ impl KeyLimits {
 
     fn local(&self) -> std::sync::MutexGuard<'_, Local> {
         self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// On Redis, for the process's life: every `REFRESH` the keys another
+    /// replica learned windows for are bounded here too, so no replica sends
+    /// into a window the fleet knows is full just because it has not had an
+    /// answer from that key itself. Nothing to do in process.
+    pub async fn upkeep(self: Arc<Self>) {
+        let Some((redis, faults)) = &self.fleet else {
+            return;
+        };
+        let mut tick = tokio::time::interval(REFRESH);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match redis.limits_reporting(MAX_KEYS).await {
+                Ok(ids) => self.mark_reporting(ids),
+                Err(e) => faults.record(
+                    "limits",
+                    &e,
+                    "keys other replicas learned are not known here",
+                ),
+            }
+        }
+    }
+
+    fn mark_reporting(&self, ids: Vec<String>) {
+        let mut local = self.local();
+        for id in ids {
+            if local.reported.len() >= MAX_KEYS {
+                break;
+            }
+            if let Some((provider, _)) = id.split_once('/') {
+                if !local.reporting.contains(provider) {
+                    local.reporting.insert(provider.to_string());
+                }
+                local.reported.insert(id);
+            }
+        }
     }
 
     /// Whether admission asks about any key of `provider`: it has

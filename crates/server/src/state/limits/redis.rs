@@ -16,6 +16,9 @@ use crate::policy::rate_window::{
 use crate::state::redis::{bad_reply, num, reply, Redis, LUA_NOW};
 use crate::state::StateError;
 
+/// The set of keys that reported windows (`{fleet}:limits-reporting`).
+const REPORTING: &str = "limits-reporting";
+
 /// Reads the hash, rolls lapsed windows and defines `room()`.
 const LUA_WINDOW: &str = r"
 local function load(key, now, window)
@@ -122,9 +125,10 @@ return 1
     )
 });
 
-/// KEYS: the key's hash. ARGV: requests left (-1 unknown), reset in ms,
-/// tokens left (-1 unknown), reset in ms, rpm, tpm, window ms, same-window
-/// ms, requests limit (0 unknown), tokens limit (0 unknown).
+/// KEYS: the key's hash, the set of reporting keys. ARGV: requests left
+/// (-1 unknown), reset in ms, tokens left (-1 unknown), reset in ms, rpm,
+/// tpm, window ms, same-window ms, requests limit (0 unknown), tokens limit
+/// (0 unknown), the key's id.
 /// -> {req left, tok left, reset at, now}.
 static LEARN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -152,6 +156,10 @@ if tk >= 0 and tk_in > 0 then
   if tk_lim > 0 then w.tk_lim = tk_lim end
 end
 save(KEYS[1], w, now, window)
+-- The fleet learns which keys report windows (a replica asks about them
+-- from then on, even before its own first answer from them).
+redis.call('SADD', KEYS[2], ARGV[11])
+redis.call('PEXPIRE', KEYS[2], 86400000)
 local req, tok, reset = room(w, tonumber(ARGV[5]), tonumber(ARGV[6]), window)
 return {req, tok, reset, now}
 "
@@ -254,10 +262,12 @@ impl Redis {
         };
         let (rq, rq_in, rq_lim) = triple(reported.requests);
         let (tk, tk_in, tk_lim) = triple(reported.tokens);
+        let reporting = self.fleet_key(REPORTING);
         let v: Value = self
             .call("limits_learn", |mut c| async move {
                 LEARN
                     .key(key)
+                    .key(reporting)
                     .arg(rq)
                     .arg(rq_in)
                     .arg(tk)
@@ -268,11 +278,28 @@ impl Redis {
                     .arg(SAME_WINDOW_MS)
                     .arg(rq_lim)
                     .arg(tk_lim)
+                    .arg(id)
                     .invoke_async(&mut c)
                     .await
             })
             .await?;
         let items = reply::items(v).ok_or_else(|| bad_reply("limits_learn"))?;
         room_of(&items, 0).ok_or_else(|| bad_reply("limits_learn"))
+    }
+
+    /// The keys (`provider/key`) some replica learned windows for, at
+    /// most `max`.
+    pub(super) async fn limits_reporting(&self, max: usize) -> Result<Vec<String>, StateError> {
+        let set = self.fleet_key(REPORTING);
+        let ids: Vec<String> = self
+            .call("limits_reporting", |mut c| async move {
+                redis::cmd("SRANDMEMBER")
+                    .arg(set)
+                    .arg(max)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        Ok(ids)
     }
 }
