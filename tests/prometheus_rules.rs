@@ -487,7 +487,8 @@ async fn semantic_scrape() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_rules_the_dashboard_and_plan_name_is_exported() {
     // Ceilings of two, breakers that open at two failures, health evidence
-    // after four calls, and the queue on, so that traffic creates every series.
+    // after four calls, a request window (rpm) that never fills, and the
+    // queue on, so that traffic creates every series.
     let dir = tempfile::tempdir().unwrap();
     let head = format!(
         "[queue]\npath = \"{}\"",
@@ -495,7 +496,8 @@ async fn every_metric_the_rules_the_dashboard_and_plan_name_is_exported() {
     );
     let extra = "max_concurrency = 2\nfailover_max_concurrency = 1\n\
                  breaker = { consecutive_failures = 2, open_for = \"30s\", max_open_for = \"30s\", jitter = 0.0 }\n\
-                 health = { prior_successes = 0, min_calls = 4 }";
+                 health = { prior_successes = 0, min_calls = 4 }\n\
+                 rpm = 1000000";
     let rig = Rig::start_full(&head, extra, "", &[], &[]).await;
     let (primary, secondary, sy) = (&rig.primary, &rig.secondary, &rig.sy);
     let mut client = sy.client().await;
