@@ -445,7 +445,11 @@ impl RouterProc {
     }
 
     /// Heap allocations and bytes counted so far (`/metrics`), if exported.
-    pub async fn allocations(&self, http: &reqwest::Client) -> Option<(u64, u64)> {
+    /// The counters the overhead scenario reads from `/metrics`: allocations
+    /// (count, bytes; with `SWITCHYARD_COUNT_ALLOCATIONS=1`) and the request
+    /// path's actor messages (`switchyard_actor_calls_total`, absent from
+    /// builds before it existed).
+    pub async fn counters(&self, http: &reqwest::Client) -> Option<Counters> {
         let text = http
             .get(format!("http://{}/metrics", self.admin))
             .send()
@@ -454,16 +458,8 @@ impl RouterProc {
             .text()
             .await
             .ok()?;
-        let value = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
-        };
-        Some((
-            value("switchyard_process_allocations_total ")?,
-            value("switchyard_process_allocated_bytes_total ")?,
-        ))
+        Some(Counters::read(&text))
     }
-
     /// CPU and memory now (zeros when `/proc` cannot be read).
     pub fn usage(&self) -> Usage {
         proc_usage(self.pid).unwrap_or_default()
@@ -566,5 +562,70 @@ mod tests {
         assert_eq!(c.providers[0].failover_max_concurrency, 5);
         assert_eq!(c.routes[0].targets.len(), 1);
         assert_eq!(c.providers[0].models[0].price.output_per_mtok, 10.0);
+    }
+}
+
+/// Counters read from one `/metrics` page.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Counters {
+    /// Heap allocations and bytes so far.
+    pub allocations: Option<(u64, u64)>,
+    /// Actor messages the request path sent so far: calls (a reply awaited)
+    /// and casts (none), and provider permits taken through the gate.
+    pub actor_calls: Option<u64>,
+    pub actor_casts: Option<u64>,
+    pub gate_permits: Option<u64>,
+}
+
+impl Counters {
+    pub fn read(text: &str) -> Counters {
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+        };
+        let actor = |message: &str| {
+            let label = format!("message=\"{message}\"");
+            text.lines()
+                .filter(|l| l.starts_with("switchyard_actor_calls_total{") && l.contains(&label))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .map(|v| v as u64)
+                .reduce(|a, b| a + b)
+        };
+        let calls = match (actor("withdraw_retry"), actor("admit")) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        Counters {
+            allocations: value("switchyard_process_allocations_total ")
+                .zip(value("switchyard_process_allocated_bytes_total ")),
+            actor_calls: calls,
+            actor_casts: actor("planned"),
+            gate_permits: actor("gate"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod counters_tests {
+    use super::Counters;
+
+    #[test]
+    fn counters_are_read_from_the_metrics_page() {
+        let text = "switchyard_process_allocations_total 10\n\
+                    switchyard_process_allocated_bytes_total 20\n\
+                    switchyard_actor_calls_total{actor=\"router\",message=\"planned\"} 5\n\
+                    switchyard_actor_calls_total{actor=\"router\",message=\"withdraw_retry\"} 1\n\
+                    switchyard_actor_calls_total{actor=\"provider\",message=\"admit\"} 2\n\
+                    switchyard_actor_calls_total{actor=\"provider\",message=\"gate\"} 3\n";
+        let c = Counters::read(text);
+        assert_eq!(c.allocations, Some((10, 20)));
+        assert_eq!(c.actor_calls, Some(3));
+        assert_eq!(c.actor_casts, Some(5));
+        assert_eq!(c.gate_permits, Some(3));
+        assert_eq!(
+            Counters::read("").actor_calls,
+            None,
+            "an older build has none"
+        );
     }
 }

@@ -379,13 +379,9 @@ impl Core {
         let supervisor_done = tokio::spawn(async move {
             let _ = supervisor_handle.await;
         });
-        let router = registry.clone();
+        let published = registry.clone();
         let validations = ValidationStore::open(
-            Box::new(move |records| {
-                if let Some(router) = router.router() {
-                    let _ = router.cast(crate::actors::router::RouterMsg::Validations(records));
-                }
-            }),
+            Box::new(move |records| published.set_validations(records)),
             config.golden.as_ref().map(|g| g.record.clone()),
         )
         .await;

@@ -113,6 +113,13 @@ pub trait Out: Send {
     ) -> impl std::future::Future<Output = Result<(), ClientGone>> + Send;
     /// What the attempt's wire left out of the request.
     fn set_dropped(&mut self, dropped: Vec<String>);
+    /// The chunks until [`Out::release`] were ready together (one network
+    /// read): they may be stored as one batch before they go out.
+    fn hold(&mut self) {}
+    /// Sends what [`Out::hold`] kept.
+    fn release(&mut self) -> impl std::future::Future<Output = Result<(), ClientGone>> + Send {
+        std::future::ready(Ok(()))
+    }
 }
 
 impl Out for EventSink {
@@ -127,6 +134,12 @@ impl Out for EventSink {
     }
     fn set_dropped(&mut self, dropped: Vec<String>) {
         EventSink::set_dropped(self, dropped);
+    }
+    fn hold(&mut self) {
+        EventSink::hold(self);
+    }
+    fn release(&mut self) -> impl std::future::Future<Output = Result<(), ClientGone>> + Send {
+        EventSink::release(self)
     }
 }
 
@@ -574,17 +587,34 @@ async fn stream_body(
             }
             Ok(None) => (true, parser.finish(&mut events).err()),
         };
+        // The events of one read go out together (a journaled stream
+        // stores them in one write), also when one of them ends the attempt.
+        sink.hold();
+        let mut ended = None;
         for event in events.drain(..) {
             let decoded = decoder.on_event(&event, &mut chunks);
             // Forward what the frame carried, even before failing.
             match forward(&mut chunks, sink, meta).await {
                 Ok(()) => {}
-                Err(Forward::ClientGone) => return AttemptEnd::ClientGone,
-                Err(Forward::Cut(f)) => return AttemptEnd::Failed(f),
+                Err(Forward::ClientGone) => {
+                    ended = Some(AttemptEnd::ClientGone);
+                    break;
+                }
+                Err(Forward::Cut(f)) => {
+                    ended = Some(AttemptEnd::Failed(f));
+                    break;
+                }
             }
             if let Err(f) = decoded {
-                return AttemptEnd::Failed(f);
+                ended = Some(AttemptEnd::Failed(f));
+                break;
             }
+        }
+        if sink.release().await.is_err() {
+            return AttemptEnd::ClientGone;
+        }
+        if let Some(end) = ended {
+            return end;
         }
         if let Some(f) = too_large {
             return AttemptEnd::Failed(f);

@@ -163,6 +163,19 @@ pub trait Tee: Send + Sync {
     /// error. A failed write leaves the stream unresumable, never stalled.
     fn write<'a>(&'a mut self, seq: u64, item: &'a Item)
         -> futures_util::future::BoxFuture<'a, ()>;
+    /// Writes items that were ready together, in order, in as few store
+    /// calls as the store allows (one on Redis); the same as writing them
+    /// one by one.
+    fn write_batch<'a>(
+        &'a mut self,
+        items: &'a [(u64, Item)],
+    ) -> futures_util::future::BoxFuture<'a, ()> {
+        Box::pin(async move {
+            for (seq, item) in items {
+                self.write(*seq, item).await;
+            }
+        })
+    }
     /// Every item so far was stored: a reconnect gets the whole stream.
     fn whole(&self) -> bool;
     /// The writer leaves without ending the stream (a drain): another
@@ -228,7 +241,14 @@ pub struct EventSink {
     /// The number of the last item the caller was handed (an item can be
     /// journaled and then cut off by a drain before it is delivered).
     delivered: u64,
+    /// Items are being held to be journaled together ([`Self::hold`]).
+    holding: bool,
+    /// The held items, numbered, not yet journaled or handed out.
+    held: Vec<(u64, Item)>,
 }
+
+/// The most items held for one journal write; more are written at once.
+const MAX_HELD: usize = 64;
 
 /// Stores a finished answer (idempotency record, response cache).
 pub type FinishHook =
@@ -386,6 +406,8 @@ impl EventSink {
             finish_when_gone: false,
             ended: false,
             delivered: 0,
+            holding: false,
+            held: Vec::new(),
         }
     }
 
@@ -402,6 +424,9 @@ impl EventSink {
             return false;
         }
         self.ended = true;
+        // Held items were neither journaled nor handed out: whoever takes
+        // the journal over goes on from what it holds.
+        self.held.clear();
         tee.release().await;
         // Resume after what the caller was handed: an item journaled but
         // cut off by the drain before it went out is the resume's first.
@@ -411,7 +436,7 @@ impl EventSink {
             after_seq: at,
         };
         self.seq = at;
-        let _ = self.deliver(Ok(moved)).await;
+        let _ = self.deliver(at, Ok(moved)).await;
         true
     }
 
@@ -424,9 +449,46 @@ impl EventSink {
         }
         if let Some(tee) = &mut self.tee {
             self.ended = true;
+            // What was held is journaled (nobody is there to hand it to).
+            let held = std::mem::take(&mut self.held);
+            tee.write_batch(&held).await;
             self.seq += 1;
             tee.write(self.seq, &Err(RequestError::CallerGone)).await;
         }
+    }
+
+    /// Items sent from now until [`Self::release`] are journaled together,
+    /// in one write, and then handed to the caller in order (a journaled
+    /// stream only: the upstream reader holds the events of one network
+    /// read, so a 16-token burst costs one journal call, not 16). At most
+    /// `MAX_HELD` are held; more are written at once.
+    pub fn hold(&mut self) {
+        self.holding = self.tee.is_some();
+    }
+
+    /// Journals the held items in one write and hands them to the caller.
+    pub async fn release(&mut self) -> Result<(), ClientGone> {
+        self.holding = false;
+        self.flush_held().await
+    }
+
+    async fn flush_held(&mut self) -> Result<(), ClientGone> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        // The buffer is kept for the next batch (one allocation a stream).
+        let mut held = std::mem::take(&mut self.held);
+        if let Some(tee) = &mut self.tee {
+            tee.write_batch(&held).await;
+        }
+        let mut result = Ok(());
+        for (seq, item) in held.drain(..) {
+            if result.is_ok() {
+                result = self.deliver(seq, item).await;
+            }
+        }
+        self.held = held;
+        result
     }
 
     /// A sink with no caller of its own: it writes on into a journal taken
@@ -593,7 +655,7 @@ impl EventSink {
     /// nothing is recorded, stamped or journaled again.
     pub async fn forward(&mut self, seq: u64, item: Item) -> Result<(), ClientGone> {
         self.seq = seq;
-        self.deliver(item).await
+        self.deliver(seq, item).await
     }
 
     /// Answers with a job instead of tokens (the `queue` rung).
@@ -608,6 +670,8 @@ impl EventSink {
         if self.abandoned.get().is_some() {
             return;
         }
+        self.holding = false;
+        let _ = self.flush_held().await;
         self.seq += 1;
         self.ended = true;
         let item = Err(error);
@@ -698,6 +762,9 @@ impl EventSink {
         if self.abandoned.get().is_some() {
             return Err(ClientGone);
         }
+        if !self.holding || self.held.len() >= MAX_HELD {
+            self.flush_held().await?;
+        }
         if let Some(tee) = &self.tee {
             match &mut event {
                 Event::Started(s) => s.resume_token = Some(tee.token().to_string()),
@@ -730,30 +797,34 @@ impl EventSink {
         self.seq += 1;
         self.ended |= matches!(event, Event::Finished(_) | Event::Queued(_));
         let item = Ok(event);
+        if self.holding {
+            self.held.push((self.seq, item));
+            return Ok(());
+        }
         if let Some(tee) = &mut self.tee {
             tee.write(self.seq, &item).await;
         }
-        self.deliver(item).await
+        self.deliver(self.seq, item).await
     }
 
-    /// Hands item `self.seq` to the caller, bounded.
-    async fn deliver(&mut self, item: Item) -> Result<(), ClientGone> {
+    /// Hands item `seq` to the caller, bounded.
+    async fn deliver(&mut self, seq: u64, item: Item) -> Result<(), ClientGone> {
         if self.abandoned.get().is_some() {
             return Err(ClientGone);
         }
         if let Some(tx) = &self.tx {
             // Room now (the common case): no timer at all.
-            let sent = match tx.try_send((self.seq, item)) {
+            let sent = match tx.try_send((seq, item)) {
                 Ok(()) => {
                     self.committed = true;
-                    self.delivered = self.seq;
+                    self.delivered = seq;
                     return Ok(());
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => return self.gone(),
                 Err(mpsc::error::TrySendError::Full(sent)) => sent,
             };
             match self.bounded(tx.send(sent)).await {
-                Ok(()) => self.delivered = self.seq,
+                Ok(()) => self.delivered = seq,
                 Err(SendFailed::Gone) => return self.gone(),
                 Err(SendFailed::GaveUp(e)) => {
                     tracing::warn!(error = %e, "the caller stopped reading; the request is dropped");
@@ -1073,6 +1144,88 @@ mod tests {
             seen,
             "the journal holds exactly what the caller got, numbered alike"
         );
+    }
+
+    /// A tee that records each store call: its items' numbers.
+    struct Batches(Arc<Mutex<Vec<Vec<u64>>>>);
+
+    impl Tee for Batches {
+        fn token(&self) -> &str {
+            "tok"
+        }
+        fn write<'a>(
+            &'a mut self,
+            seq: u64,
+            _item: &'a Item,
+        ) -> futures_util::future::BoxFuture<'a, ()> {
+            self.0.lock().unwrap().push(vec![seq]);
+            Box::pin(async {})
+        }
+        fn write_batch<'a>(
+            &'a mut self,
+            items: &'a [(u64, Item)],
+        ) -> futures_util::future::BoxFuture<'a, ()> {
+            self.0
+                .lock()
+                .unwrap()
+                .push(items.iter().map(|(seq, _)| *seq).collect());
+            Box::pin(async {})
+        }
+        fn whole(&self) -> bool {
+            true
+        }
+        fn release(&mut self) -> futures_util::future::BoxFuture<'_, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    #[tokio::test]
+    async fn held_items_are_journaled_in_one_write_before_any_reaches_the_caller() {
+        let (mut sink, mut events) = channel(SendLimits::default(), Delivery::Final);
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        sink.set_tee(Box::new(Batches(batches.clone())), false);
+        sink.begin_attempt(started(1));
+        sink.hold();
+        for t in ["a", "b", "c"] {
+            sink.chunk(Chunk::Text(t.into())).await.unwrap();
+        }
+        assert!(
+            events.rx.try_recv().is_err(),
+            "nothing reaches the caller before it is journaled"
+        );
+        assert!(batches.lock().unwrap().is_empty());
+        sink.release().await.unwrap();
+        assert_eq!(*batches.lock().unwrap(), vec![vec![1, 2, 3, 4]]);
+        for seq in 1..=4 {
+            events.recv().await.unwrap().unwrap();
+            assert_eq!(events.seq(), seq);
+        }
+        // Outside a hold, one write per item; a hold never outlives a send
+        // made without one (the held items go first, in order).
+        sink.hold();
+        sink.chunk(Chunk::Text("d".into())).await.unwrap();
+        sink.holding = false;
+        sink.finish(finished()).await.unwrap();
+        assert_eq!(
+            *batches.lock().unwrap(),
+            vec![vec![1, 2, 3, 4], vec![5], vec![6]]
+        );
+        // At most MAX_HELD are held (the caller reads on meanwhile).
+        tokio::spawn(async move { while events.recv().await.is_some() {} });
+        sink.hold();
+        for _ in 0..MAX_HELD + 1 {
+            sink.chunk(Chunk::Text("e".into())).await.unwrap();
+        }
+        assert_eq!(batches.lock().unwrap().last().map(Vec::len), Some(MAX_HELD));
+    }
+
+    #[tokio::test]
+    async fn a_stream_without_a_journal_holds_nothing() {
+        let (mut sink, mut events) = channel(SendLimits::default(), Delivery::Final);
+        sink.begin_attempt(started(1));
+        sink.hold();
+        sink.chunk(Chunk::Text("a".into())).await.unwrap();
+        assert!(events.rx.try_recv().is_ok(), "handed out at once");
     }
 
     #[tokio::test]

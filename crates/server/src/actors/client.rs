@@ -13,9 +13,10 @@ use tokio::time::Instant;
 use super::provider::{Permit, ProviderMsg, Refusal, TrafficClass};
 use super::recovery::RecoveryMsg;
 use super::registry::{ProviderEntry, Registry};
-use super::router::{Plan, RouterMsg};
+use super::router::{Plan, PlanError, Planner, RouteTable, RouterMsg};
 use crate::chat::Needs;
 use crate::error::RequestError;
+use crate::telemetry::metrics::{ActorCalls, Metrics};
 
 /// How long a request task waits for an actor's reply before treating the
 /// actor as unavailable (it is being restarted).
@@ -36,11 +37,17 @@ pub enum Admission {
 #[derive(Clone)]
 pub struct Actors {
     registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    calls: ActorCalls,
 }
 
 impl Actors {
-    pub fn new(registry: Arc<Registry>) -> Self {
-        Actors { registry }
+    pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>) -> Self {
+        Actors {
+            registry,
+            calls: metrics.actor_calls(),
+            metrics,
+        }
     }
 
     /// A provider's actor and runtime (prices, snapshots), if it runs.
@@ -49,20 +56,17 @@ impl Actors {
     }
 
     /// The chat targets of `route` that have every capability in `needs`
-    /// (only `pin`, when given), ranked by the router actor.
+    /// (only `pin`, when given), ranked from the router's published table
+    /// (no call: one cast tells the route's budget).
     pub async fn plan(
         &self,
         route: &str,
         needs: &Needs,
         pin: Option<&str>,
     ) -> Result<Plan, RequestError> {
-        self.ask_router(|reply| RouterMsg::Plan {
-            route: route.to_string(),
-            needs: needs.clone(),
-            pin: pin.map(str::to_string),
-            reply,
+        self.planned(route, |table, at, now| {
+            table.plan(at, route, needs, pin, now)
         })
-        .await
     }
 
     /// The `embeddings` targets of `route`, of one family.
@@ -71,28 +75,32 @@ impl Actors {
         route: &str,
         pin: Option<&str>,
     ) -> Result<Plan, RequestError> {
-        self.ask_router(|reply| RouterMsg::PlanEmbeddings {
-            route: route.to_string(),
-            pin: pin.map(str::to_string),
-            reply,
+        self.planned(route, |table, at, now| {
+            table.plan_embeddings(at, route, pin, now)
         })
-        .await
     }
 
-    async fn ask_router(
+    fn planned(
         &self,
-        msg: impl FnOnce(ractor::RpcReplyPort<Result<Plan, super::router::PlanError>>) -> RouterMsg,
+        route: &str,
+        plan: impl FnOnce(&RouteTable, Planner<'_>, Instant) -> Result<Plan, PlanError>,
     ) -> Result<Plan, RequestError> {
-        let router = self
-            .registry
-            .router()
-            .ok_or_else(|| RequestError::Unavailable("router actor is not running".into()))?;
-        match router.call(msg, Some(CALL_TIMEOUT)).await {
-            Ok(CallResult::Success(plan)) => Ok(plan?),
-            _ => Err(RequestError::Unavailable(
-                "router actor did not answer".into(),
-            )),
+        let (Some(table), Some(router)) = (self.registry.route_table(), self.registry.router())
+        else {
+            return Err(RequestError::Unavailable(
+                "router actor is not running".into(),
+            ));
+        };
+        let at = Planner {
+            registry: &self.registry,
+            metrics: &self.metrics,
+        };
+        let plan = plan(&table, at, Instant::now())?;
+        if let Some(name) = table.route_name(route) {
+            self.calls.planned.inc();
+            let _ = router.cast(RouterMsg::Planned(name));
         }
+        Ok(plan)
     }
 
     /// Asks the route's budget for one more attempt (a retry or a failover).
@@ -104,6 +112,7 @@ impl Actors {
             route: route.to_string(),
             reply,
         };
+        self.calls.withdraw_retry.inc();
         matches!(
             router.call(msg, Some(CALL_TIMEOUT)).await,
             Ok(CallResult::Success(true))
@@ -127,9 +136,11 @@ impl Actors {
         }
     }
 
-    /// Asks a provider actor for a permit to send one call to `model`. A busy
-    /// actor is waited for up to `deadline` (its mailbox is a queue, not a
-    /// failure); a dead one up to `RESTART_GRACE` for its next incarnation.
+    /// A permit to send one call to `model`: straight from the provider's
+    /// semaphores while its gate is open (no message at all), else from its
+    /// actor. A busy actor is waited for up to `deadline` (its mailbox is a
+    /// queue, not a failure); a dead one up to `RESTART_GRACE` for its next
+    /// incarnation.
     pub async fn take_permit(
         &self,
         provider: &str,
@@ -142,6 +153,14 @@ impl Actors {
             let Some(entry) = self.registry.provider(provider) else {
                 return Admission::Unreachable;
             };
+            if let Some(permit) = entry
+                .runtime
+                .admit_through_gate(&entry.actor, model, traffic)
+            {
+                self.calls.gate.inc();
+                return Admission::Granted(entry, permit);
+            }
+            self.calls.admit.inc();
             let wait = deadline.saturating_duration_since(Instant::now());
             if wait.is_zero() {
                 return Admission::Unreachable;

@@ -125,6 +125,29 @@ pub struct ProviderRuntime {
     snapshot: watch::Sender<ProviderSnapshot>,
     /// Actor incarnations started so far (a restarted actor comes back half-open).
     incarnations: AtomicU64,
+    /// Each model's admission gate, set by the actor on every publish.
+    gates: HashMap<String, Gate>,
+}
+
+/// One model's admission gate: while the actor keeps it open (the breaker
+/// closed with no override, no cooldown, credentials not rejected), a
+/// request takes its permit straight from the semaphores with a ticket of
+/// the published breaker generation, and the actor only hears the outcome.
+/// Anything else (a tripped, half-open or overridden breaker, a cooldown, a
+/// full ceiling) asks the actor, which decides as it always did.
+#[derive(Debug, Default)]
+struct Gate(AtomicU64);
+
+impl Gate {
+    /// The open generation, if any.
+    fn open(&self) -> Option<u64> {
+        self.0.load(Ordering::Acquire).checked_sub(1)
+    }
+
+    fn set(&self, generation: Option<u64>) {
+        self.0
+            .store(generation.map_or(0, |g| g + 1), Ordering::Release);
+    }
 }
 
 /// Building a provider runtime failed.
@@ -150,6 +173,12 @@ impl ProviderRuntime {
             failover_max_concurrency: cfg.failover_max_concurrency,
             snapshot,
             incarnations: AtomicU64::new(0),
+            // Shut until the first incarnation publishes.
+            gates: cfg
+                .models
+                .iter()
+                .map(|m| (m.name.clone(), Gate::default()))
+                .collect(),
         })
     }
 
@@ -181,6 +210,32 @@ impl ProviderRuntime {
     /// Failover requests in flight now.
     pub fn failover_in_flight(&self) -> usize {
         self.failover_max_concurrency as usize - self.failover.available_permits()
+    }
+
+    /// A permit for one attempt without asking the actor, when `model`'s
+    /// gate is open and the ceilings have room; `None` sends the request to
+    /// the actor ([`ProviderMsg::Admit`]), which refuses or admits it.
+    pub fn admit_through_gate(
+        &self,
+        actor: &ActorRef<ProviderMsg>,
+        model: &str,
+        class: TrafficClass,
+    ) -> Option<Permit> {
+        let gate = self.gates.get(model)?;
+        let generation = gate.open()?;
+        // A stopped incarnation's successor publishes its own gate.
+        if actor.get_status() != ractor::ActorStatus::Running {
+            return None;
+        }
+        let (total, failover) = self.try_acquire(class)?;
+        // Shut (or moved on) meanwhile: the semaphores go back, the actor decides.
+        if gate.open() != Some(generation) {
+            return None;
+        }
+        Some(
+            Permit::new(total, failover, class, Ticket::through_gate(generation))
+                .home(actor.clone(), model.to_string()),
+        )
     }
 
     fn try_acquire(
@@ -403,6 +458,8 @@ struct ModelState {
     auth_until: Option<Instant>,
     /// Recent attempts, and how many were failover traffic.
     traffic: ShareWindow,
+    /// Its `switchyard_breaker_state` series, resolved once.
+    breaker_gauge: prometheus_client::metrics::gauge::Gauge,
 }
 
 /// The actor. `self` holds nothing; everything arrives as arguments.
@@ -591,10 +648,7 @@ impl ProviderState {
                     Phase::HalfOpen => 1,
                     Phase::Open | Phase::ForcedOpen => 2,
                 };
-                self.metrics
-                    .breaker_state
-                    .get_or_create(&self.labels(name))
-                    .set(gauge);
+                m.breaker_gauge.set(gauge);
                 let (cooldown_until, cooldown_reason) =
                     match (m.auth_until.filter(|u| *u > now), m.cooldown.active(now)) {
                         (Some(u), _) => (Some(u), Some("auth")),
@@ -604,6 +658,10 @@ impl ProviderState {
                         ),
                         (None, None) => (None, None),
                     };
+                let cooling = cooldown_until.is_some_and(|u| u > now);
+                if let Some(gate) = self.runtime.gates.get(name) {
+                    gate.set(m.breaker.gate().filter(|_| !cooling));
+                }
                 let snapshot = TargetSnapshot {
                     breaker,
                     score: m.health.score(now),
@@ -653,6 +711,14 @@ impl Actor for ProviderActor {
                     cooldown: Cooldown::default(),
                     auth_until: None,
                     traffic: ShareWindow::new(Duration::from_secs(60), now),
+                    breaker_gauge: args
+                        .metrics
+                        .breaker_state
+                        .get_or_create(&TargetLabels {
+                            provider: runtime.id.clone(),
+                            model: m.name.clone(),
+                        })
+                        .clone(),
                 };
                 (m.name.clone(), state)
             })

@@ -1,15 +1,19 @@
-//! The registry of live actor references. The supervisor swaps a reference
+//! The registry of live actor references and of what the actors publish for
+//! requests to read without a message. The supervisor swaps a reference
 //! here when it restarts an actor, so request tasks always reach the current
-//! incarnation; nothing else caches an `ActorRef`.
+//! incarnation; nothing else caches an `ActorRef`. The router publishes its
+//! route table here; the validation store its records.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+use arc_swap::{ArcSwap, ArcSwapOption};
 use ractor::ActorRef;
 
 use super::provider::{ProviderMsg, ProviderRuntime};
 use super::recovery::RecoveryMsg;
-use super::router::RouterMsg;
+use super::router::{RouteTable, RouterMsg};
+use crate::state::validation::record::Records;
 
 /// A provider as request tasks see it: its actor and its I/O runtime.
 #[derive(Clone)]
@@ -24,6 +28,10 @@ pub struct Registry {
     providers: RwLock<HashMap<String, ProviderEntry>>,
     router: RwLock<Option<ActorRef<RouterMsg>>>,
     recovery: RwLock<Option<ActorRef<RecoveryMsg>>>,
+    /// The router's route table, as last published.
+    routes: ArcSwapOption<RouteTable>,
+    /// The golden-set validations on record.
+    validations: ArcSwap<Records>,
 }
 
 impl Registry {
@@ -60,6 +68,25 @@ impl Registry {
         if let Ok(mut r) = self.recovery.write() {
             *r = Some(recovery);
         }
+    }
+
+    /// The route table requests plan from (`None` before the router started).
+    pub fn route_table(&self) -> Option<Arc<RouteTable>> {
+        self.routes.load_full()
+    }
+
+    pub(crate) fn set_route_table(&self, table: Arc<RouteTable>) {
+        self.routes.store(Some(table));
+    }
+
+    /// The golden-set validations on record.
+    pub fn validations(&self) -> Arc<Records> {
+        self.validations.load_full()
+    }
+
+    /// Replaces the validations on record (the validation store's hook).
+    pub fn set_validations(&self, records: Arc<Records>) {
+        self.validations.store(records);
     }
 
     pub(crate) fn set_router(&self, router: ActorRef<RouterMsg>) {

@@ -1,17 +1,20 @@
-//! The router actor: owns the route table and each route's retry budget. It
-//! turns a request's route and needs into an ordered plan — capable targets
-//! only (fail closed), skipping tripped or cooling targets, sorted by health
-//! band, then priority, then weighted chance — and grants or refuses each
+//! The router actor: owns the route table and each route's retry budget and
+//! failover window. It builds the table from config and publishes it (on
+//! start and on every reload); a request plans itself from the published
+//! table ([`RouteTable::plan`]) with no message — capable targets only (fail
+//! closed), skipping tripped or cooling targets, sorted by health band, then
+//! priority, then weighted chance — and tells the router with one cast
+//! (`Planned`, the budget's deposit). The router grants or refuses each
 //! retry and failover against the budget. It decides; it never touches a
 //! response byte, and it reads provider state from their published snapshots.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use tokio::time::Instant;
 
 use super::provider::Unavailable;
@@ -25,7 +28,7 @@ use crate::policy::budget::RetryBudget;
 use crate::policy::next::RoutePolicy;
 use crate::policy::share::ShareWindow;
 use crate::sink::Tier;
-use crate::state::validation::record::{Records, RouteValidation};
+use crate::state::validation::record::RouteValidation;
 use crate::telemetry::metrics::{Metrics, RouteLabels, RouteTargetLabels};
 
 /// One target the request may be sent to.
@@ -146,20 +149,9 @@ impl From<PlanError> for crate::error::RequestError {
 }
 
 pub enum RouterMsg {
-    Plan {
-        route: String,
-        needs: Needs,
-        /// Only this `provider/model` target may serve.
-        pin: Option<String>,
-        reply: RpcReplyPort<Result<Plan, PlanError>>,
-    },
-    /// A plan for an embeddings call: the route's `embeddings` targets of
-    /// one family (unless the route says `embedding_family_failover = "any"`).
-    PlanEmbeddings {
-        route: String,
-        pin: Option<String>,
-        reply: RpcReplyPort<Result<Plan, PlanError>>,
-    },
+    /// A request planned itself from the published table: the route's
+    /// budget takes its deposit.
+    Planned(Arc<str>),
     /// May this request make one more attempt (a retry or a failover)?
     WithdrawRetry {
         route: String,
@@ -169,10 +161,10 @@ pub enum RouterMsg {
     Served { route: String, primary: bool },
     /// Every route's state, for the admin surfaces.
     Status(RpcReplyPort<Vec<RouteStatus>>),
-    /// A new, validated config: rebuild the route table.
-    Reload(Arc<Config>),
-    /// The golden-set validations now on record (replaces the previous).
-    Validations(Arc<Records>),
+    /// A new, validated config: rebuild and publish the route table (the
+    /// reply says it is published, so a reload's caller never plans from
+    /// the old one).
+    Reload(Arc<Config>, RpcReplyPort<()>),
 }
 
 /// One route as the admin surfaces show it.
@@ -188,7 +180,9 @@ pub struct RouteStatus {
     pub validation: Option<RouteValidation>,
 }
 
+/// One route of the published table: its targets and policies.
 struct RouteEntry {
+    name: Arc<str>,
     targets: Vec<TargetInfo>,
     ladder: Vec<Rung>,
     cache_ttl: Duration,
@@ -208,9 +202,19 @@ struct RouteEntry {
     family_failover: FamilyFailover,
     cache_affinity: Option<Duration>,
     traffic: Traffic,
+}
+
+/// What the router keeps of one route between requests.
+struct RouteCounters {
     budget: RetryBudget,
     /// Requests answered in the last minute, and how many by a non-primary target.
     served: ShareWindow,
+}
+
+/// The route table as the router last published it: what a request needs
+/// to plan itself. Immutable; a reload publishes a new one.
+pub struct RouteTable {
+    routes: HashMap<String, RouteEntry>,
 }
 
 struct TargetInfo {
@@ -223,8 +227,9 @@ struct TargetInfo {
     downshift: bool,
     /// The embedding family (`family`, else the model's name).
     family: String,
-    /// Health evidence ranks it below its route place now.
-    demoted: std::cell::Cell<bool>,
+    /// Health evidence ranked it below its route place in the last plan
+    /// (for the gauge and the log line on a change only).
+    demoted: AtomicBool,
 }
 
 /// What a plan is for.
@@ -282,24 +287,54 @@ pub struct RouterArgs {
     pub metrics: Arc<Metrics>,
 }
 
-/// Mutable state: the route table built from the current config.
+/// Mutable state: the published table and each route's counters.
 pub struct RouterState {
-    /// Routes by name.
-    routes: HashMap<String, RouteEntry>,
-    /// Where the provider snapshots are read.
+    /// The table requests plan from (also in the registry).
+    table: Arc<RouteTable>,
+    /// Each route's budget and failover window, by name.
+    counters: HashMap<String, RouteCounters>,
+    /// Where the table is published and the validations are read.
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
-    /// Weighted tie-breaking among equals, and the demoted targets' trickle.
-    rng: StdRng,
-    /// The golden-set validations on record.
-    validations: Arc<Records>,
 }
 
-fn build_routes(
+impl RouterState {
+    /// Builds the table of `config`, publishes it, and keeps the counters
+    /// of the routes it still has (new routes start fresh).
+    fn install(&mut self, config: &Config, now: Instant) {
+        let mut fresh = build_counters(config, &config.retry_budget, now);
+        for (name, counters) in fresh.iter_mut() {
+            if let Some(old) = self.counters.remove(name) {
+                *counters = old;
+            }
+        }
+        self.counters = fresh;
+        self.table = Arc::new(RouteTable {
+            routes: build_routes(config),
+        });
+        self.registry.set_route_table(self.table.clone());
+    }
+}
+
+fn build_counters(
     config: &Config,
     budget: &RetryBudgetConfig,
     now: Instant,
-) -> HashMap<String, RouteEntry> {
+) -> HashMap<String, RouteCounters> {
+    config
+        .routes
+        .iter()
+        .map(|r| {
+            let counters = RouteCounters {
+                budget: RetryBudget::new(budget, now),
+                served: ShareWindow::new(Duration::from_secs(60), now),
+            };
+            (r.name.clone(), counters)
+        })
+        .collect()
+}
+
+fn build_routes(config: &Config) -> HashMap<String, RouteEntry> {
     config
         .routes
         .iter()
@@ -330,11 +365,12 @@ fn build_routes(
                         weight: t.weight.max(1),
                         downshift: down,
                         family: m.family().to_string(),
-                        demoted: std::cell::Cell::new(false),
+                        demoted: AtomicBool::new(false),
                     }
                 })
                 .collect();
             let entry = RouteEntry {
+                name: Arc::from(r.name.as_str()),
                 targets,
                 ladder: r.ladder.clone(),
                 cache_ttl: r.cache_ttl,
@@ -354,8 +390,6 @@ fn build_routes(
                 family_failover: r.embedding_family_failover,
                 cache_affinity: r.cache_affinity.map(|a| a.ttl),
                 traffic: Traffic::of(r),
-                budget: RetryBudget::new(budget, now),
-                served: ShareWindow::new(Duration::from_secs(60), now),
             };
             (r.name.clone(), entry)
         })
@@ -400,7 +434,9 @@ fn bands(live: &[Health]) -> Vec<u32> {
 /// Marks a target demoted or back at its route place: a gauge per target
 /// and an INFO line when that changes (no work when it does not).
 fn observe_demotion(route: &str, t: &TargetInfo, demoted: bool, metrics: &Metrics) {
-    if t.demoted.replace(demoted) == demoted {
+    if t.demoted.load(Ordering::Relaxed) == demoted
+        || t.demoted.swap(demoted, Ordering::Relaxed) == demoted
+    {
         return;
     }
     if demoted {
@@ -434,29 +470,58 @@ fn embedding_targets(
         .collect()
 }
 
-impl RouterState {
-    fn plan(
-        &mut self,
+/// Reads the published table and the providers' snapshots: a plan with no message.
+pub struct Planner<'a> {
+    pub registry: &'a Registry,
+    pub metrics: &'a Metrics,
+}
+
+impl RouteTable {
+    /// The chat targets of `route` that have every capability in `needs`
+    /// (only `pin`, when given), ranked.
+    pub fn plan(
+        &self,
+        at: Planner<'_>,
         route: &str,
         needs: &Needs,
         pin: Option<&str>,
         now: Instant,
     ) -> Result<Plan, PlanError> {
-        self.plan_for(route, Purpose::Chat(needs), pin, now)
+        self.plan_for(at, &mut rand::rng(), route, Purpose::Chat(needs), pin, now)
+    }
+
+    /// A plan for an embeddings call: the route's `embeddings` targets of
+    /// one family (unless the route says `embedding_family_failover = "any"`).
+    pub fn plan_embeddings(
+        &self,
+        at: Planner<'_>,
+        route: &str,
+        pin: Option<&str>,
+        now: Instant,
+    ) -> Result<Plan, PlanError> {
+        self.plan_for(at, &mut rand::rng(), route, Purpose::Embeddings, pin, now)
+    }
+
+    /// The name the route's budget knows it by.
+    pub fn route_name(&self, route: &str) -> Option<Arc<str>> {
+        self.routes.get(route).map(|e| e.name.clone())
     }
 
     fn plan_for(
-        &mut self,
+        &self,
+        at: Planner<'_>,
+        rng: &mut impl Rng,
         route: &str,
         purpose: Purpose<'_>,
         pin: Option<&str>,
         now: Instant,
     ) -> Result<Plan, PlanError> {
-        let validations = self.validations.clone();
         let entry = self
             .routes
-            .get_mut(route)
+            .get(route)
             .ok_or_else(|| PlanError::UnknownRoute(route.to_string()))?;
+        let validations =
+            (entry.require_validated && pin.is_none()).then(|| at.registry.validations());
         let capable: Vec<(usize, &TargetInfo)> = entry
             .targets
             .iter()
@@ -467,10 +532,11 @@ impl RouterState {
             .filter(|(_, t)| {
                 pin.is_some()
                     || !(t.downshift && entry.require_validated)
-                    || validations
-                        .routes
-                        .get(route)
-                        .is_some_and(|v| v.validated(&format!("{}/{}", t.provider, t.model)))
+                    || validations.as_ref().is_some_and(|v| {
+                        v.routes
+                            .get(route)
+                            .is_some_and(|v| v.validated(&format!("{}/{}", t.provider, t.model)))
+                    })
             })
             .collect();
         let capable = match purpose {
@@ -504,7 +570,6 @@ impl RouterState {
                 missing,
             });
         }
-        entry.budget.deposit(now);
         let mut soonest: Option<Duration> = None;
         let mut live: Vec<(usize, &TargetInfo, Health)> = Vec::new();
         for (position, t) in capable {
@@ -516,7 +581,7 @@ impl RouterState {
                         evidence: m.evidence,
                     })),
                 };
-            let health = match self.registry.provider(&t.provider) {
+            let health = match at.registry.provider(&t.provider) {
                 Some(p) => match p.runtime.with_snapshot(read) {
                     Ok(h) => h,
                     Err(Unavailable::For(d)) => {
@@ -535,17 +600,17 @@ impl RouterState {
         for ((position, t, _), band) in live.into_iter().zip(bands) {
             let demoted = band > best;
             if pin.is_none() {
-                observe_demotion(route, t, demoted, &self.metrics);
+                observe_demotion(route, t, demoted, at.metrics);
             }
             // A demoted target keeps a trickle of traffic at its place, so
             // its recovery (or its breaker's opening) is seen.
-            let band = if demoted && self.rng.random_bool(TRICKLE) {
+            let band = if demoted && rng.random_bool(TRICKLE) {
                 best
             } else {
                 band
             };
             // Efraimidis-Spirakis key: a weighted random order among equals.
-            let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
+            let u: f64 = rng.random_range(f64::EPSILON..1.0);
             let key = -u.ln() / f64::from(t.weight);
             ranked.push((
                 (t.downshift, band, t.priority, key),
@@ -568,12 +633,6 @@ impl RouterState {
                 .then(a.2.cmp(&b.2))
                 .then(a.3.total_cmp(&b.3))
         });
-        self.metrics
-            .retry_budget_remaining
-            .get_or_create(&RouteLabels {
-                route: route.to_string(),
-            })
-            .set(entry.budget.remaining(now));
         Ok(Plan {
             route: route.to_string(),
             candidates: ranked.into_iter().map(|(_, c)| c).collect(),
@@ -608,14 +667,16 @@ impl Actor for RouterActor {
         _myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let now = Instant::now();
-        Ok(RouterState {
-            routes: build_routes(&args.config, &args.config.retry_budget, now),
+        let mut state = RouterState {
+            table: Arc::new(RouteTable {
+                routes: HashMap::new(),
+            }),
+            counters: HashMap::new(),
             registry: args.registry,
             metrics: args.metrics,
-            rng: StdRng::from_os_rng(),
-            validations: Arc::default(),
-        })
+        };
+        state.install(&args.config, Instant::now());
+        Ok(state)
     }
 
     async fn handle(
@@ -626,20 +687,20 @@ impl Actor for RouterActor {
     ) -> Result<(), ActorProcessingErr> {
         let now = Instant::now();
         match message {
-            RouterMsg::Plan {
-                route,
-                needs,
-                pin,
-                reply,
-            } => {
-                let _ = reply.send(state.plan(&route, &needs, pin.as_deref(), now));
-            }
-            RouterMsg::PlanEmbeddings { route, pin, reply } => {
-                let plan = state.plan_for(&route, Purpose::Embeddings, pin.as_deref(), now);
-                let _ = reply.send(plan);
+            RouterMsg::Planned(route) => {
+                if let Some(counters) = state.counters.get_mut(&*route) {
+                    counters.budget.deposit(now);
+                    state
+                        .metrics
+                        .retry_budget_remaining
+                        .get_or_create(&RouteLabels {
+                            route: route.to_string(),
+                        })
+                        .set(counters.budget.remaining(now));
+                }
             }
             RouterMsg::WithdrawRetry { route, reply } => {
-                let granted = match state.routes.get_mut(&route) {
+                let granted = match state.counters.get_mut(&route) {
                     Some(entry) => {
                         let granted = entry.budget.try_withdraw(now);
                         state
@@ -656,7 +717,7 @@ impl Actor for RouterActor {
                 let _ = reply.send(granted);
             }
             RouterMsg::Served { route, primary } => {
-                if let Some(entry) = state.routes.get_mut(&route) {
+                if let Some(entry) = state.counters.get_mut(&route) {
                     entry.served.record(!primary, now);
                     let rate = entry.served.share(now);
                     state
@@ -667,37 +728,35 @@ impl Actor for RouterActor {
                 }
             }
             RouterMsg::Status(reply) => {
+                let validations = state.registry.validations();
                 let mut routes: Vec<RouteStatus> = state
+                    .table
                     .routes
                     .iter()
-                    .map(|(name, e)| RouteStatus {
-                        name: name.clone(),
-                        targets: e
-                            .targets
-                            .iter()
-                            .map(|t| format!("{}/{}", t.provider, t.model))
-                            .collect(),
-                        failover_rate: e.served.share(now),
-                        retry_budget_remaining: e.budget.remaining(now),
-                        require_validated: e.require_validated,
-                        validation: state.validations.routes.get(name).cloned(),
+                    .filter_map(|(name, e)| {
+                        let counters = state.counters.get(name)?;
+                        Some(RouteStatus {
+                            name: name.clone(),
+                            targets: e
+                                .targets
+                                .iter()
+                                .map(|t| format!("{}/{}", t.provider, t.model))
+                                .collect(),
+                            failover_rate: counters.served.share(now),
+                            retry_budget_remaining: counters.budget.remaining(now),
+                            require_validated: e.require_validated,
+                            validation: validations.routes.get(name).cloned(),
+                        })
                     })
                     .collect();
                 routes.sort_by(|a, b| a.name.cmp(&b.name));
                 let _ = reply.send(routes);
             }
-            RouterMsg::Reload(config) => {
-                let mut fresh = build_routes(&config, &config.retry_budget, now);
+            RouterMsg::Reload(config, reply) => {
                 // Unchanged routes keep their budget and failover window.
-                for (name, entry) in fresh.iter_mut() {
-                    if let Some(old) = state.routes.remove(name) {
-                        entry.budget = old.budget;
-                        entry.served = old.served;
-                    }
-                }
-                state.routes = fresh;
+                state.install(&config, now);
+                let _ = reply.send(());
             }
-            RouterMsg::Validations(records) => state.validations = records,
         }
         Ok(())
     }
@@ -707,6 +766,9 @@ impl Actor for RouterActor {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+    use crate::state::validation::record::Records;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
 
     fn config() -> Config {
         Config::from_toml_str(
@@ -748,16 +810,54 @@ require_validated = true
         .unwrap()
     }
 
-    fn state() -> RouterState {
-        let now = Instant::now();
-        let config = config();
-        RouterState {
-            routes: build_routes(&config, &config.retry_budget, now),
-            registry: Arc::new(Registry::default()),
-            metrics: Arc::new(Metrics::new()),
-            rng: StdRng::seed_from_u64(7),
-            validations: Arc::default(),
+    /// A published table and what plans read beside it, with a seeded rng.
+    struct Fixture {
+        table: RouteTable,
+        registry: Arc<Registry>,
+        metrics: Arc<Metrics>,
+        rng: StdRng,
+    }
+
+    impl Fixture {
+        fn of(config: &Config) -> Self {
+            Fixture {
+                table: RouteTable {
+                    routes: build_routes(config),
+                },
+                registry: Arc::new(Registry::default()),
+                metrics: Arc::new(Metrics::new()),
+                rng: StdRng::seed_from_u64(7),
+            }
         }
+
+        fn plan(
+            &mut self,
+            route: &str,
+            needs: &Needs,
+            pin: Option<&str>,
+            now: Instant,
+        ) -> Result<Plan, PlanError> {
+            self.plan_for(route, Purpose::Chat(needs), pin, now)
+        }
+
+        fn plan_for(
+            &mut self,
+            route: &str,
+            purpose: Purpose<'_>,
+            pin: Option<&str>,
+            now: Instant,
+        ) -> Result<Plan, PlanError> {
+            let at = Planner {
+                registry: &self.registry,
+                metrics: &self.metrics,
+            };
+            self.table
+                .plan_for(at, &mut self.rng, route, purpose, pin, now)
+        }
+    }
+
+    fn state() -> Fixture {
+        Fixture::of(&config())
     }
 
     fn names(p: &Plan) -> Vec<String> {
@@ -771,7 +871,7 @@ require_validated = true
     fn require_validated_downshifts_only_to_validated_targets_unless_pinned() {
         use crate::state::validation::record::TargetValidation;
         let mut s = state();
-        let plan = |s: &mut RouterState, pin: Option<&str>| {
+        let plan = |s: &mut Fixture, pin: Option<&str>| {
             names(
                 &s.plan("gated", &Needs::default(), pin, Instant::now())
                     .unwrap(),
@@ -790,7 +890,7 @@ require_validated = true
                 targets: vec![target("a/small", false), target("a/big", true)],
             },
         );
-        s.validations = Arc::new(records);
+        s.registry.set_validations(Arc::new(records));
         assert_eq!(plan(&mut s, None), ["b/claude", "a/big"]);
         // A golden run reaches the unvalidated one, and only it.
         assert_eq!(plan(&mut s, Some("a/small")), ["a/small"]);
@@ -907,7 +1007,7 @@ require_validated = true
         // The trickle: about TRICKLE of plans keep a demoted target in place.
         let kept = (0..10_000).filter(|_| s.rng.random_bool(TRICKLE)).count();
         assert!((400..=600).contains(&kept), "{kept}");
-        let t = &s.routes["chat"].targets[0];
+        let t = &s.table.routes["chat"].targets[0];
         let metrics = Metrics::new();
         observe_demotion("chat", t, true, &metrics);
         assert!(metrics
@@ -925,7 +1025,7 @@ require_validated = true
         assert!(band(0.5) > band(0.95));
     }
 
-    fn embeddings_state() -> RouterState {
+    fn embeddings_state() -> Fixture {
         let config = Config::from_toml_str(
             r#"
 [[providers]]
@@ -961,14 +1061,7 @@ targets = ["a/chat-model"]
 "#,
         )
         .unwrap();
-        let now = Instant::now();
-        RouterState {
-            routes: build_routes(&config, &config.retry_budget, now),
-            registry: Arc::new(Registry::default()),
-            metrics: Arc::new(Metrics::new()),
-            rng: StdRng::seed_from_u64(7),
-            validations: Arc::default(),
-        }
+        Fixture::of(&config)
     }
 
     #[test]

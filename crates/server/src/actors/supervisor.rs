@@ -229,7 +229,17 @@ impl SupervisorState {
         }
         self.config = config.clone();
         if let Some(router) = self.registry.router() {
-            let _ = router.cast(super::router::RouterMsg::Reload(config));
+            // Awaited: once the reload is answered, every request plans
+            // from the new table.
+            let published = router
+                .call(
+                    |reply| super::router::RouterMsg::Reload(config, reply),
+                    Some(super::client::CALL_TIMEOUT),
+                )
+                .await;
+            if !matches!(published, Ok(ractor::rpc::CallResult::Success(()))) {
+                tracing::warn!("the router did not confirm the reload: it publishes the new table when it restarts");
+            }
         }
         Ok(report)
     }
@@ -516,6 +526,108 @@ targets = ["a/m"]
             "no permit leaked across the restart"
         );
         assert!(admit(&registry, TrafficClass::Failover).await.is_some());
+        sup.stop(None);
+    }
+
+    /// A permit from the gate, if it is open (no message).
+    fn through_gate(
+        registry: &Registry,
+        class: TrafficClass,
+    ) -> Option<crate::actors::provider::Permit> {
+        let entry = registry.provider("a").unwrap();
+        entry.runtime.admit_through_gate(&entry.actor, "m", class)
+    }
+
+    fn outcome(class: crate::policy::outcome::OutcomeClass) -> crate::actors::provider::Outcome {
+        crate::actors::provider::Outcome {
+            class,
+            retry_after: None,
+            elapsed: Duration::from_millis(5),
+            ttft: None,
+            failed_output_tokens: 0,
+        }
+    }
+
+    /// Waits until the actor has folded in what was sent to it.
+    async fn settled(registry: &Registry) {
+        let entry = registry.provider("a").unwrap();
+        let _ = entry
+            .actor
+            .call(
+                |reply| ProviderMsg::SetBreaker {
+                    model: "nope".into(),
+                    change: crate::actors::provider::BreakerOverride::Clear,
+                    reason: "sync".into(),
+                    reply,
+                },
+                Some(CALL),
+            )
+            .await;
+    }
+
+    #[tokio::test]
+    async fn the_gate_admits_within_the_ceilings_while_closed_and_shuts_when_the_breaker_trips() {
+        use crate::policy::outcome::OutcomeClass;
+        let (sup, registry) = start().await;
+        settled(&registry).await;
+        // Closed: permits straight from the semaphores, within both ceilings.
+        let a = through_gate(&registry, TrafficClass::Failover).expect("gate open");
+        assert!(
+            through_gate(&registry, TrafficClass::Failover).is_none(),
+            "failover ceiling is 1"
+        );
+        let b = through_gate(&registry, TrafficClass::Own).expect("own has room");
+        assert!(
+            through_gate(&registry, TrafficClass::Own).is_none(),
+            "total ceiling is 2"
+        );
+        assert_eq!(registry.provider("a").unwrap().runtime.in_flight(), 2);
+        drop(a);
+        b.report(outcome(OutcomeClass::Ok));
+        settled(&registry).await;
+        assert_eq!(registry.provider("a").unwrap().runtime.in_flight(), 0);
+        // Five server errors reported through gate permits trip the breaker,
+        // and the actor shuts the gate: the next ask is refused by the actor.
+        for _ in 0..5 {
+            let p = through_gate(&registry, TrafficClass::Own).expect("still closed");
+            p.report(outcome(OutcomeClass::ServerError));
+        }
+        settled(&registry).await;
+        assert!(
+            through_gate(&registry, TrafficClass::Own).is_none(),
+            "open: the gate is shut"
+        );
+        assert!(
+            admit(&registry, TrafficClass::Own).await.is_none(),
+            "and the actor refuses"
+        );
+        assert_eq!(registry.provider("a").unwrap().runtime.in_flight(), 0);
+        sup.stop(None);
+    }
+
+    #[tokio::test]
+    async fn a_restarted_provider_keeps_its_gate_shut_until_its_probe_closes_the_breaker() {
+        use crate::policy::outcome::OutcomeClass;
+        let (sup, registry) = start().await;
+        settled(&registry).await;
+        assert!(through_gate(&registry, TrafficClass::Own).is_some());
+        let old = registry.provider("a").unwrap();
+        old.actor.cast(ProviderMsg::Crash).unwrap();
+        wait_for_new_incarnation(&registry, old.actor.get_id()).await;
+        settled(&registry).await;
+        assert!(
+            through_gate(&registry, TrafficClass::Own).is_none(),
+            "half-open: probes come from the actor one at a time"
+        );
+        let probe = admit(&registry, TrafficClass::Own)
+            .await
+            .expect("the probe");
+        probe.report(outcome(OutcomeClass::Ok));
+        settled(&registry).await;
+        assert!(
+            through_gate(&registry, TrafficClass::Own).is_some(),
+            "closed again: the gate is open"
+        );
         sup.stop(None);
     }
 

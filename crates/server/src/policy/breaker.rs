@@ -170,6 +170,16 @@ impl Ticket {
     pub fn is_probe(&self) -> bool {
         self.probe.is_some()
     }
+
+    /// The ticket [`Breaker::admit`] hands out while generation
+    /// `generation` admits everything ([`Breaker::gate`]), taken without
+    /// asking the breaker: the provider's published admission gate.
+    pub fn through_gate(generation: u64) -> Ticket {
+        Ticket {
+            generation,
+            probe: None,
+        }
+    }
 }
 
 /// An admin override.
@@ -467,6 +477,15 @@ impl Breaker {
     /// The current generation: bumped on every transition.
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// The generation whose tickets may be taken without asking
+    /// ([`Ticket::through_gate`]): `Some` only while the breaker admits
+    /// every attempt with no time-driven change pending (closed, no
+    /// override). Half-open probes and overrides always go through
+    /// [`Self::admit`].
+    pub fn gate(&self) -> Option<u64> {
+        matches!((self.forced, &self.state), (None, State::Closed)).then_some(self.generation)
     }
 
     /// Tallies since the last transition.
@@ -1066,6 +1085,43 @@ mod tests {
         );
         assert_eq!(b.counts().successes, 0);
         assert!(call(&mut b, ServerError).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_gate_is_open_only_while_closed_and_its_tickets_count_like_admitted_ones() {
+        let mut b = breaker(exact());
+        let generation = b.gate().expect("a new breaker admits everything");
+        // A ticket taken through the gate records like one from `admit`.
+        for _ in 0..4 {
+            let t = Ticket::through_gate(generation);
+            assert_eq!(b.record(t, ServerError, Instant::now()), None);
+        }
+        let t = Ticket::through_gate(generation);
+        assert!(
+            b.record(t, ServerError, Instant::now()).is_some(),
+            "the fifth trips"
+        );
+        assert_eq!(b.gate(), None, "open: every attempt asks");
+        // A gate ticket of the tripped generation is stale.
+        let stale = Ticket::through_gate(generation);
+        advance(secs(30)).await;
+        assert_eq!(
+            b.gate(),
+            None,
+            "half-open: probes are handed out one by one"
+        );
+        let probe = b.admit(Instant::now()).unwrap();
+        assert!(probe.is_probe());
+        assert_eq!(b.record(stale, Success, Instant::now()), None);
+        assert_eq!(b.gate(), None, "a stale success does not close it");
+        let closed = b.record(probe, Success, Instant::now());
+        assert_eq!(closed.map(|t| t.to), Some(Phase::Closed));
+        assert!(
+            b.gate().is_some_and(|g| g > generation),
+            "open again, a new generation"
+        );
+        let _ = b.force(Forced::Closed { until: None });
+        assert_eq!(b.gate(), None, "an override always asks");
     }
 
     #[tokio::test(start_paused = true)]

@@ -152,6 +152,32 @@ impl JournalTee {
     }
 }
 
+/// The stream's last item: `Finished`, `Queued` or an error.
+fn ends(item: &Item) -> bool {
+    matches!(item, Err(_) | Ok(Event::Finished(_)) | Ok(Event::Queued(_)))
+}
+
+impl JournalTee {
+    /// Takes what an append answered: the stream stays whole only while
+    /// every item was stored.
+    fn stored(&mut self, stored: Result<Appended, JournalError>) {
+        match stored {
+            Ok(Appended::Stored) => {}
+            Ok(Appended::NotResumable(bound)) => {
+                tracing::info!(
+                    bound = bound.key(),
+                    "the stream passed its journal bound: it is not resumable"
+                );
+                self.whole = false;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "journal append failed: the stream is not resumable");
+                self.whole = false;
+            }
+        }
+    }
+}
+
 impl Tee for JournalTee {
     fn token(&self) -> &str {
         self.token.as_str()
@@ -172,21 +198,36 @@ impl Tee for JournalTee {
                     "an event could not be encoded: {e}"
                 )))),
             };
-            match stored {
-                Ok(Appended::Stored) => {}
-                Ok(Appended::NotResumable(bound)) => {
-                    tracing::info!(
-                        bound = bound.key(),
-                        "the stream passed its journal bound: it is not resumable"
-                    );
-                    self.whole = false;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "journal append failed: the stream is not resumable");
-                    self.whole = false;
+            self.stored(stored);
+            if ends(item) && self.whole {
+                if let Err(e) = self.journal.finish(&self.token, &self.owner).await {
+                    tracing::debug!(error = %e, "journal finish failed");
                 }
             }
-            let last = matches!(item, Err(_) | Ok(Event::Finished(_)) | Ok(Event::Queued(_)));
+        })
+    }
+
+    fn write_batch<'a>(&'a mut self, items: &'a [(u64, Item)]) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if !self.whole || items.is_empty() {
+                return;
+            }
+            let encoded: Result<Vec<(u64, Bytes)>, _> = items
+                .iter()
+                .map(|(seq, item)| encode(item, self.reason).map(|b| (*seq, b)))
+                .collect();
+            let stored = match encoded {
+                Ok(events) => {
+                    self.journal
+                        .append_many(&self.token, &self.owner, events)
+                        .await
+                }
+                Err(e) => Err(JournalError::Unavailable(StateError::Unavailable(format!(
+                    "an event could not be encoded: {e}"
+                )))),
+            };
+            self.stored(stored);
+            let last = items.last().is_some_and(|(_, item)| ends(item));
             if last && self.whole {
                 if let Err(e) = self.journal.finish(&self.token, &self.owner).await {
                     tracing::debug!(error = %e, "journal finish failed");

@@ -162,7 +162,7 @@ impl Drop for Running<'_> {
 impl Tasks {
     pub fn new(parts: Parts) -> Self {
         Tasks {
-            actors: Actors::new(parts.registry),
+            actors: Actors::new(parts.registry, parts.metrics.clone()),
             metrics: parts.metrics.clone(),
             idempotency: parts.idempotency,
             cache: parts.cache,

@@ -91,6 +91,26 @@ pub struct RouteOutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActorCallLabels {
+    pub actor: &'static str,
+    pub message: &'static str,
+}
+
+/// The request path's asks of the actors, each series resolved once:
+/// `switchyard_actor_calls_total` (`planned` is a cast, `withdraw_retry`
+/// and `admit` calls; `gate` counts provider permits taken straight from
+/// the semaphores, with no message; the bench divides each by the requests
+/// served).
+#[derive(Clone, Debug)]
+pub struct ActorCalls {
+    /// Casts: a plan made from the router's published table.
+    pub planned: Counter,
+    pub withdraw_retry: Counter,
+    pub admit: Counter,
+    pub gate: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServedLabels {
     pub route: String,
     pub tier: &'static str,
@@ -327,6 +347,8 @@ pub struct Metrics {
     /// Requests that found no key with room: `admitted` after waiting,
     /// `rate_limited` when the wait ran out.
     pub admission_waits: Family<RouteOutcomeLabels, Counter>,
+    /// Request-path asks of the actors, by actor and message.
+    pub actor_calls: Family<ActorCallLabels, Counter>,
     /// Hedged requests: `won` (the extra attempt answered first), `lost`
     /// (the first did), `cancelled` (neither produced a token), `budget`
     /// (the retry budget refused the extra attempt).
@@ -441,6 +463,12 @@ impl Metrics {
             "switchyard_admission_waits",
             "Requests no key had room for in its rate windows: admitted after waiting, or rate_limited",
             admission_waits.clone(),
+        );
+        let actor_calls = Family::<ActorCallLabels, Counter>::default();
+        registry.register(
+            "switchyard_actor_calls",
+            "What requests asked of the actors: router planned (a cast: a plan made from the published table), router withdraw_retry and provider admit (calls), and provider gate (a permit taken from the semaphores while the provider's gate was open, no message)",
+            actor_calls.clone(),
         );
         let hedges = Family::<RouteOutcomeLabels, Counter>::default();
         registry.register(
@@ -575,6 +603,7 @@ impl Metrics {
             key_window_remaining,
             key_window_limit,
             admission_waits,
+            actor_calls,
             hedges,
             failed_stream_tokens,
             served,
@@ -583,6 +612,21 @@ impl Metrics {
             retry_budget_remaining,
             queue_depth,
             queue_oldest_age,
+        }
+    }
+
+    /// The actor-call counters, resolved.
+    pub fn actor_calls(&self) -> ActorCalls {
+        let series = |actor, message| {
+            self.actor_calls
+                .get_or_create(&ActorCallLabels { actor, message })
+                .clone()
+        };
+        ActorCalls {
+            planned: series("router", "planned"),
+            withdraw_retry: series("router", "withdraw_retry"),
+            admit: series("provider", "admit"),
+            gate: series("provider", "gate"),
         }
     }
 

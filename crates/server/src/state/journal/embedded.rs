@@ -54,6 +54,25 @@ impl EmbeddedJournal {
         self.book().append(token, owner, seq, event, Instant::now())
     }
 
+    /// Appends events numbered on from the journal's last, under one lock:
+    /// up to the first that is not stored.
+    pub fn append_many(
+        &self,
+        token: &ResumeToken,
+        owner: &Owner,
+        events: Vec<(u64, Bytes)>,
+    ) -> Result<Appended, JournalError> {
+        let now = Instant::now();
+        let mut book = self.book();
+        for (seq, event) in events {
+            match book.append(token, owner, seq, event, now)? {
+                Appended::Stored => {}
+                refused => return Ok(refused),
+            }
+        }
+        Ok(Appended::Stored)
+    }
+
     pub fn finish(&self, token: &ResumeToken, owner: &Owner) -> Result<(), JournalError> {
         self.book().finish(token, owner, Instant::now())
     }
@@ -109,7 +128,9 @@ impl EmbeddedJournal {
 struct Book {
     bounds: Bounds,
     journals: HashMap<ResumeToken, Slot>,
-    /// (when the slot next changes: expiry, or a tombstone's end; its token).
+    /// (when the slot may next change: expiry, or a tombstone's end; its
+    /// token). One entry per slot; a live slot's may be earlier than its
+    /// `expires_at` (a write does not move it; `purge` does when it is due).
     expiry: BTreeSet<(Instant, String)>,
     /// Bytes held: events plus `OVERHEAD` per slot.
     total: u64,
@@ -160,19 +181,23 @@ impl Book {
 
     /// Turns expired journals into tombstones and forgets old tombstones.
     fn purge(&mut self, now: Instant) {
-        while let Some((at, token)) = self.expiry.first().cloned() {
-            if at > now {
+        while self.expiry.first().is_some_and(|(at, _)| *at <= now) {
+            let Some((at, token)) = self.expiry.pop_first() else {
                 break;
-            }
-            self.expiry.remove(&(at, token.clone()));
-            let key = ResumeToken(token.clone());
+            };
+            let key = ResumeToken(token);
             let Some(slot) = self.journals.get_mut(&key) else {
                 continue;
             };
+            // Touched since this entry was written: it fires again then.
+            if slot.stream.is_some() && slot.expires_at > at {
+                self.expiry.insert((slot.expires_at, key.0));
+                continue;
+            }
             if let Some(stream) = slot.stream.take() {
                 self.total -= stream.bytes;
                 self.expiry
-                    .insert((slot.expires_at + self.bounds.ttl, token));
+                    .insert((slot.expires_at + self.bounds.ttl, key.0));
             } else {
                 self.journals.remove(&key);
                 self.total -= OVERHEAD;
@@ -180,13 +205,13 @@ impl Book {
         }
     }
 
-    /// Moves a slot's expiry to `ttl` after now.
+    /// Moves a slot's expiry to `ttl` after now. The index keeps the
+    /// earlier entry, which `purge` moves on when it comes due: a write
+    /// costs no index update and no allocation.
     fn touch(&mut self, token: &ResumeToken, now: Instant) {
         let ttl = self.bounds.ttl;
         if let Some(slot) = self.journals.get_mut(token) {
-            self.expiry.remove(&(slot.expires_at, token.0.clone()));
             slot.expires_at = now + ttl;
-            self.expiry.insert((slot.expires_at, token.0.clone()));
         }
     }
 

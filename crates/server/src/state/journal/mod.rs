@@ -293,6 +293,27 @@ impl Journal {
         }
     }
 
+    /// Appends events that were ready together, in one call (one script
+    /// on Redis, one lock in process).
+    pub async fn append_many(
+        &self,
+        token: &ResumeToken,
+        owner: &Owner,
+        events: Vec<(u64, Bytes)>,
+    ) -> Result<Appended, JournalError> {
+        match self {
+            Journal::Embedded(j) => j.append_many(token, owner, events),
+            Journal::Redis { journal, faults } => {
+                let borrowed: Vec<(u64, &[u8])> =
+                    events.iter().map(|(seq, e)| (*seq, e.as_ref())).collect();
+                journal
+                    .append_many(token, owner, &borrowed)
+                    .await
+                    .map_err(|e| Self::fault(faults, e, "the stream is not resumable"))
+            }
+        }
+    }
+
     /// The request the tenant's stream answers, when the journal keeps it
     /// (Redis): what a new owner continues after a takeover.
     pub async fn request(

@@ -79,7 +79,8 @@ return 'ok'
     ))
 });
 
-/// KEYS: meta, events. ARGV: owner, seq, event, max bytes, ttl ms.
+/// KEYS: meta, events. ARGV: owner, max bytes, ttl ms, then each event's
+/// seq and bytes (one call appends a batch, in order).
 static APPEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{LUA_NOW}{TOUCH}{OWNED}
@@ -89,20 +90,30 @@ if refusal then return refusal end
 if m[3] == '1' then return {{'finished'}} end
 if m[4] ~= '' then return {{'unresumable', m[4]}} end
 local last = tonumber(m[6])
-if tonumber(ARGV[2]) ~= last + 1 then return {{'order', last + 1}} end
-local size = string.len(ARGV[3])
-local ttl = tonumber(ARGV[5])
-if tonumber(m[5]) + size > tonumber(ARGV[4]) then
-  redis.call('DEL', KEYS[2])
-  redis.call('XADD', KEYS[2], last .. '-2', 'm', 'dropped')
-  redis.call('HSET', KEYS[1], 'bound', 'stream', 'bytes', 0)
-  touch(now, ttl)
-  return {{'unresumable', 'stream'}}
+local bytes = tonumber(m[5])
+local bound = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local answer = {{'ok'}}
+for i = 4, #ARGV, 2 do
+  if tonumber(ARGV[i]) ~= last + 1 then
+    answer = {{'order', last + 1}}
+    break
+  end
+  local size = string.len(ARGV[i + 1])
+  if bytes + size > bound then
+    redis.call('DEL', KEYS[2])
+    redis.call('XADD', KEYS[2], last .. '-2', 'm', 'dropped')
+    redis.call('HSET', KEYS[1], 'bound', 'stream', 'bytes', 0)
+    touch(now, ttl)
+    return {{'unresumable', 'stream'}}
+  end
+  redis.call('XADD', KEYS[2], ARGV[i] .. '-0', 'e', ARGV[i + 1])
+  bytes = bytes + size
+  last = last + 1
 end
-redis.call('XADD', KEYS[2], ARGV[2] .. '-0', 'e', ARGV[3])
-redis.call('HSET', KEYS[1], 'bytes', tonumber(m[5]) + size, 'last_seq', ARGV[2])
+redis.call('HSET', KEYS[1], 'bytes', bytes, 'last_seq', last)
 touch(now, ttl)
-return {{'ok'}}
+return answer
 "
     ))
 });
@@ -288,19 +299,36 @@ impl RedisJournal {
         seq: u64,
         event: &[u8],
     ) -> Result<Appended, JournalError> {
-        let args = vec![
-            owner.as_str().as_bytes().to_vec(),
-            seq.to_string().into_bytes(),
-            event.to_vec(),
-            self.bounds.max_bytes_per_stream.to_string().into_bytes(),
-            ms(self.bounds.ttl, 1).to_string().into_bytes(),
-        ];
+        self.append_many(token, owner, &[(seq, event)]).await
+    }
+
+    /// Appends events numbered on from the journal's last, in one script
+    /// call: all of them, or those before the one that passed a bound (the
+    /// journal is then unresumable) or was out of order.
+    pub async fn append_many(
+        &self,
+        token: &ResumeToken,
+        owner: &Owner,
+        events: &[(u64, &[u8])],
+    ) -> Result<Appended, JournalError> {
+        let Some(&(first, _)) = events.first() else {
+            return Ok(Appended::Stored);
+        };
+        let mut args = Vec::with_capacity(3 + 2 * events.len());
+        args.push(owner.as_str().as_bytes().to_vec());
+        args.push(self.bounds.max_bytes_per_stream.to_string().into_bytes());
+        args.push(ms(self.bounds.ttl, 1).to_string().into_bytes());
+        for (seq, event) in events {
+            args.push(seq.to_string().into_bytes());
+            args.push(event.to_vec());
+        }
         match self.items("journal_append", &APPEND, token, args).await {
             Ok(_) => Ok(Appended::Stored),
             Err(JournalError::NotResumable(bound)) => Ok(Appended::NotResumable(bound)),
-            Err(JournalError::OutOfOrder { expected, .. }) => {
-                Err(JournalError::OutOfOrder { expected, got: seq })
-            }
+            Err(JournalError::OutOfOrder { expected, .. }) => Err(JournalError::OutOfOrder {
+                expected,
+                got: first,
+            }),
             Err(e) => Err(e),
         }
     }
@@ -525,21 +553,59 @@ mod tests {
             .unwrap()
     }
 
-    #[tokio::test]
-    async fn redis_events_read_back_in_order_with_their_bytes_and_the_expiry_set() {
-        let Some(server) = RedisServer::start() else {
-            return;
-        };
+    /// A journal of tenant `a` opened on `server` (ttl 60 s, lease 20 s).
+    async fn opened(server: &RedisServer) -> (RedisJournal, Owner, ResumeToken) {
         let j = RedisJournal::new(
             server.client(),
             bounds(Duration::from_secs(60), Duration::from_secs(20)),
         );
         let o = Owner::generate();
-        let t = {
-            let t = ResumeToken::generate();
-            j.open("a", &t, &o, b"").await.unwrap();
-            t
+        let t = ResumeToken::generate();
+        j.open("a", &t, &o, b"").await.unwrap();
+        (j, o, t)
+    }
+
+    #[tokio::test]
+    async fn redis_a_batch_appends_in_one_call_in_order_up_to_a_bound() {
+        let Some(server) = RedisServer::start() else {
+            return;
         };
+        let (j, o, t) = opened(&server).await;
+        let batch: Vec<(u64, &[u8])> = vec![(1, b"a"), (2, b"bb"), (3, b"c")];
+        assert_eq!(
+            j.append_many(&t, &o, &batch).await.unwrap(),
+            Appended::Stored
+        );
+        j.append(&t, &o, 4, b"d").await.unwrap();
+        let b = read(&j, "a", &t, 0).await;
+        let got: Vec<(u64, &[u8])> = b.events.iter().map(|e| (e.seq, e.event.as_ref())).collect();
+        assert_eq!(got, vec![(1, &b"a"[..]), (2, b"bb"), (3, b"c"), (4, b"d")]);
+        assert_eq!(b.last_seq, 4);
+        // A gap inside a batch stores what came before it and says where.
+        let gap: Vec<(u64, &[u8])> = vec![(5, b"e"), (7, b"g")];
+        assert_eq!(
+            j.append_many(&t, &o, &gap).await.unwrap_err(),
+            JournalError::OutOfOrder {
+                expected: 6,
+                got: 5
+            }
+        );
+        assert_eq!(read(&j, "a", &t, 0).await.last_seq, 5);
+        // Passing the 100-byte bound mid-batch makes the stream unresumable.
+        let (big, more) = (ev(60), ev(60));
+        let past: Vec<(u64, &[u8])> = vec![(6, &big), (7, &more)];
+        assert!(matches!(
+            j.append_many(&t, &o, &past).await.unwrap(),
+            Appended::NotResumable(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn redis_events_read_back_in_order_with_their_bytes_and_the_expiry_set() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let (j, o, t) = opened(&server).await;
         for seq in 1..=3u64 {
             let e = format!("e{seq}\0bin");
             assert_eq!(
