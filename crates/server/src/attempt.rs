@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio::time::{timeout_at, Instant};
 
 use crate::chat::FinishReason;
@@ -558,56 +558,44 @@ async fn stream_body(
         };
         // Bytes that are already there win over the timer, as they did
         // inside `timeout_at`.
-        let next = tokio::select! {
+        let first = tokio::select! {
             biased;
-            n = body.next() => Ok(n),
-            _ = &mut timer => Err(()),
+            n = body.next() => n,
+            _ = &mut timer => return timed_out(expired(limit, input.deadline, what)),
             _ = sink.closed() => return AttemptEnd::ClientGone,
         };
-        // A line or event past its bound ends the stream, after the events
-        // completed before it are decoded and forwarded (as they would have
-        // been had the bytes arrived in smaller pieces).
-        let (eof, too_large) = match next {
-            Err(_) => return timed_out(expired(limit, input.deadline, what)),
-            Ok(Some(Err(e))) => {
-                let mut f = classify::classify_transport(&e);
-                if f.class == OutcomeClass::Connect || f.class == OutcomeClass::Timeout {
-                    f.class = OutcomeClass::Truncated;
-                }
-                return AttemptEnd::Failed(f);
-            }
-            Ok(Some(Ok(bytes))) => {
-                let parsed = parser.feed(&bytes, &mut events);
-                // Idle is measured in events, not bytes: one byte a second
-                // must not keep a dead stream alive.
-                if !events.is_empty() {
-                    last_activity = Instant::now();
-                }
-                (false, parsed.err())
-            }
-            Ok(None) => (true, parser.finish(&mut events).err()),
-        };
-        // The events of one read go out together (a journaled stream
-        // stores them in one write), also when one of them ends the attempt.
+        // The events of this read, and of every read already waiting behind
+        // it, go out together (a journaled stream stores them in one write),
+        // also when one of them ends the attempt.
         sink.hold();
+        let mut next = Some(first);
+        let mut reads = 0;
         let mut ended = None;
-        for event in events.drain(..) {
-            let decoded = decoder.on_event(&event, &mut chunks);
-            // Forward what the frame carried, even before failing.
-            match forward(&mut chunks, sink, meta).await {
-                Ok(()) => {}
-                Err(Forward::ClientGone) => {
-                    ended = Some(AttemptEnd::ClientGone);
-                    break;
+        while let Some(read) = next.take() {
+            match read_step(
+                read,
+                &mut parser,
+                &mut decoder,
+                &mut events,
+                &mut chunks,
+                sink,
+                meta,
+            )
+            .await
+            {
+                Step::More { active } => {
+                    if active {
+                        last_activity = Instant::now();
+                    }
                 }
-                Err(Forward::Cut(f)) => {
-                    ended = Some(AttemptEnd::Failed(f));
+                Step::End(end) => {
+                    ended = Some(end);
                     break;
                 }
             }
-            if let Err(f) = decoded {
-                ended = Some(AttemptEnd::Failed(f));
-                break;
+            reads += 1;
+            if reads < MAX_READS_PER_BATCH {
+                next = body.next().now_or_never();
             }
         }
         if sink.release().await.is_err() {
@@ -616,16 +604,71 @@ async fn stream_body(
         if let Some(end) = ended {
             return end;
         }
-        if let Some(f) = too_large {
-            return AttemptEnd::Failed(f);
+    }
+}
+
+/// Reads already waiting that join one batch at most (its events go out,
+/// and are journaled, together).
+const MAX_READS_PER_BATCH: usize = 16;
+
+/// What one read of an upstream stream left to do.
+enum Step {
+    /// Read on (`active`: it completed an event).
+    More {
+        active: bool,
+    },
+    End(AttemptEnd),
+}
+
+/// Parses one read (`None`: the body ended) and forwards its events; a line
+/// or event past its bound ends the stream, after the events completed
+/// before it are decoded and forwarded (as they would have been had the
+/// bytes arrived in smaller pieces).
+async fn read_step(
+    read: Option<Result<bytes::Bytes, reqwest::Error>>,
+    parser: &mut Box<dyn crate::upstream::wire::Framer>,
+    decoder: &mut Box<dyn crate::upstream::StreamDecoder>,
+    events: &mut Vec<crate::upstream::sse::SseEvent>,
+    chunks: &mut Vec<crate::chat::Chunk>,
+    sink: &mut impl Out,
+    meta: &mut Meta,
+) -> Step {
+    let (eof, too_large) = match read {
+        Some(Err(e)) => {
+            let mut f = classify::classify_transport(&e);
+            if f.class == OutcomeClass::Connect || f.class == OutcomeClass::Timeout {
+                f.class = OutcomeClass::Truncated;
+            }
+            return Step::End(AttemptEnd::Failed(f));
         }
-        if eof {
-            return match decoder.finish() {
-                Ok(c) => AttemptEnd::Completed(c),
-                Err(f) => AttemptEnd::Failed(f),
-            };
+        Some(Ok(bytes)) => (false, parser.feed(&bytes, events).err()),
+        None => (true, parser.finish(events).err()),
+    };
+    // Idle is measured in events, not bytes: one byte a second must not
+    // keep a dead stream alive.
+    let active = !events.is_empty();
+    for event in events.drain(..) {
+        let decoded = decoder.on_event(&event, chunks);
+        // Forward what the frame carried, even before failing.
+        match forward(chunks, sink, meta).await {
+            Ok(()) => {}
+            Err(Forward::ClientGone) => return Step::End(AttemptEnd::ClientGone),
+            Err(Forward::Cut(f)) => return Step::End(AttemptEnd::Failed(f)),
+        }
+        if let Err(f) = decoded {
+            return Step::End(AttemptEnd::Failed(f));
         }
     }
+    if let Some(f) = too_large {
+        return Step::End(AttemptEnd::Failed(f));
+    }
+    if eof {
+        return Step::End(match decoder.finish() {
+            Ok(c) => AttemptEnd::Completed(c),
+            Err(f) => AttemptEnd::Failed(f),
+        });
+    }
+    Step::More { active }
 }
 
 async fn forward(
