@@ -41,7 +41,10 @@ pub struct BenchArgs {
     /// is NOT part of `all`.
     /// `peers` (LiteLLM proxy and Portkey gateway side by side with Switchyard)
     /// is NOT part of `all`: it installs them with scripts/install-peers.sh into
-    /// $SWITCHYARD_PEERS_DIR (default ~/.cache/switchyard-peers) when missing.
+    /// $SWITCHYARD_PEERS_DIR (default ~/.cache/switchyard-peers) when missing;
+    /// with `--peer-bin` it also measures that Rust gateway (agentgateway).
+    /// SWITCHYARD_PEERS (comma-separated: litellm, portkey, agentgateway)
+    /// narrows the peers run (Switchyard always runs).
     #[arg(long, default_value = "all")]
     pub scenario: String,
     /// Run each scenario in a few seconds (CI: proves the harness works; the
@@ -60,6 +63,13 @@ pub struct BenchArgs {
     /// before/after figures share the machine's conditions.
     #[arg(long, value_name = "PATH")]
     pub baseline: Option<PathBuf>,
+    /// A Rust peer gateway binary (agentgateway, built by
+    /// scripts/build-peer-agentgateway.sh) that `peers` also starts and
+    /// measures like Switchyard, in the same run: the same OpenAI requests
+    /// at 1,000 and 3,000 per second and closed loop, CPU per request and
+    /// added latency. `SWITCHYARD_PEERS=agentgateway` skips LiteLLM and Portkey.
+    #[arg(long, value_name = "PATH")]
+    pub peer_bin: Option<PathBuf>,
 }
 
 /// Why a benchmark could not run (a failed correctness check is `Ok(false)`).
@@ -207,6 +217,8 @@ pub struct Ctx {
     pub perf: bool,
     /// A second build to compare with (`--baseline`).
     pub baseline: Option<PathBuf>,
+    /// A Rust peer gateway for `peers` (`--peer-bin`).
+    pub peer_bin: Option<PathBuf>,
     started: Instant,
 }
 
@@ -275,6 +287,7 @@ pub async fn run(args: BenchArgs) -> Result<bool, BenchError> {
         out: args.out.clone(),
         perf: args.perf,
         baseline: args.baseline.clone(),
+        peer_bin: args.peer_bin.clone(),
         started: Instant::now(),
     };
     let machine = Machine::detect();
@@ -300,9 +313,13 @@ pub async fn run(args: BenchArgs) -> Result<bool, BenchError> {
     }
     let passed = results.iter().all(|r| r.checks.iter().all(|c| c.pass));
     let command = format!(
-        "switchyard bench --scenario {}{} --out {}",
+        "switchyard bench --scenario {}{}{} --out {}",
         args.scenario,
         if args.quick { " --quick" } else { "" },
+        args.peer_bin
+            .as_ref()
+            .map(|p| format!(" --peer-bin {}", p.display()))
+            .unwrap_or_default(),
         args.out.display()
     );
     write_outputs(&args.out, &command, &machine, &results, passed)?;
@@ -362,6 +379,12 @@ mod tests {
         assert!(a.quick);
         assert_eq!(a.scenario, "overhead");
         assert_eq!(a.out, PathBuf::from("bench-results"));
+        assert!(a.peer_bin.is_none());
+        let m = BenchArgs::augment_args(clap::Command::new("bench"))
+            .try_get_matches_from(["bench", "--scenario", "peers", "--peer-bin", "/x/agw"])
+            .unwrap();
+        let a = BenchArgs::from_arg_matches(&m).unwrap();
+        assert_eq!(a.peer_bin, Some(PathBuf::from("/x/agw")));
     }
 
     #[test]

@@ -3,6 +3,13 @@
 //! Portkey's gateway, all on the same two OpenAI-shaped mocks, each with its own
 //! documented fallback + retry config. Overhead vs direct, closed-loop maximum,
 //! CPU and peak RSS of each process tree, and the blackout.
+//!
+//! With `--peer-bin PATH` a Rust peer, agentgateway (built from source by
+//! `scripts/build-peer-agentgateway.sh`, never by the bench), runs too, right
+//! after Switchyard, with the same requests; the two Rust gateways also get
+//! 1,000 and 3,000 requests/s (the Python and Node peers cannot sustain them).
+//! `SWITCHYARD_PEERS` (comma-separated `litellm`, `portkey`, `agentgateway`)
+//! narrows which peers run; Switchyard always does.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,6 +36,10 @@ const MASTER_KEY: &str = "sk-bench-master";
 /// Retries each peer makes on one target before falling back.
 const RETRIES: u32 = 2;
 const RETRY_STATUSES: [u16; 5] = [429, 500, 502, 503, 504];
+/// Narrows the peers run (comma-separated tags; Switchyard always runs).
+pub const PEERS_ENV: &str = "SWITCHYARD_PEERS";
+/// The fixed rates only the Rust gateways get (with `--peer-bin`).
+const FAST_RATES: [f64; 2] = [1000.0, 3000.0];
 /// How long a gateway may take to answer its first request.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -59,6 +70,47 @@ fn read_versions(dir: &Path) -> BTreeMap<String, String> {
         .filter_map(|l| l.split_once('='))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect()
+}
+
+/// `revision.txt` written next to the peer binary by
+/// `scripts/build-peer-agentgateway.sh` (`key=value` lines).
+fn read_peer_revision(bin: &Path) -> BTreeMap<String, String> {
+    let Some(dir) = bin.parent() else {
+        return BTreeMap::new();
+    };
+    std::fs::read_to_string(dir.join("revision.txt"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// The gateways to run, in order: Switchyard, then the Rust peer (when
+/// `--peer-bin` is given), then LiteLLM and Portkey; `only` (the value of
+/// `SWITCHYARD_PEERS`, comma-separated tags) narrows the peers.
+fn selected(peer_bin: bool, only: Option<&str>) -> Vec<Kind> {
+    let wanted: Option<Vec<String>> = only
+        .map(|v| {
+            v.split(',')
+                .map(|t| t.trim().to_ascii_lowercase())
+                .filter(|t| !t.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .filter(|v| !v.is_empty());
+    let mut kinds = vec![Kind::Switchyard];
+    for k in [Kind::AgentGateway, Kind::LiteLlm, Kind::Portkey] {
+        if k == Kind::AgentGateway && !peer_bin {
+            continue;
+        }
+        if wanted
+            .as_ref()
+            .is_none_or(|w| w.iter().any(|t| t == k.tag()))
+        {
+            kinds.push(k);
+        }
+    }
+    kinds
 }
 
 /// Runs `scripts/install-peers.sh` when a peer is missing; returns its outcome.
@@ -110,6 +162,8 @@ enum Kind {
     Switchyard,
     LiteLlm,
     Portkey,
+    /// The Rust peer of `--peer-bin`.
+    AgentGateway,
 }
 
 impl Kind {
@@ -118,6 +172,7 @@ impl Kind {
             Kind::Switchyard => "Switchyard",
             Kind::LiteLlm => "LiteLLM proxy",
             Kind::Portkey => "Portkey gateway",
+            Kind::AgentGateway => "agentgateway",
         }
     }
 
@@ -126,7 +181,13 @@ impl Kind {
             Kind::Switchyard => "switchyard",
             Kind::LiteLlm => "litellm",
             Kind::Portkey => "portkey",
+            Kind::AgentGateway => "agentgateway",
         }
+    }
+
+    /// Switchyard and the Rust peer: these also get [`FAST_RATES`].
+    fn fast(self) -> bool {
+        matches!(self, Kind::Switchyard | Kind::AgentGateway)
     }
 }
 
@@ -180,6 +241,65 @@ pub fn portkey_config(primary: &str, secondary: &str) -> Value {
     json!({
         "strategy": {"mode": "fallback", "on_status_codes": RETRY_STATUSES},
         "targets": [target(primary), target(secondary)],
+    })
+}
+
+/// Failure statuses agentgateway's outlier detection counts against a model.
+const AGW_UNHEALTHY: &str = "response.code >= 500 || response.code == 429";
+/// Consecutive failures before agentgateway evicts a model (LiteLLM's
+/// `allowed_fails` is the same 3).
+const AGW_CONSECUTIVE_FAILURES: u32 = 3;
+
+/// agentgateway config (its standalone `llm:` form; JSON is YAML): the two
+/// mocks as OpenAI models (plain HTTP `baseUrl` on 127.0.0.1), client-facing
+/// model `chat` a virtual model failing over from the primary (priority 0) to
+/// the secondary (priority 1). Its failover moves new requests to the next
+/// priority once a model is evicted by outlier detection (`health`: 5xx/429,
+/// after 3 consecutive failures, for `evict_ms`); the `llm:` form has no retry
+/// of a failed request, so none is configured. Admin, stats and readiness
+/// listeners on free local ports; access logging off (`logging.filter:
+/// "false"`), like Switchyard, which logs no line per request.
+pub fn agentgateway_config(
+    primary: &str,
+    secondary: &str,
+    port: u16,
+    admin_ports: [u16; 3],
+    evict_ms: u128,
+) -> Value {
+    let model = |name: &str, base: &str| {
+        json!({
+            "name": name,
+            "visibility": "internal",
+            "provider": "openAI",
+            "params": {"model": "m", "apiKey": "sk-mock", "baseUrl": base},
+            "health": {
+                "unhealthyExpression": AGW_UNHEALTHY,
+                "eviction": {
+                    "duration": format!("{evict_ms}ms"),
+                    "consecutiveFailures": AGW_CONSECUTIVE_FAILURES,
+                },
+            },
+        })
+    };
+    let [admin, stats, ready] = admin_ports;
+    json!({
+        "config": {
+            "adminAddr": format!("127.0.0.1:{admin}"),
+            "statsAddr": format!("127.0.0.1:{stats}"),
+            "readinessAddr": format!("127.0.0.1:{ready}"),
+            "logging": {"filter": "false"},
+        },
+        "llm": {
+            "port": port,
+            "models": [model("primary", primary), model("secondary", secondary)],
+            "virtualModels": [{
+                "name": "chat",
+                "routing": {"failover": {"targets": [
+                    {"model": "primary", "priority": 0},
+                    {"model": "secondary", "priority": 1},
+                ]}},
+            }],
+        },
     })
 }
 
@@ -242,10 +362,12 @@ impl Gateway {
 }
 
 /// Starts `kind` on a free port and waits until one request goes through.
+#[allow(clippy::too_many_arguments)]
 async fn start_gateway(
     ctx: &Ctx,
     kind: Kind,
     dir: &Path,
+    peer_bin: Option<&Path>,
     primary: &MockProc,
     secondary: &MockProc,
     phase: Duration,
@@ -303,6 +425,34 @@ async fn start_gateway(
                     "authorization".into(),
                     format!("Bearer {MASTER_KEY}"),
                 )]),
+            };
+            (c, front)
+        }
+        Kind::AgentGateway => {
+            let bin = peer_bin.ok_or("no --peer-bin")?;
+            if !bin.exists() {
+                return Err(format!("{} missing", bin.display()));
+            }
+            let cfg = agentgateway_config(
+                &primary.base_url(),
+                &secondary.base_url(),
+                port,
+                [free_port()?, free_port()?, free_port()?],
+                phase.as_millis() / 4,
+            );
+            let path = ctx.path("peers-agentgateway.yaml");
+            let text = serde_json::to_string_pretty(&cfg).map_err(|e| e.to_string())?;
+            std::fs::write(&path, text).map_err(|e| e.to_string())?;
+            let mut c = Command::new(bin);
+            c.arg("--file")
+                .arg(&path)
+                .env_remove("RUST_LOG")
+                .env_remove("WORKER_THREADS")
+                .env("NO_PROXY", "127.0.0.1,localhost");
+            let front = Front {
+                url: format!("{base}/v1/chat/completions").into(),
+                model: "chat".into(),
+                headers: Arc::new(Vec::new()),
             };
             (c, front)
         }
@@ -569,6 +719,15 @@ fn sustained(run: &Run, load: Load) -> String {
     }
 }
 
+/// CPU microseconds per request from CPU seconds per 1,000 requests.
+fn cpu_us(cpu_s_per_1k: f64) -> String {
+    if cpu_s_per_1k.is_finite() {
+        format!("{:.0}", cpu_s_per_1k * 1000.0)
+    } else {
+        "-".into()
+    }
+}
+
 fn short_errors(run: &Run) -> String {
     let e = run.errors();
     if e.is_empty() {
@@ -649,7 +808,23 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         bo_rate: ctx.pick(10.0, 10.0),
     };
     let dir = peers_dir();
-    let install = ensure_installed(ctx, &dir).await;
+    let only = std::env::var(PEERS_ENV).ok();
+    let kinds = selected(ctx.peer_bin.is_some(), only.as_deref());
+    let fast_rates: Vec<f64> = if ctx.peer_bin.is_some() {
+        ctx.pick(vec![300.0], FAST_RATES.to_vec())
+    } else {
+        Vec::new()
+    };
+    let install = if kinds.contains(&Kind::LiteLlm) || kinds.contains(&Kind::Portkey) {
+        ensure_installed(ctx, &dir).await
+    } else {
+        format!("not needed ({PEERS_ENV}={})", only.as_deref().unwrap_or(""))
+    };
+    let peer_rev = ctx
+        .peer_bin
+        .as_deref()
+        .map(read_peer_revision)
+        .unwrap_or_default();
     let versions = read_versions(&dir);
     ctx.progress(format!("   peers: {install}; {versions:?}"));
 
@@ -657,12 +832,19 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     let secondary =
         MockProc::start(ctx, "peers-secondary", &MockSpec::new("openai", 16, 0)).await?;
     let http = http_client()?;
-    let mut loads: Vec<(Load, Duration)> = plan
-        .rates
-        .iter()
-        .map(|r| (Load::Rate(*r), plan.d))
-        .collect();
-    loads.push((Load::Closed(plan.closed), plan.closed_d));
+    // Every gateway gets `plan.rates` and the closed loop; Switchyard and the
+    // Rust peer also get `fast_rates`.
+    let all_rates: Vec<f64> = plan.rates.iter().chain(&fast_rates).copied().collect();
+    let loads_of = |kind: Kind| -> Vec<(Load, Duration)> {
+        let mut l: Vec<(Load, Duration)> = plan
+            .rates
+            .iter()
+            .chain(if kind.fast() { &fast_rates[..] } else { &[] })
+            .map(|r| (Load::Rate(*r), plan.d))
+            .collect();
+        l.push((Load::Closed(plan.closed), plan.closed_d));
+        l
+    };
 
     // Direct to the mock: the baseline of every fixed-rate row.
     let direct_front = Front::direct(&primary);
@@ -678,7 +860,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
             Duration::from_millis(500),
         )
         .await;
-        for r in &plan.rates {
+        for r in &all_rates {
             primary.clear().await?;
             let label = format!("direct {} {r:.0}", if stream { "stream" } else { "unary" });
             let run = drive(
@@ -712,9 +894,21 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "added p50 / p99 ms vs direct",
         "TTFT p50 / p99 ms",
         "errors",
-        "CPU s / 1k req",
+        "CPU µs / req",
         "peak RSS MB (tree)",
     ]);
+    // Side by side: CPU per request and added latency at each fixed rate, and
+    // the closed-loop maximum, one row per gateway and mode.
+    let mut side_cols: Vec<String> = vec!["gateway".into(), "mode".into()];
+    for r in &all_rates {
+        side_cols.push(format!("{r:.0}/s: achieved rps"));
+        side_cols.push(format!("{r:.0}/s: CPU µs / req"));
+        side_cols.push(format!("{r:.0}/s: added p50 / p99 ms"));
+    }
+    side_cols.push("closed loop max rps".into());
+    side_cols.push("closed loop CPU µs / req".into());
+    let side_refs: Vec<&str> = side_cols.iter().map(String::as_str).collect();
+    let mut side = Table::new(&side_refs);
     let mut bo = Table::new(&[
         "gateway",
         "mode",
@@ -725,7 +919,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "upstream attempts / request (mock logs)",
     ]);
     let mut data = Vec::new();
-    for kind in [Kind::Switchyard, Kind::LiteLlm, Kind::Portkey] {
+    for kind in kinds.iter().copied() {
         let version = match kind {
             Kind::Switchyard => format!(
                 "{} (git {})",
@@ -744,16 +938,36 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
                     .unwrap_or_else(|| "none".into()),
                 versions.get("node").cloned().unwrap_or_default()
             ),
+            Kind::AgentGateway => format!(
+                "git {} ({}, {} profile)",
+                peer_rev
+                    .get("agentgateway")
+                    .map(|r| r.chars().take(12).collect::<String>())
+                    .unwrap_or_else(|| "unknown".into()),
+                peer_rev.get("toolchain").cloned().unwrap_or_default(),
+                peer_rev.get("profile").cloned().unwrap_or_default()
+            ),
         };
         let config = match kind {
             Kind::Switchyard => format!("route `chat` = [primary, secondary], retries + failover + breaker (open_for {} ms), synthetic probes", plan.phase.as_millis() / 4),
             Kind::LiteLlm => format!("2 deployments, `fallbacks: [{{chat: [chat-fallback]}}]`, `num_retries: {RETRIES}`, `allowed_fails: 3`, `cooldown_time: {:.1}`", plan.phase.as_secs_f64() / 4.0),
             Kind::Portkey => format!("`strategy: {{mode: fallback}}` over 2 targets, each `retry: {{attempts: {RETRIES}, on_status_codes: [429,500,502,503,504]}}`"),
+            Kind::AgentGateway => format!("`llm:` 2 openAI models (`baseUrl` http://127.0.0.1), virtual model `chat` = `failover` primary (priority 0) → secondary (priority 1); `health: {{unhealthyExpression: \"{AGW_UNHEALTHY}\", eviction: {{consecutiveFailures: {AGW_CONSECUTIVE_FAILURES}, duration: {}ms}}}}`; no retry (not in its `llm:` config); access log off", plan.phase.as_millis() / 4),
         };
         primary.set_config(&json!({"token_delay_ms": 0})).await?;
         secondary.set_config(&json!({"token_delay_ms": 0})).await?;
         ctx.progress(format!("== {} {version}", kind.name()));
-        let gw = match start_gateway(ctx, kind, &dir, &primary, &secondary, plan.phase, &http).await
+        let gw = match start_gateway(
+            ctx,
+            kind,
+            &dir,
+            ctx.peer_bin.as_deref(),
+            &primary,
+            &secondary,
+            plan.phase,
+            &http,
+        )
+        .await
         {
             Ok(g) => g,
             Err(reason) => {
@@ -776,6 +990,8 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         let mut peak_kb = 0u64;
         for stream in [true, false] {
             let mode = if stream { "stream" } else { "unary" };
+            let mut side_rates: BTreeMap<u64, [String; 3]> = BTreeMap::new();
+            let mut side_closed = [String::from("-"), String::from("-")];
             drive(
                 ctx,
                 &http,
@@ -786,7 +1002,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
                 Duration::from_millis(500),
             )
             .await;
-            for (load, d) in &loads {
+            for (load, d) in &loads_of(kind) {
                 let waited = settle(&gw, [&primary, &secondary]).await?;
                 if waited > 2.5 {
                     ctx.progress(format!("   waited {waited:.0} s for the gateway to settle"));
@@ -835,19 +1051,31 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
                         "-".into()
                     },
                     short_errors(&run),
-                    if cpu_1k.is_finite() {
-                        format!("{cpu_1k:.2}")
-                    } else {
-                        "-".into()
-                    },
+                    cpu_us(cpu_1k),
                     format!("{:.0}", u1.hwm_kb as f64 / 1024.0),
                 ]);
+                match load {
+                    Load::Rate(r) => {
+                        let added = match base {
+                            Some(b) if l.n > 0 => {
+                                format!("{} / {}", delta(l.p50 - b.p50), delta(l.p99 - b.p99))
+                            }
+                            _ => "-".into(),
+                        };
+                        side_rates
+                            .insert(*r as u64, [sustained(&run, *load), cpu_us(cpu_1k), added]);
+                    }
+                    Load::Closed(_) => {
+                        side_closed = [format!("{:.0}", run.throughput()), cpu_us(cpu_1k)];
+                    }
+                }
                 rows.push(json!({
                     "mode": mode, "load": load.label(), "scheduled": run.scheduled, "ok": run.ok(),
                     "failed": run.failed(), "skipped": run.skipped, "unfinished": run.unfinished,
                     "throughput_rps": run.throughput(), "latency_ms": l, "ttft_ms": t,
                     "direct_latency_ms": base, "errors": errors_json(&run.outcomes),
                     "cpu_s": cpu, "cpu_s_per_1k": if cpu_1k.is_finite() { json!(cpu_1k) } else { Value::Null },
+                    "cpu_us_per_request": if cpu_1k.is_finite() { json!(cpu_1k * 1000.0) } else { Value::Null },
                     "tree_rss_mb": u1.rss_kb as f64 / 1024.0, "tree_peak_rss_mb": u1.hwm_kb as f64 / 1024.0,
                     "tree_pids": tree_pids(gw.pid).len(),
                 }));
@@ -859,6 +1087,15 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
                     run.failed()
                 ));
             }
+            let mut side_row: Vec<String> = vec![kind.name().into(), mode.into()];
+            for r in &all_rates {
+                match side_rates.remove(&(*r as u64)) {
+                    Some(cells) => side_row.extend(cells),
+                    None => side_row.extend(["-".to_string(), "-".into(), "-".into()]),
+                }
+            }
+            side_row.extend(side_closed);
+            side.row(side_row);
         }
 
         // Blackout: primary fails (500/503/429) for the middle third, streamed
@@ -992,11 +1229,31 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
          children included; peak = sum of VmHWM). Blackout: {:.0} s per phase, {:.0} requests/s \
          (streamed, then the same unary, whose TTFT is the whole answer; the whole-run row lists the \
          errors), mocks 16 tokens 5 ms apart, primary answering 500/503/429 in the middle \
-         phase; attempts counted from the mocks' request logs.\n\n{}\n{}\nBlackout:\n\n{}",
+         phase; attempts counted from the mocks' request logs.{}\n\n{}\nSide by side \
+         (CPU µs per request of the gateway's process tree; added latency vs direct):\n\n{}\n{}\nBlackout:\n\n{}",
         dir.display(),
         plan.phase.as_secs_f64(),
         plan.bo_rate,
+        match &ctx.peer_bin {
+            Some(p) => format!(
+                " Rust peer: `--peer-bin {}` (built by `scripts/build-peer-agentgateway.sh`: {}); \
+                 it and Switchyard also run {} requests/s.",
+                p.display(),
+                peer_rev
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                fast_rates
+                    .iter()
+                    .map(|r| format!("{r:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ),
+            None => String::new(),
+        },
         peers_tbl.render(),
+        side.render(),
         over.render(),
         bo.render()
     );
@@ -1005,6 +1262,8 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "gateways": data, "rates": plan.rates, "duration_s": plan.d.as_secs_f64(),
         "blackout_phase_s": plan.phase.as_secs_f64(), "blackout_rate": plan.bo_rate,
         "portkey_streaming_fix": versions.get("portkey_streaming_fix"),
+        "fast_rates": fast_rates, "peer_bin": ctx.peer_bin.as_ref().map(|p| p.display().to_string()),
+        "peer_revision": peer_rev, "selected": kinds.iter().map(|k| k.tag()).collect::<Vec<_>>(),
     });
     Ok(res)
 }
@@ -1069,6 +1328,68 @@ mod tests {
         let (per, other) = attempts_by_phase(&logs, "bo-x", 10.0, 1.0);
         assert_eq!(per, [1, 2, 2]);
         assert_eq!(other, 1);
+    }
+
+    #[test]
+    fn bench_agentgateway_config_fails_over_from_primary_to_secondary() {
+        let a = agentgateway_config(
+            "http://127.0.0.1:1/v1",
+            "http://127.0.0.1:2/v1",
+            4000,
+            [5, 6, 7],
+            2500,
+        );
+        let llm = &a["llm"];
+        assert_eq!(llm["port"], 4000);
+        assert_eq!(llm["models"][0]["name"], "primary");
+        assert_eq!(llm["models"][0]["provider"], "openAI");
+        assert_eq!(
+            llm["models"][0]["params"]["baseUrl"],
+            "http://127.0.0.1:1/v1"
+        );
+        assert_eq!(
+            llm["models"][1]["params"]["baseUrl"],
+            "http://127.0.0.1:2/v1"
+        );
+        assert_eq!(llm["models"][1]["visibility"], "internal");
+        assert_eq!(llm["models"][0]["health"]["eviction"]["duration"], "2500ms");
+        let vm = &llm["virtualModels"][0];
+        assert_eq!(vm["name"], "chat");
+        let t = &vm["routing"]["failover"]["targets"];
+        assert_eq!(
+            (t[0]["model"].as_str(), t[0]["priority"].as_u64()),
+            (Some("primary"), Some(0))
+        );
+        assert_eq!(
+            (t[1]["model"].as_str(), t[1]["priority"].as_u64()),
+            (Some("secondary"), Some(1))
+        );
+        assert_eq!(a["config"]["adminAddr"], "127.0.0.1:5");
+        assert_eq!(a["config"]["readinessAddr"], "127.0.0.1:7");
+    }
+
+    #[test]
+    fn bench_peers_selection_keeps_switchyard_first() {
+        use Kind::*;
+        assert_eq!(selected(false, None), vec![Switchyard, LiteLlm, Portkey]);
+        assert_eq!(
+            selected(true, None),
+            vec![Switchyard, AgentGateway, LiteLlm, Portkey]
+        );
+        assert_eq!(
+            selected(true, Some("agentgateway")),
+            vec![Switchyard, AgentGateway]
+        );
+        // The Rust peer needs --peer-bin; an empty list means all.
+        assert_eq!(selected(false, Some("agentgateway")), vec![Switchyard]);
+        assert_eq!(
+            selected(false, Some(" , ")),
+            vec![Switchyard, LiteLlm, Portkey]
+        );
+        assert_eq!(
+            selected(true, Some("Portkey, litellm")),
+            vec![Switchyard, LiteLlm, Portkey]
+        );
     }
 
     #[test]
