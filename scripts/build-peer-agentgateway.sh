@@ -21,8 +21,17 @@
 #   reachable (PATCH_GIT_FORKS=1, the default) this script EDITS SRC_DIR's
 #   Cargo.toml to use the crates.io releases of the same versions instead
 #   (async-openai =0.41.1, schemars =1.2.1, http-serde 2.1, wiremock 0.6), and
-#   re-resolves only those crates in Cargo.lock. PATCH_GIT_FORKS=0 builds the
-#   tree as is (needs github.com and gitlab.com).
+#   lets cargo re-resolve only those entries of Cargo.lock (the schemars fork's
+#   `arcstr1` and the wiremock fork's `tls` features are dropped: only the
+#   optional `schema` feature and tests use them). PATCH_GIT_FORKS=0 builds
+#   the tree as is (needs github.com and gitlab.com).
+#   CAVEAT (measured at 75b4e6ce6, 2026-08-21): schemars, http-serde and
+#   wiremock resolve, but the async-openai fork (howardjohn/async-openai
+#   @681e3c6) carries API that no crates.io release has (prompt-cache
+#   breakpoints, programmatic tool calling, Reasoning.mode, ...): agent-llm
+#   fails with 62 errors against 0.41.1 and 32 against 0.43.0
+#   (ASYNC_OPENAI_VERSION selects the release). So without github.com this
+#   script does NOT produce a binary at that revision.
 # - its rust-toolchain.toml pins a toolchain (1.98 at the measured revision);
 #   RUST_TOOLCHAIN overrides it (default: the pinned one if rustup has it,
 #   else `stable`). The workspace's rust-version (MSRV) is older.
@@ -75,7 +84,7 @@ if [ "$PATCH_GIT_FORKS" = 1 ] && grep -q '^\[patch.crates-io\]' Cargo.toml; then
   mv Cargo.toml.new2 Cargo.toml.new
   # The wiremock fork adds a `tls` feature; wiremock is a dev-dependency only.
   sed -i -E 's#^wiremock = \{ version = "0\.6", features = \["tls"\] \}#wiremock = "0.6"#' Cargo.toml.new
-  sed -i -E 's#^(async-openai = \{ version = )"0\.41"#\1"=0.41.1"#' Cargo.toml.new
+  sed -i -E "s#^(async-openai = \\{ version = )\"0\\.41\"#\\1\"=${ASYNC_OPENAI_VERSION:-0.41.1}\"#" Cargo.toml.new
   mv Cargo.toml.new Cargo.toml
   if grep -q 'git = "https://git' Cargo.toml; then
     echo "build-peer-agentgateway: a git dependency is left in Cargo.toml:" >&2

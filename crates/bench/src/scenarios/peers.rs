@@ -89,7 +89,7 @@ fn read_peer_revision(bin: &Path) -> BTreeMap<String, String> {
 /// The gateways to run, in order: Switchyard, then the Rust peer (when
 /// `--peer-bin` is given), then LiteLLM and Portkey; `only` (the value of
 /// `SWITCHYARD_PEERS`, comma-separated tags) narrows the peers.
-fn selected(peer_bin: bool, only: Option<&str>) -> Vec<Kind> {
+fn selected(peer: Option<Kind>, only: Option<&str>) -> Vec<Kind> {
     let wanted: Option<Vec<String>> = only
         .map(|v| {
             v.split(',')
@@ -99,10 +99,7 @@ fn selected(peer_bin: bool, only: Option<&str>) -> Vec<Kind> {
         })
         .filter(|v| !v.is_empty());
     let mut kinds = vec![Kind::Switchyard];
-    for k in [Kind::AgentGateway, Kind::LiteLlm, Kind::Portkey] {
-        if k == Kind::AgentGateway && !peer_bin {
-            continue;
-        }
+    for k in peer.into_iter().chain([Kind::LiteLlm, Kind::Portkey]) {
         if wanted
             .as_ref()
             .is_none_or(|w| w.iter().any(|t| t == k.tag()))
@@ -162,8 +159,10 @@ enum Kind {
     Switchyard,
     LiteLlm,
     Portkey,
-    /// The Rust peer of `--peer-bin`.
+    /// The Rust peer of `--peer-bin` (agentgateway).
     AgentGateway,
+    /// The Rust peer of `--peer-bin` when its file name contains `busbar`.
+    Busbar,
 }
 
 impl Kind {
@@ -173,6 +172,7 @@ impl Kind {
             Kind::LiteLlm => "LiteLLM proxy",
             Kind::Portkey => "Portkey gateway",
             Kind::AgentGateway => "agentgateway",
+            Kind::Busbar => "Busbar",
         }
     }
 
@@ -182,12 +182,27 @@ impl Kind {
             Kind::LiteLlm => "litellm",
             Kind::Portkey => "portkey",
             Kind::AgentGateway => "agentgateway",
+            Kind::Busbar => "busbar",
         }
     }
 
     /// Switchyard and the Rust peer: these also get [`FAST_RATES`].
     fn fast(self) -> bool {
-        matches!(self, Kind::Switchyard | Kind::AgentGateway)
+        matches!(self, Kind::Switchyard | Kind::AgentGateway | Kind::Busbar)
+    }
+
+    /// Which Rust peer a `--peer-bin` is: Busbar when its file name says so,
+    /// else agentgateway.
+    fn of_peer_bin(bin: &Path) -> Kind {
+        let name = bin
+            .file_name()
+            .map(|n| n.to_string_lossy().to_ascii_lowercase())
+            .unwrap_or_default();
+        if name.contains("busbar") {
+            Kind::Busbar
+        } else {
+            Kind::AgentGateway
+        }
     }
 }
 
@@ -300,6 +315,63 @@ pub fn agentgateway_config(
                 ]}},
             }],
         },
+    })
+}
+
+/// Busbar deployment config (`config.yaml`; JSON is YAML) for `--peer-bin
+/// .../busbar`: open data plane (`auth.chain: []`), the two mocks as lanes of
+/// two catalog providers (plain-HTTP loopback `base_url`, allowed for
+/// loopback hosts), pool `chat` = the primary lane with a consecutive-failure
+/// breaker (3, cooldown `cooldown_s`) and `on_exhausted: {fallback_pool:
+/// chat-fallback}` (the secondary lane). No lane concurrency cap. The
+/// catalog (`providers.yaml`) is [`busbar_providers`].
+pub fn busbar_config(
+    port: u16,
+    admin_port: u16,
+    primary: &str,
+    secondary: &str,
+    cooldown_s: u64,
+) -> Value {
+    let breaker = json!({
+        "trip": {"mode": "consecutive", "consecutive_n": 3},
+        "base_cooldown_secs": cooldown_s.max(1),
+        "max_cooldown_secs": (cooldown_s * 4).max(1),
+    });
+    json!({
+        "listen": format!("127.0.0.1:{port}"),
+        "admin_listen": format!("127.0.0.1:{admin_port}"),
+        "identity-providers": {
+            "admin-tokens": {"module": "admin-tokens", "token": {"env": "BUSBAR_ADMIN_TOKEN"}},
+        },
+        "auth": {"chain": [], "admin_auth": ["admin-tokens"]},
+        "providers": {
+            "mock-primary": {"api_key": {"env": "BENCH_MOCK_KEY"}, "base_url": primary},
+            "mock-secondary": {"api_key": {"env": "BENCH_MOCK_KEY"}, "base_url": secondary},
+        },
+        "models": {
+            "m-primary": {"provider": "mock-primary", "max_requests": -1},
+            "m-secondary": {"provider": "mock-secondary", "max_requests": -1},
+        },
+        "pools": {
+            "chat": {
+                "members": [{"model": "m-primary"}],
+                "breaker": breaker.clone(),
+                "on_exhausted": {"fallback_pool": "chat-fallback"},
+            },
+            "chat-fallback": {
+                "members": [{"model": "m-secondary"}],
+                "breaker": breaker,
+            },
+        },
+    })
+}
+
+/// Busbar's provider catalog (`providers.yaml` next to its config): the two
+/// mocks as `protocol: openai` providers.
+pub fn busbar_providers(primary: &str, secondary: &str) -> Value {
+    json!({
+        "mock-primary": {"protocol": "openai", "base_url": primary},
+        "mock-secondary": {"protocol": "openai", "base_url": secondary},
     })
 }
 
@@ -448,6 +520,42 @@ async fn start_gateway(
                 .arg(&path)
                 .env_remove("RUST_LOG")
                 .env_remove("WORKER_THREADS")
+                .env("NO_PROXY", "127.0.0.1,localhost");
+            let front = Front {
+                url: format!("{base}/v1/chat/completions").into(),
+                model: "chat".into(),
+                headers: Arc::new(Vec::new()),
+            };
+            (c, front)
+        }
+        Kind::Busbar => {
+            let bin = peer_bin.ok_or("no --peer-bin")?;
+            if !bin.exists() {
+                return Err(format!("{} missing", bin.display()));
+            }
+            // The mocks' origin: Busbar appends the OpenAI path (/v1/...).
+            let origin = |m: &MockProc| m.base_url().trim_end_matches("/v1").to_string();
+            let bdir = ctx.path("peers-busbar");
+            std::fs::create_dir_all(&bdir).map_err(|e| e.to_string())?;
+            let cfg = busbar_config(
+                port,
+                free_port()?,
+                &origin(primary),
+                &origin(secondary),
+                (phase.as_secs_f64() / 4.0).round() as u64,
+            );
+            let cat = busbar_providers(&origin(primary), &origin(secondary));
+            let path = bdir.join("config.yaml");
+            for (p, v) in [(&path, &cfg), (&bdir.join("providers.yaml"), &cat)] {
+                let text = serde_json::to_string_pretty(v).map_err(|e| e.to_string())?;
+                std::fs::write(p, text).map_err(|e| e.to_string())?;
+            }
+            let mut c = Command::new(bin);
+            c.env("BUSBAR_CONFIG", &path)
+                .env_remove("BUSBAR_PROVIDERS")
+                .env_remove("RUST_LOG")
+                .env("BUSBAR_ADMIN_TOKEN", "bench-admin-token-not-secret")
+                .env("BENCH_MOCK_KEY", "sk-mock")
                 .env("NO_PROXY", "127.0.0.1,localhost");
             let front = Front {
                 url: format!("{base}/v1/chat/completions").into(),
@@ -809,7 +917,8 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     };
     let dir = peers_dir();
     let only = std::env::var(PEERS_ENV).ok();
-    let kinds = selected(ctx.peer_bin.is_some(), only.as_deref());
+    let peer_kind = ctx.peer_bin.as_deref().map(Kind::of_peer_bin);
+    let kinds = selected(peer_kind, only.as_deref());
     let fast_rates: Vec<f64> = if ctx.peer_bin.is_some() {
         ctx.pick(vec![300.0], FAST_RATES.to_vec())
     } else {
@@ -938,10 +1047,10 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
                     .unwrap_or_else(|| "none".into()),
                 versions.get("node").cloned().unwrap_or_default()
             ),
-            Kind::AgentGateway => format!(
+            Kind::AgentGateway | Kind::Busbar => format!(
                 "git {} ({}, {} profile)",
                 peer_rev
-                    .get("agentgateway")
+                    .get(kind.tag())
                     .map(|r| r.chars().take(12).collect::<String>())
                     .unwrap_or_else(|| "unknown".into()),
                 peer_rev.get("toolchain").cloned().unwrap_or_default(),
@@ -953,6 +1062,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
             Kind::LiteLlm => format!("2 deployments, `fallbacks: [{{chat: [chat-fallback]}}]`, `num_retries: {RETRIES}`, `allowed_fails: 3`, `cooldown_time: {:.1}`", plan.phase.as_secs_f64() / 4.0),
             Kind::Portkey => format!("`strategy: {{mode: fallback}}` over 2 targets, each `retry: {{attempts: {RETRIES}, on_status_codes: [429,500,502,503,504]}}`"),
             Kind::AgentGateway => format!("`llm:` 2 openAI models (`baseUrl` http://127.0.0.1), virtual model `chat` = `failover` primary (priority 0) → secondary (priority 1); `health: {{unhealthyExpression: \"{AGW_UNHEALTHY}\", eviction: {{consecutiveFailures: {AGW_CONSECUTIVE_FAILURES}, duration: {}ms}}}}`; no retry (not in its `llm:` config); access log off", plan.phase.as_millis() / 4),
+            Kind::Busbar => format!("pool `chat` = [primary lane], breaker `trip: {{mode: consecutive, consecutive_n: 3}}`, `base_cooldown_secs: {}`, `on_exhausted: {{fallback_pool: chat-fallback}}` (= [secondary lane]); open data plane (`auth.chain: []`), no lane cap", ((plan.phase.as_secs_f64() / 4.0).round() as u64).max(1)),
         };
         primary.set_config(&json!({"token_delay_ms": 0})).await?;
         secondary.set_config(&json!({"token_delay_ms": 0})).await?;
@@ -1371,24 +1481,48 @@ mod tests {
     #[test]
     fn bench_peers_selection_keeps_switchyard_first() {
         use Kind::*;
-        assert_eq!(selected(false, None), vec![Switchyard, LiteLlm, Portkey]);
+        let agw = Some(AgentGateway);
+        assert_eq!(selected(None, None), vec![Switchyard, LiteLlm, Portkey]);
         assert_eq!(
-            selected(true, None),
+            selected(agw, None),
             vec![Switchyard, AgentGateway, LiteLlm, Portkey]
         );
         assert_eq!(
-            selected(true, Some("agentgateway")),
+            selected(agw, Some("agentgateway")),
             vec![Switchyard, AgentGateway]
         );
-        // The Rust peer needs --peer-bin; an empty list means all.
-        assert_eq!(selected(false, Some("agentgateway")), vec![Switchyard]);
         assert_eq!(
-            selected(false, Some(" , ")),
+            selected(Some(Busbar), Some("busbar")),
+            vec![Switchyard, Busbar]
+        );
+        // The Rust peer needs --peer-bin; an empty list means all.
+        assert_eq!(selected(None, Some("agentgateway")), vec![Switchyard]);
+        assert_eq!(
+            selected(None, Some(" , ")),
             vec![Switchyard, LiteLlm, Portkey]
         );
         assert_eq!(
-            selected(true, Some("Portkey, litellm")),
+            selected(agw, Some("Portkey, litellm")),
             vec![Switchyard, LiteLlm, Portkey]
+        );
+        assert_eq!(Kind::of_peer_bin(Path::new("/x/busbar")), Busbar);
+        assert_eq!(
+            Kind::of_peer_bin(Path::new("/x/agentgateway")),
+            AgentGateway
+        );
+        let b = busbar_config(8080, 8081, "http://127.0.0.1:1", "http://127.0.0.1:2", 3);
+        assert_eq!(b["auth"]["chain"], json!([]));
+        assert_eq!(
+            b["pools"]["chat"]["on_exhausted"]["fallback_pool"],
+            "chat-fallback"
+        );
+        assert_eq!(
+            b["providers"]["mock-secondary"]["base_url"],
+            "http://127.0.0.1:2"
+        );
+        assert_eq!(
+            busbar_providers("a", "b")["mock-primary"]["protocol"],
+            "openai"
         );
     }
 
