@@ -1346,9 +1346,10 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         plan.bo_rate,
         match &ctx.peer_bin {
             Some(p) => format!(
-                " Rust peer: `--peer-bin {}` (built by `scripts/build-peer-agentgateway.sh`: {}); \
+                " Rust peer: `--peer-bin {}` (built by `scripts/build-peer-{}.sh`: {}); \
                  it and Switchyard also run {} requests/s.",
                 p.display(),
+                peer_kind.map_or("agentgateway", Kind::tag),
                 peer_rev
                     .iter()
                     .map(|(k, v)| format!("{k}={v}"))
