@@ -433,6 +433,26 @@ impl Gateway {
     }
 }
 
+/// The `--peer-bin` binary, which must exist.
+fn rust_peer(peer_bin: Option<&Path>) -> Result<&Path, String> {
+    let bin = peer_bin.ok_or("no --peer-bin")?;
+    if !bin.exists() {
+        return Err(format!("{} missing", bin.display()));
+    }
+    Ok(bin)
+}
+
+impl Front {
+    /// A gateway's OpenAI chat endpoint at `base`, route `chat`, no extra headers.
+    fn chat(base: &str) -> Front {
+        Front {
+            url: format!("{base}/v1/chat/completions").into(),
+            model: "chat".into(),
+            headers: Arc::new(Vec::new()),
+        }
+    }
+}
+
 /// Starts `kind` on a free port and waits until one request goes through.
 #[allow(clippy::too_many_arguments)]
 async fn start_gateway(
@@ -460,11 +480,7 @@ async fn start_gateway(
                 .arg(&path)
                 .env_remove("RUST_LOG")
                 .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
-            let front = Front {
-                url: format!("{base}/v1/chat/completions").into(),
-                model: "chat".into(),
-                headers: Arc::new(Vec::new()),
-            };
+            let front = Front::chat(&base);
             (c, front)
         }
         Kind::LiteLlm => {
@@ -501,10 +517,7 @@ async fn start_gateway(
             (c, front)
         }
         Kind::AgentGateway => {
-            let bin = peer_bin.ok_or("no --peer-bin")?;
-            if !bin.exists() {
-                return Err(format!("{} missing", bin.display()));
-            }
+            let bin = rust_peer(peer_bin)?;
             let cfg = agentgateway_config(
                 &primary.base_url(),
                 &secondary.base_url(),
@@ -521,18 +534,11 @@ async fn start_gateway(
                 .env_remove("RUST_LOG")
                 .env_remove("WORKER_THREADS")
                 .env("NO_PROXY", "127.0.0.1,localhost");
-            let front = Front {
-                url: format!("{base}/v1/chat/completions").into(),
-                model: "chat".into(),
-                headers: Arc::new(Vec::new()),
-            };
+            let front = Front::chat(&base);
             (c, front)
         }
         Kind::Busbar => {
-            let bin = peer_bin.ok_or("no --peer-bin")?;
-            if !bin.exists() {
-                return Err(format!("{} missing", bin.display()));
-            }
+            let bin = rust_peer(peer_bin)?;
             // The mocks' origin: Busbar appends the OpenAI path (/v1/...).
             let origin = |m: &MockProc| m.base_url().trim_end_matches("/v1").to_string();
             let bdir = ctx.path("peers-busbar");
@@ -557,11 +563,7 @@ async fn start_gateway(
                 .env("BUSBAR_ADMIN_TOKEN", "bench-admin-token-not-secret")
                 .env("BENCH_MOCK_KEY", "sk-mock")
                 .env("NO_PROXY", "127.0.0.1,localhost");
-            let front = Front {
-                url: format!("{base}/v1/chat/completions").into(),
-                model: "chat".into(),
-                headers: Arc::new(Vec::new()),
-            };
+            let front = Front::chat(&base);
             (c, front)
         }
         Kind::Portkey => {
