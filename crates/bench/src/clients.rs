@@ -119,7 +119,7 @@ impl Prompt {
         system.into_iter().chain([("user", &*self.user)])
     }
 
-    fn proto(&self) -> Vec<proto::Message> {
+    pub(crate) fn proto(&self) -> Vec<proto::Message> {
         self.turns()
             .map(|(role, content)| proto::Message {
                 role: role.into(),
@@ -129,7 +129,7 @@ impl Prompt {
             .collect()
     }
 
-    fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         self.turns()
             .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
             .collect()

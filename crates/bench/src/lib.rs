@@ -30,13 +30,13 @@ pub const SCENARIOS: &[&str] = &[
     "limits",
 ];
 /// Scenarios run only when named (not part of `all`).
-pub const EXTRA_SCENARIOS: &[&str] = &["peers", "soak"];
+pub const EXTRA_SCENARIOS: &[&str] = &["peers", "soak", "h2load"];
 
 /// Arguments of `switchyard bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// overhead | blackout | burst | amplification | streams | state | cost |
-    /// tail | limits | all | peers | soak. `soak` (15 minutes of mixed load under seeded random
+    /// tail | limits | all | peers | soak | h2load. `soak` (15 minutes of mixed load under seeded random
     /// faults, reloads and actor kills, with invariants checked at the end)
     /// is NOT part of `all`.
     /// `peers` (LiteLLM proxy and Portkey gateway side by side with Switchyard)
@@ -45,6 +45,8 @@ pub struct BenchArgs {
     /// with `--peer-bin` it also measures that Rust gateway (agentgateway).
     /// SWITCHYARD_PEERS (comma-separated: litellm, portkey, agentgateway)
     /// narrows the peers run (Switchyard always runs).
+    /// `h2load` (nghttp2's load generator instead of this crate's, gRPC
+    /// frames encoded from the proto; needs `h2load` on PATH) is NOT part of `all`.
     #[arg(long, default_value = "all")]
     pub scenario: String,
     /// Run each scenario in a few seconds (CI: proves the harness works; the
@@ -149,6 +151,30 @@ pub struct Machine {
     pub pinning: &'static str,
     /// `/proc/loadavg` 1-minute load when the run started (other work on the machine).
     pub load_at_start: String,
+    /// The share of CPU time the hypervisor gave to other guests during the
+    /// run (`steal` in `/proc/stat`): on a shared VM, the numbers of a run
+    /// with much of it are slow for reasons outside it.
+    pub cpu_steal_pct: Option<f64>,
+    /// `/proc/stat`'s (steal, total) at the start.
+    #[serde(skip)]
+    steal_at_start: Option<(u64, u64)>,
+}
+
+/// `/proc/stat`'s `cpu` line as (steal, total) jiffies.
+fn cpu_steal() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    steal_of(stat.lines().find(|l| l.starts_with("cpu "))?)
+}
+
+/// (steal, total) of a `cpu` line: user nice system idle iowait irq softirq
+/// steal (guest time is already inside user).
+fn steal_of(line: &str) -> Option<(u64, u64)> {
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map_while(|x| x.parse().ok())
+        .collect();
+    Some((*v.get(7)?, v.iter().take(8).sum()))
 }
 
 impl Machine {
@@ -189,6 +215,17 @@ impl Machine {
                 .ok()
                 .and_then(|s| s.split_whitespace().next().map(String::from))
                 .unwrap_or_else(|| "unknown".into()),
+            cpu_steal_pct: None,
+            steal_at_start: cpu_steal(),
+        }
+    }
+
+    /// Notes the CPU steal since [`Machine::detect`].
+    pub fn finish(&mut self) {
+        if let (Some((s0, t0)), Some((s1, t1))) = (self.steal_at_start, cpu_steal()) {
+            if t1 > t0 {
+                self.cpu_steal_pct = Some((s1 - s0) as f64 * 100.0 / (t1 - t0) as f64);
+            }
         }
     }
 
@@ -203,7 +240,10 @@ impl Machine {
             self.profile,
             self.pinning,
             self.load_at_start
-        )
+        ) + &self
+            .cpu_steal_pct
+            .map(|p| format!("; CPU steal {p:.0} % of the run (time the hypervisor gave these cores to other guests)"))
+            .unwrap_or_default()
     }
 }
 
@@ -290,7 +330,7 @@ pub async fn run(args: BenchArgs) -> Result<bool, BenchError> {
         peer_bin: args.peer_bin.clone(),
         started: Instant::now(),
     };
-    let machine = Machine::detect();
+    let mut machine = Machine::detect();
     ctx.progress(format!(
         "switchyard bench --scenario {}{}: {}",
         args.scenario,
@@ -311,6 +351,7 @@ pub async fn run(args: BenchArgs) -> Result<bool, BenchError> {
         // Let sockets of the last scenario close before the next one starts.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    machine.finish();
     let passed = results.iter().all(|r| r.checks.iter().all(|c| c.pass));
     let command = format!(
         "switchyard bench --scenario {}{}{} --out {}",
@@ -367,6 +408,14 @@ fn write_outputs(
 mod tests {
     use super::*;
     use clap::{Args, FromArgMatches};
+
+    #[test]
+    fn steal_is_the_eighth_counter_of_the_cpu_line() {
+        let line = "cpu  1691713 337053 148064 743381 5199 0 14711 42360 0 0";
+        let total = 1691713 + 337053 + 148064 + 743381 + 5199 + 14711 + 42360;
+        assert_eq!(steal_of(line), Some((42360, total)));
+        assert_eq!(steal_of("cpu  1 2 3"), None);
+    }
 
     #[test]
     fn bench_arguments_parse() {

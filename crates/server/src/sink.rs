@@ -265,9 +265,36 @@ pub struct Events {
     seq: u64,
     /// A reconnect: the caller holds the items up to this one.
     after: u64,
+    /// The request itself, when it runs inside this receiver's polls
+    /// ([`Events::drive`]) rather than as a spawned task.
+    driver: Option<Driver>,
 }
 
+/// A request's whole future (the request task's body).
+pub type Driver = Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 impl Events {
+    /// Runs `driver` (the request) inside this receiver's polls, in the
+    /// door's own task: no spawned task, no wake of another task per item.
+    /// Only for a door that reads until its answer is whole (a buffered
+    /// answer): a stream's door stops polling while its caller reads
+    /// slowly, and the request must not stop with it. If this receiver is
+    /// dropped before the request ends (the caller left, the answer came
+    /// before the settlement, the deadline passed), the request goes on as
+    /// a spawned task, so it settles exactly as one always did.
+    pub fn drive(&mut self, driver: Driver) {
+        self.driver = Some(driver);
+    }
+
+    /// Polls the driven request, if any, until it waits or ends.
+    fn poll_driver(&mut self, cx: &mut Context<'_>) {
+        if let Some(d) = self.driver.as_mut() {
+            if d.as_mut().poll(cx).is_ready() {
+                self.driver = None;
+            }
+        }
+    }
+
     pub async fn recv(&mut self) -> Option<Item> {
         std::future::poll_fn(|cx| self.poll_recv(cx)).await
     }
@@ -291,6 +318,7 @@ impl Events {
     }
 
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Item>> {
+        self.poll_driver(cx);
         match self.rx.poll_recv(cx) {
             Poll::Ready(Some((seq, item))) => {
                 self.seq = seq;
@@ -303,6 +331,20 @@ impl Events {
             }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        // The request outlives its caller's wait: it finishes on its own.
+        if let Some(driver) = self.driver.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(driver);
+                }
+                Err(_) => tracing::warn!("a request was dropped outside the runtime: not finished"),
+            }
         }
     }
 }
@@ -365,6 +407,7 @@ pub fn channel(limits: SendLimits, delivery: Delivery) -> (EventSink, Events) {
         ended: false,
         seq: 0,
         after: 0,
+        driver: None,
     };
     (sink, events)
 }
@@ -943,6 +986,62 @@ mod tests {
         let events = drain(&mut rx);
         assert_eq!(events.len(), 2);
         assert!(matches!(&events[0], Event::Started(s) if s.attempt == 2));
+    }
+
+    /// A driven request: sends its items through `sink`, then notes it ended.
+    fn request(mut sink: EventSink, ended: Arc<std::sync::atomic::AtomicBool>) -> Driver {
+        Box::pin(async move {
+            sink.begin_attempt(started(1));
+            for _ in 0..100 {
+                let _ = sink.chunk(Chunk::Text("x".into())).await;
+            }
+            let _ = sink.finish(finished()).await;
+            // The settlement after the answer (cost, idempotency record).
+            tokio::task::yield_now().await;
+            ended.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    }
+
+    #[tokio::test]
+    async fn a_driven_request_runs_in_the_readers_polls_past_a_full_channel() {
+        let limits = SendLimits {
+            buffer: 4,
+            ..SendLimits::default()
+        };
+        let (sink, mut events) = channel(limits, Delivery::Buffered);
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        events.drive(request(sink, ended.clone()));
+        let mut got = Vec::new();
+        while let Some(item) = events.recv().await {
+            got.push(item.unwrap());
+        }
+        // Started, 100 chunks, Finished: through a channel of 4, so the
+        // request and its reader took turns in one task.
+        assert_eq!(got.len(), 102);
+        assert!(matches!(got.last(), Some(Event::Finished(_))));
+        assert!(ended.load(std::sync::atomic::Ordering::SeqCst));
+        assert!(events.driver.is_none(), "the request ended inside recv");
+    }
+
+    #[tokio::test]
+    async fn a_driven_request_whose_reader_leaves_finishes_as_a_task() {
+        let (sink, mut events) = channel(SendLimits::default(), Delivery::Buffered);
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        events.drive(request(sink, ended.clone()));
+        // The reader takes one item and leaves (a caller that hung up).
+        assert!(events.recv().await.is_some());
+        assert!(!ended.load(std::sync::atomic::Ordering::SeqCst));
+        drop(events);
+        for _ in 0..1000 {
+            if ended.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            ended.load(std::sync::atomic::Ordering::SeqCst),
+            "the request went on to its end without its reader"
+        );
     }
 
     #[tokio::test]

@@ -8,6 +8,7 @@ mod amplification;
 mod blackout;
 mod burst;
 mod cost;
+mod h2load;
 mod limits;
 mod overhead;
 mod peers;
@@ -33,6 +34,7 @@ pub async fn run(name: &str, ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "tail" => tail::run(ctx).await,
         "limits" => limits::run(ctx).await,
         "peers" => peers::run(ctx).await,
+        "h2load" => h2load::run(ctx).await,
         "soak" => soak::run(ctx).await,
         other => Err(BenchError::Usage(format!("unknown scenario `{other}`"))),
     }

@@ -332,14 +332,20 @@ impl Intake {
         }
         let resume_token = sink.resume_token().map(str::to_string);
         let run = self.tasks.clone().run(spec, sink);
-        tokio::spawn(
-            async move {
-                run.await;
-                // The tenant's slot is held for the whole request.
-                drop(slot);
-            }
-            .instrument(span),
-        );
+        let run = async move {
+            run.await;
+            // The tenant's slot is held for the whole request.
+            drop(slot);
+        }
+        .instrument(span);
+        let mut rx = rx;
+        if delivery == Delivery::Buffered {
+            // The door reads a buffered answer to its end: the request runs
+            // in the door's task (spawned only if the door stops waiting).
+            rx.drive(Box::pin(run));
+        } else {
+            tokio::spawn(run);
+        }
         Started {
             request_id,
             rx,

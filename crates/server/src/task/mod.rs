@@ -15,6 +15,7 @@ mod hedge;
 pub mod journal;
 mod live;
 mod queued;
+mod rare;
 mod stored;
 mod takeover;
 
@@ -242,15 +243,21 @@ impl Tasks {
     pub async fn run(self: Arc<Self>, spec: RequestSpec, mut sink: EventSink) {
         let _running = Running::count(&self.active);
         let progress = Progress::default();
-        let result = tokio::select! {
-            r = self.serve(&spec, &mut sink, &progress) => r,
-            _ = self.abort.cancelled() => Err(RequestError::Draining),
-            _ = progress.overrun() => {
-                // Every wait inside has its own timer; this is the net under
-                // them, so no task (and no permit it holds) outlives its deadline.
-                tracing::error!(request_id = %spec.request_id, route = %spec.route, grace = ?OVERRUN_GRACE, "request still running past its deadline: ended");
-                Err(RequestError::DeadlineExceeded { attempts: 0 })
-            }
+        // Scoped: the pinned body borrows the sink until it is dropped.
+        let result = {
+            let cut_short = std::pin::pin!(async {
+                tokio::select! {
+                    _ = self.abort.cancelled() => Err(RequestError::Draining),
+                    _ = progress.overrun() => {
+                        // Every wait inside has its own timer; this is the net under
+                        // them, so no task (and no permit it holds) outlives its deadline.
+                        tracing::error!(request_id = %spec.request_id, route = %spec.route, grace = ?OVERRUN_GRACE, "request still running past its deadline: ended");
+                        Err(RequestError::DeadlineExceeded { attempts: 0 })
+                    }
+                }
+            });
+            let serve = std::pin::pin!(self.serve(&spec, &mut sink, &progress));
+            rare::unless(serve, cut_short).await
         };
         if let Err(e) = result {
             // Draining with output out: the caller moves to another replica

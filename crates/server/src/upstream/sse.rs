@@ -138,7 +138,7 @@ impl SseParser {
                 self.skip_lf = false;
             }
         }
-        while let Some(pos) = bytes.iter().position(|&b| b == b'\r' || b == b'\n') {
+        while let Some(pos) = memchr::memchr2(b'\r', b'\n', bytes) {
             if self.line.is_empty() {
                 // The whole line is in this feed: parse it where it is.
                 if pos > self.max_line {
@@ -217,7 +217,12 @@ impl SseParser {
                 limit: self.max_event,
             });
         }
-        let mut line = String::from_utf8_lossy(bytes);
+        // Valid UTF-8 is the rule: `from_utf8` checks it faster than the
+        // lossy conversion walks it; only invalid bytes pay for replacement.
+        let mut line = match std::str::from_utf8(bytes) {
+            Ok(s) => std::borrow::Cow::Borrowed(s),
+            Err(_) => String::from_utf8_lossy(bytes),
+        };
         if self.first_line {
             self.first_line = false;
             if let Some(rest) = line.strip_prefix('\u{feff}') {
