@@ -1,10 +1,11 @@
 //! The one request start every front door uses (gRPC, the OpenAI HTTP doors,
 //! SubmitJob, the job runner, and embeddings calls): validation into a `RequestSpec`, the
 //! authenticated tenant, per-tenant limits, the request id, the span with the
-//! caller's trace context, and the spawned request task, or the job stored
-//! for it (`submit`). Cost reservation and idempotency run first thing in
-//! that task (`task::Tasks::run`), so no door can skip them either. Nothing
-//! that enforces a limit lives in a door.
+//! caller's trace context, and the request task (spawned for a stream; run
+//! inside the door's receiver for a buffered answer, `sink::Events::drive`),
+//! or the job stored for it (`submit`). Cost reservation and idempotency run
+//! first thing in that task (`task::Tasks::run`), so no door can skip them
+//! either. Nothing that enforces a limit lives in a door.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,5 +1,7 @@
-//! The request task: one per call. [`Tasks::run`] claims the idempotency
-//! key, asks the router actor for a plan, serves a fresh stored answer if
+//! The request task: one per call (a stream's own task; a buffered answer's
+//! runs in its door's task until the door stops waiting, then on its own).
+//! [`Tasks::run`] claims the idempotency key, plans from the router's
+//! published route table, serves a fresh stored answer if
 //! the route allows one, reserves the cost, walks the live targets
 //! (`live.rs`), settles the bill (`bill.rs`), and then takes each rung of the
 //! degradation ladder that [`policy::ladder`](crate::policy::ladder) names:
