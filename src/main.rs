@@ -80,6 +80,19 @@ static ALLOCATOR: switchyard::telemetry::alloc::Counting = switchyard::telemetry
 #[global_allocator]
 static ALLOCATOR: dhat::Alloc = dhat::Alloc;
 
+/// mimalloc's options, set before the first allocation (an ELF constructor
+/// runs before `main` and before the runtime allocates anything): see
+/// `telemetry::alloc::commit_memory_as_used`.
+#[cfg(all(target_os = "linux", not(feature = "dhat-heap")))]
+#[used]
+#[link_section = ".init_array"]
+static ALLOCATOR_OPTIONS: extern "C" fn() = {
+    extern "C" fn set() {
+        switchyard::telemetry::alloc::commit_memory_as_used();
+    }
+    set
+};
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {

@@ -5,7 +5,7 @@
 //! this one does not link.
 //!
 //! The crate map, bottom layer first; each layer depends only on those below
-//! it (DESIGN.md §1). `config`, `error`, `chat`, `job`, `tls` and
+//! it (DESIGN.md §1). `config`, `error`, `chat`, `job`, `tls`, `rare` and
 //! `telemetry` sit beside the layers.
 //!
 //! | layer | modules | owns |
@@ -32,6 +32,7 @@ pub mod embeddings;
 pub mod error;
 pub mod job;
 pub mod policy;
+pub mod rare;
 pub mod reload;
 pub mod request;
 pub mod semantic;

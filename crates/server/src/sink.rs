@@ -866,7 +866,10 @@ impl EventSink {
                 Err(mpsc::error::TrySendError::Closed(_)) => return self.gone(),
                 Err(mpsc::error::TrySendError::Full(sent)) => sent,
             };
-            match self.bounded(tx.send(sent)).await {
+            // Boxed: this wait (about 1.1 KB of future) happens only
+            // when the caller is behind, and would otherwise be stored in
+            // every request's future.
+            match Box::pin(self.bounded(tx.send(sent))).await {
                 Ok(()) => self.delivered = seq,
                 Err(SendFailed::Gone) => return self.gone(),
                 Err(SendFailed::GaveUp(e)) => {

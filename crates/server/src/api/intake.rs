@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use futures_util::FutureExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -298,15 +299,13 @@ impl Intake {
         if let Some(trace) = trace {
             crate::telemetry::tracing::continue_trace(&span, trace);
         }
-        let run = self.tasks.clone().embed(spec);
-        let task = tokio::spawn(
-            async move {
-                let result = run.await;
-                drop(slot);
-                result
-            }
-            .instrument(span),
-        );
+        // The slot is dropped when the call ends (`map`, not an `async`
+        // block: that would store the call's future twice).
+        let run = self.tasks.clone().embed(spec).map(move |result| {
+            drop(slot);
+            result
+        });
+        let task = tokio::spawn(run.instrument(span));
         task.await
             .map_err(|e| RequestError::Unavailable(format!("the embeddings task ended: {e}")))?
     }
@@ -332,13 +331,15 @@ impl Intake {
             }
         }
         let resume_token = sink.resume_token().map(str::to_string);
-        let run = self.tasks.clone().run(spec, sink);
-        let run = async move {
-            run.await;
-            // The tenant's slot is held for the whole request.
-            drop(slot);
-        }
-        .instrument(span);
+        // The tenant's slot is held for the whole request. Not an `async`
+        // block around `run`: one would store the request's future twice
+        // (the moved-in future and the one it awaits, 11 KB each).
+        let run = self
+            .tasks
+            .clone()
+            .run(spec, sink)
+            .map(move |()| drop(slot))
+            .instrument(span);
         let mut rx = rx;
         if delivery == Delivery::Buffered {
             // The door reads a buffered answer to its end: the request runs

@@ -17,7 +17,7 @@ mod pace;
 pub use fds::{fit_to_this_process, open_file_limit, Caps};
 pub use pace::{BodyPace, BodyTimedOut};
 
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -183,6 +183,14 @@ async fn handle(
     }))
 }
 
+/// What ended a connection's serving, or asked it to end.
+enum Turn {
+    Served,
+    Stop,
+    Close,
+    Idle,
+}
+
 async fn connection(
     tcp: TcpStream,
     router: axum::Router,
@@ -206,31 +214,47 @@ async fn connection(
     tokio::pin!(conn);
     let shortest = bounds.idle_timeout.min(bounds.header_read_timeout);
     let tick = (shortest / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
-    let mut timer = tokio::time::interval(tick);
-    let mut closing = false;
-    loop {
-        tokio::select! {
-            _ = conn.as_mut() => break,
-            _ = stop.cancelled(), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
-            }
-            _ = slot.close.cancelled(), if !closing => {
-                if slot.activity.quiet_since().is_some() {
-                    tracing::debug!(listener = bounds.name, "closing a quiet connection to make room");
-                    break;
+    // The connection wakes on every read and write of its requests (an
+    // HTTP/1 request's whole future runs inside it); the shutdown token,
+    // the close token and the idle timer are polled only when they fire.
+    let turn = {
+        let served = pin!(async {
+            let _ = conn.as_mut().await;
+            Turn::Served
+        });
+        let rare = pin!(async {
+            let mut timer = tokio::time::interval(tick);
+            let idle = async {
+                loop {
+                    timer.tick().await;
+                    if too_quiet(&slot, &bounds, Instant::now()) {
+                        return;
+                    }
                 }
-                // A request arrived meanwhile: it finishes first.
-                closing = true;
-                conn.as_mut().graceful_shutdown();
+            };
+            tokio::select! {
+                _ = stop.cancelled() => Turn::Stop,
+                _ = slot.close.cancelled() => Turn::Close,
+                _ = idle => Turn::Idle,
             }
-            _ = timer.tick(), if !closing => {
-                if too_quiet(&slot, &bounds, Instant::now()) {
-                    tracing::debug!(listener = bounds.name, "closing an idle connection");
-                    // Nothing in flight: nothing to finish.
-                    break;
-                }
-            }
+        });
+        crate::rare::unless(served, rare).await
+    };
+    match turn {
+        Turn::Served => {}
+        // Nothing in flight: nothing to finish.
+        Turn::Idle => tracing::debug!(listener = bounds.name, "closing an idle connection"),
+        Turn::Close if slot.activity.quiet_since().is_some() => {
+            tracing::debug!(
+                listener = bounds.name,
+                "closing a quiet connection to make room"
+            );
+        }
+        // Shutting down, or asked to make room while a request arrived:
+        // what is in flight finishes first.
+        Turn::Stop | Turn::Close => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.as_mut().await;
         }
     }
     drop(slot);

@@ -273,7 +273,9 @@ impl Tasks {
         };
         if let Some(hedge) = self.hedge_for(call, tried, sink) {
             let base = chat.clone();
-            let out = self.hedged(*call, &base, tried, sink, turn, hedge).await;
+            // Boxed, as every rare path of a request is: a hedge's race is
+            // 4.9 KB of future that every request would otherwise carry.
+            let out = Box::pin(self.hedged(*call, &base, tried, sink, turn, hedge)).await;
             for spare in out.failed {
                 let c = Call {
                     candidate: &call.plan.candidates[spare.idx],

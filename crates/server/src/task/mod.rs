@@ -17,7 +17,6 @@ mod hedge;
 pub mod journal;
 mod live;
 mod queued;
-mod rare;
 mod stored;
 mod takeover;
 
@@ -242,37 +241,53 @@ impl Tasks {
     }
 
     /// Runs the request to its end; the outcome reaches the caller through `sink`.
-    pub async fn run(self: Arc<Self>, spec: RequestSpec, mut sink: EventSink) {
-        let _running = Running::count(&self.active);
-        let progress = Progress::default();
-        // Scoped: the pinned body borrows the sink until it is dropped.
-        let result = {
-            let cut_short = std::pin::pin!(async {
-                tokio::select! {
-                    _ = self.abort.cancelled() => Err(RequestError::Draining),
-                    _ = progress.overrun() => {
-                        // Every wait inside has its own timer; this is the net under
-                        // them, so no task (and no permit it holds) outlives its deadline.
-                        tracing::error!(request_id = %spec.request_id, route = %spec.route, grace = ?OVERRUN_GRACE, "request still running past its deadline: ended");
-                        Err(RequestError::DeadlineExceeded { attempts: 0 })
+    ///
+    /// This future is what a request costs in memory while it waits (a slow
+    /// stream holds it for minutes), and it is moved when it is boxed or
+    /// spawned: its rare paths (a follow, the ladder below the live
+    /// targets, a hedge, a Redis exchange, a send to a caller who is behind)
+    /// are boxed when taken, so their state is not stored in every request.
+    #[allow(clippy::manual_async_fn)] // on purpose: see the comment inside
+    pub fn run(
+        self: Arc<Self>,
+        spec: RequestSpec,
+        mut sink: EventSink,
+    ) -> impl std::future::Future<Output = ()> + Send {
+        // An `async` block, not an `async fn`: an `async fn` moves its
+        // arguments into locals and keeps both copies (spec and sink,
+        // about 0.9 KB a request).
+        async move {
+            let _running = Running::count(&self.active);
+            let progress = Progress::default();
+            // Scoped: the pinned body borrows the sink until it is dropped.
+            let result = {
+                let cut_short = std::pin::pin!(async {
+                    tokio::select! {
+                        _ = self.abort.cancelled() => Err(RequestError::Draining),
+                        _ = progress.overrun() => {
+                            // Every wait inside has its own timer; this is the net under
+                            // them, so no task (and no permit it holds) outlives its deadline.
+                            tracing::error!(request_id = %spec.request_id, route = %spec.route, grace = ?OVERRUN_GRACE, "request still running past its deadline: ended");
+                            Err(RequestError::DeadlineExceeded { attempts: 0 })
+                        }
                     }
+                });
+                let serve = std::pin::pin!(self.serve(&spec, &mut sink, &progress));
+                crate::rare::unless(serve, cut_short).await
+            };
+            if let Err(e) = result {
+                // Draining with output out: the caller moves to another replica
+                // and resumes there; the answer goes on from its journal.
+                if e == RequestError::Draining && sink.moved().await {
+                    return;
                 }
-            });
-            let serve = std::pin::pin!(self.serve(&spec, &mut sink, &progress));
-            rare::unless(serve, cut_short).await
-        };
-        if let Err(e) = result {
-            // Draining with output out: the caller moves to another replica
-            // and resumes there; the answer goes on from its journal.
-            if e == RequestError::Draining && sink.moved().await {
-                return;
+                if progress.planned.load(Ordering::Relaxed) {
+                    self.count_shed(&spec.route, &e);
+                }
+                sink.fail(e).await;
             }
-            if progress.planned.load(Ordering::Relaxed) {
-                self.count_shed(&spec.route, &e);
-            }
-            sink.fail(e).await;
+            sink.close().await;
         }
-        sink.close().await;
     }
 
     /// The whole request: idempotency, the plan, fresh stored answers, the
@@ -290,8 +305,10 @@ impl Tasks {
                 return Ok(());
             }
             Claimed::Follow { token, stored } => {
-                let followed = match self.follower(&spec.tenant, token.as_str(), 0).await {
-                    Ok(follower) => self.read_on(follower, sink).await,
+                let followed = match Box::pin(self.follower(&spec.tenant, token.as_str(), 0)).await
+                {
+                    // Boxed (a rare path): see `run`.
+                    Ok(follower) => Box::pin(self.read_on(follower, sink)).await,
                     Err(e) => Err(e),
                 };
                 return match (followed, stored) {
@@ -343,7 +360,7 @@ impl Tasks {
         self.settle(bill).await;
         match live {
             Ok(()) => Ok(()),
-            Err(e) => self.descend(spec, &plan, &lookup, sink, e).await,
+            Err(e) => Box::pin(self.descend(spec, &plan, &lookup, sink, e)).await,
         }
     }
 

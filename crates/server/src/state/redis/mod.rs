@@ -236,7 +236,10 @@ impl Redis {
             generation,
             armed: probe,
         };
-        let outcome = tokio::time::timeout(self.inner.call_timeout, async {
+        // Boxed: the exchange (about 2.6 KB of future) is stored on the
+        // heap for the call's length instead of inside every request's
+        // future that might make a Redis call.
+        let outcome = Box::pin(tokio::time::timeout(self.inner.call_timeout, async {
             let (conn_gen, conn) = self
                 .connection()
                 .await
@@ -244,7 +247,7 @@ impl Redis {
             f(conn)
                 .await
                 .map_err(|e| CallError::Redis(Some(conn_gen), e))
-        })
+        }))
         .await
         .unwrap_or(Err(CallError::Timeout));
         abandon.armed = false;

@@ -1,9 +1,11 @@
-//! [`unless`]: a request's body raced against the rare ends that cut it
-//! short (the drain's abort, the overrun net), without polling those on
-//! every wake. A `select!` polls each branch whenever the task wakes, and
-//! a request's task wakes on every upstream read: the shared abort token
-//! takes a lock shared by every request on each poll, and the overrun net
-//! polls a watch and a timer. Here the rare side is polled only when its
+//! [`unless`]: a busy future raced against the rare ends that cut it short,
+//! without polling those on every wake. A `select!` polls each branch
+//! whenever its task wakes, and the futures raced here wake often: a
+//! request's body on every upstream read (against the drain's abort, whose
+//! token takes a lock shared by every request on each poll, and the overrun
+//! net, a watch and a timer), an HTTP connection on every read and write
+//! of the requests it serves (against the shutdown token, its own close
+//! token and its idle timer). Here the rare side is polled only when its
 //! own waker fired.
 
 use std::future::Future;
