@@ -318,8 +318,12 @@ async fn d5_a_line_without_end_is_cut_at_its_bound_and_fails_over() {
 #[tokio::test]
 async fn d5_a_stream_past_max_tokens_is_cut_and_classified_not_forwarded() {
     let rig = Rig::start("", "", &[]).await;
+    // 2,000 tokens are 80x the bound below; the mock builds a flood's
+    // frames before its first byte, and 100,000 took 3.5 s in a debug
+    // build, past the 5 s first-token timeout on a busy machine (the
+    // request then failed over before any token and finished).
     rig.primary
-        .set_fault(json!({"type": "flood", "tokens": 100000}))
+        .set_fault(json!({"type": "flood", "tokens": 2000}))
         .await;
     let mut client = rig.sy.client().await;
     let mut req = request("chat");
