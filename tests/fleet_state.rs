@@ -341,10 +341,9 @@ async fn after_a_redis_stall_slots_and_keys_are_free_again_within_the_lease() {
 }
 
 /// Sends `key` as team-a from `r` until `live` ends; every answer must be
-/// a refusal. Their reasons.
-/// Calls `r` until `live` finishes: the refusals' reasons, and how many
-/// calls were served (at most one: a call that raced the live request's
-/// end, which `r` may serve once the slot or key is given back).
+/// a refusal, but for one that raced `live`'s end (`r` may serve it once
+/// the slot or key is given back). The refusals' reasons, and how many
+/// calls were served that way (0 or 1).
 async fn refused_while(
     r: &Replica,
     live: &tokio::task::JoinHandle<Collected>,
