@@ -1068,6 +1068,82 @@ async fn row_19_rst_after_tokens_is_truncated_and_rst_before_fails_over() {
     cut_stream(true).await;
 }
 
+/// The primary reached over HTTP/2 with prior knowledge (h2c,
+/// `http2_prior_knowledge`): concurrent streams share its connection, and
+/// rows 18-19 hold over it, where a cut stream is a reset HTTP/2 stream
+/// rather than a closed socket. The secondary stays on HTTP/1.1.
+#[tokio::test]
+async fn an_h2c_upstream_serves_concurrent_streams_and_classifies_its_cuts_the_same() {
+    let r = rig(Spec {
+        s_kind: Some("anthropic"),
+        // Generous timeouts: eight streams at once on a loaded machine.
+        p_extra:
+            "http2_prior_knowledge = true\nfirst_token_timeout = \"5s\"\nidle_timeout = \"5s\"",
+        ..Spec::default()
+    })
+    .await;
+    let calls: Vec<_> = (0..8)
+        .map(|_| {
+            let sy = r.sy.grpc.clone();
+            tokio::spawn(async move {
+                let mut c = proto::router_client::RouterClient::connect(format!("http://{sy}"))
+                    .await
+                    .unwrap();
+                stream(&mut c, request("chat")).await
+            })
+        })
+        .collect();
+    for call in calls {
+        let got = call.await.unwrap();
+        let f = ok(&got);
+        assert_eq!(served_by(&f), "primary");
+        assert_eq!(f.attempts, 1);
+        assert_eq!(got.text, full_text(16));
+    }
+    let log = r.p.requests().await;
+    assert_eq!(log.len(), 8, "{log:?}");
+    for rec in &log {
+        assert_eq!(rec["http_version"], "HTTP/2.0", "{rec}");
+        assert_eq!(rec["completed"], true, "{rec}");
+        assert_eq!(rec["tokens_sent"], 16, "{rec}");
+    }
+    r.p.clear().await;
+
+    // Cut after three tokens (FIN, then RST): truncated, one attempt, no failover.
+    let mut c = r.client().await;
+    for reset in [false, true] {
+        r.p.set_fault(json!({"type": "abort", "after_tokens": 3, "reset": reset}))
+            .await;
+        let got = stream(&mut c, request("chat")).await;
+        let s = failed(&got);
+        assert_eq!(s.code(), Code::Unavailable, "reset {reset}: {s:?}");
+        assert_eq!(reason(&s), "UPSTREAM_STREAM_TRUNCATED", "reset {reset}");
+        assert_eq!(error_meta(&s, "tokens_emitted").as_deref(), Some("3"));
+        assert_eq!(error_meta(&s, "attempts").as_deref(), Some("1"));
+        assert_eq!(got.text, full_text(3));
+    }
+    assert_eq!(r.s().requests().await.len(), 0, "no failover after commit");
+    attempts_metric(&r.sy, "primary", "truncated", 2.0).await;
+
+    // Cut before the first token: transparent failover to the HTTP/1.1 secondary.
+    r.p.set_fault(json!({"type": "abort", "after_tokens": 0}))
+        .await;
+    let got = stream(&mut c, request("chat")).await;
+    let f = ok(&got);
+    assert_eq!(served_by(&f), "secondary");
+    assert_eq!(f.attempts, 2);
+    assert_eq!(got.text, full_text(16));
+    let primary = r.p.requests().await;
+    assert_eq!(primary.len(), 3, "{primary:?}");
+    assert!(
+        primary.iter().all(|x| x["http_version"] == "HTTP/2.0"),
+        "{primary:?}"
+    );
+    let secondary = r.s().requests().await;
+    assert_eq!(secondary.len(), 1, "{secondary:?}");
+    assert_eq!(secondary[0]["http_version"], "HTTP/1.1");
+}
+
 // ---- Rows 20-24: Anthropic events, refusals --------------------------------------
 
 async fn anthropic_first() -> Rig {

@@ -130,13 +130,7 @@ pub(super) async fn embeddings(State(s): State<Arc<Shared>>, req: Request) -> Re
     let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
     let parsed = Parsed::from_body(MockKind::Openai, &json);
     let cfg = s.config();
-    let record = new_record(
-        MockKind::Openai,
-        parts.uri.path(),
-        &parts.headers,
-        &json,
-        &parsed,
-    );
+    let record = new_record(MockKind::Openai, &parts, &json, &parsed);
     let attempt = s.log.begin(record, cfg.max_concurrency);
     let gen = Gen::new(MockKind::Openai, parsed, attempt.seq(), 0, unix_now());
     if attempt.over_capacity() {

@@ -74,6 +74,10 @@ pub struct RequestRecord {
     /// gone away (set with `client_hung_up`).
     #[serde(default)]
     pub hung_up_ms: Option<f64>,
+    /// The HTTP version the request came over: `HTTP/1.1`, or `HTTP/2.0`
+    /// for a client speaking HTTP/2 with prior knowledge (h2c).
+    #[serde(default)]
+    pub http_version: String,
 }
 
 impl Default for RequestRecord {
@@ -104,6 +108,7 @@ impl Default for RequestRecord {
             ttft_ms: None,
             first_token_ms: None,
             hung_up_ms: None,
+            http_version: String::new(),
         }
     }
 }

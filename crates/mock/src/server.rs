@@ -632,11 +632,11 @@ fn unix_now_ms() -> u64 {
 
 pub(super) fn new_record(
     dialect: MockKind,
-    path: &str,
-    headers: &HeaderMap,
+    parts: &axum::http::request::Parts,
     body: &serde_json::Value,
     parsed: &Parsed,
 ) -> RequestRecord {
+    let headers = &parts.headers;
     let selected: BTreeMap<String, String> = LOGGED_HEADERS
         .iter()
         .filter_map(|h| {
@@ -646,7 +646,7 @@ pub(super) fn new_record(
         .collect();
     RequestRecord {
         seq: 0,
-        path: path.to_owned(),
+        path: parts.uri.path().to_owned(),
         dialect,
         model: parsed.model.clone(),
         stream: parsed.stream,
@@ -666,6 +666,7 @@ pub(super) fn new_record(
         completed: false,
         client_hung_up: false,
         over_capacity: false,
+        http_version: format!("{:?}", parts.version),
         ..RequestRecord::default()
     }
 }
@@ -739,13 +740,7 @@ pub(super) async fn completion_as(
     }
     lock(&s.tools).apply(dialect, &body_json, &mut parsed);
     let cfg = s.config();
-    let record = new_record(
-        dialect,
-        parts.uri.path(),
-        &parts.headers,
-        &body_json,
-        &parsed,
-    );
+    let record = new_record(dialect, &parts, &body_json, &parsed);
     let attempt = s.log.begin(record, cfg.max_concurrency);
     let key = request_key(&parts.headers);
     if let Some(label) = key

@@ -7,7 +7,10 @@
 //! `--perf`, the functions that take the most of Switchyard's CPU.
 //!
 //! For profiling work, `SWITCHYARD_OVERHEAD_MODES` (e.g. `grpc-unary,http-stream`)
-//! and `SWITCHYARD_OVERHEAD_RATES` (e.g. `3000`) narrow a run.
+//! and `SWITCHYARD_OVERHEAD_RATES` (e.g. `3000`) narrow a run;
+//! `SWITCHYARD_OVERHEAD_UPSTREAM=h2c` (this build) and
+//! `SWITCHYARD_OVERHEAD_BASELINE_UPSTREAM=h2c` (the baseline) reach the mock
+//! over HTTP/2 with prior knowledge instead of HTTP/1.1.
 
 use std::time::Duration;
 
@@ -179,6 +182,21 @@ fn load_text(load: &Load) -> String {
     }
 }
 
+/// How a build reaches the mock: HTTP/1.1 (default), or HTTP/2 with prior
+/// knowledge when `var` is `h2c` (`http2_prior_knowledge`, as a provider
+/// reached over TLS negotiates HTTP/2 by ALPN). A baseline build that
+/// predates the key refuses the config, so each build has its own variable.
+fn upstream_h2c(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v.trim() == "h2c")
+}
+
+fn upstream_text(var: &str) -> &'static str {
+    match upstream_h2c(var) {
+        true => "HTTP/2 with prior knowledge (h2c)",
+        false => "HTTP/1.1",
+    }
+}
+
 /// A comma-separated override from the environment, for profiling work.
 fn narrowed<T: Copy>(var: &str, all: Vec<T>, parse: impl Fn(&str) -> Option<T>) -> Vec<T> {
     match std::env::var(var) {
@@ -287,16 +305,21 @@ impl Cost {
 pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     let mut res = result("overhead");
     let mock = MockProc::start(ctx, "overhead", &MockSpec::new("openai", 16, 0)).await?;
-    let cfg = with_http_door(config_text(
-        "",
-        &[Provider::new("primary", "openai", &mock).caps(100_000, 100_000)],
-        &[("chat", &["primary"])],
-    ));
+    let cfg = |var: &str| {
+        let primary = Provider::new("primary", "openai", &mock).caps(100_000, 100_000);
+        let primary = match upstream_h2c(var) {
+            true => primary.extra("http2_prior_knowledge = true"),
+            false => primary,
+        };
+        with_http_door(config_text("", &[primary], &[("chat", &["primary"])]))
+    };
     let mut builds = Vec::new();
     if let Some(exe) = &ctx.baseline {
-        builds.push(Via::start(ctx, "baseline", exe, &cfg).await?);
+        let baseline = cfg("SWITCHYARD_OVERHEAD_BASELINE_UPSTREAM");
+        builds.push(Via::start(ctx, "baseline", exe, &baseline).await?);
     }
-    builds.push(Via::start(ctx, "this build", &ctx.exe, &cfg).await?);
+    let this = cfg("SWITCHYARD_OVERHEAD_UPSTREAM");
+    builds.push(Via::start(ctx, "this build", &ctx.exe, &this).await?);
     let env = Env {
         mock,
         http: http_client()?,
@@ -587,11 +610,13 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "Mock answers at once (16 tokens, no delay). Open loop on a schedule: latency counts from \
          the scheduled send, so queueing shows. Direct = reqwest to the mock's OpenAI endpoint; \
          via = gRPC to Switchyard (4 HTTP/2 connections) or reqwest to its OpenAI door, which \
-         calls the same mock; with `--baseline`, a second build runs each row right after this one. CPU and allocations per request are Switchyard's own (from /proc \
+         calls the same mock over {} (the baseline over {}); with `--baseline`, a second build runs each row right after this one. CPU and allocations per request are Switchyard's own (from /proc \
          and its counting allocator); actor messages per request are its \
          `switchyard_actor_calls_total` (calls await a reply, casts do not, gate permits are \
          provider permits taken with no message; `-` for a build that does not count them). Load generator, mock and Switchyard share the machine's \
          cores.\n\n{}\nTime to first token (streaming):\n\n{}{profile_md}",
+        upstream_text("SWITCHYARD_OVERHEAD_UPSTREAM"),
+        upstream_text("SWITCHYARD_OVERHEAD_BASELINE_UPSTREAM"),
         lat.render(),
         ttft.render()
     );

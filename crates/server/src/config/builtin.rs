@@ -37,6 +37,7 @@ impl Config {
                 cooldown: CooldownConfig::default(),
                 auth_cooldown: default_auth_cooldown(),
                 synthetic_probes: false,
+                http2_prior_knowledge: false,
                 rpm: None,
                 tpm: None,
                 models: vec![
@@ -83,6 +84,7 @@ impl Config {
                 cooldown: CooldownConfig::default(),
                 auth_cooldown: default_auth_cooldown(),
                 synthetic_probes: false,
+                http2_prior_knowledge: false,
                 rpm: None,
                 tpm: None,
                 models: vec![ModelConfig {

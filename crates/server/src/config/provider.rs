@@ -85,6 +85,12 @@ pub struct ProviderConfig {
     pub failover_max_concurrency: u32,
     #[serde(default = "default_connect_timeout", with = "crate::config::duration")]
     pub connect_timeout: Duration,
+    /// Speak HTTP/2 without TLS (h2c, "prior knowledge") to an `http://`
+    /// upstream that serves it: every request multiplexed over one
+    /// connection instead of one HTTP/1.1 connection each. `https://`
+    /// upstreams negotiate HTTP/2 by ALPN and need no setting.
+    #[serde(default)]
+    pub http2_prior_knowledge: bool,
     /// Time from sending the request to the first token.
     #[serde(
         default = "default_first_token_timeout",

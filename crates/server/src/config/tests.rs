@@ -393,3 +393,18 @@ fn builtin_config_is_valid_and_spans_both_kinds() {
         Some("OPENAI_API_KEY")
     );
 }
+
+#[test]
+fn http2_prior_knowledge_is_for_plain_http_upstreams() {
+    let on = "failover_max_concurrency = 16\nhttp2_prior_knowledge = true";
+    let c = Config::from_toml_str(&GOOD.replace("failover_max_concurrency = 16", on)).unwrap();
+    assert!(c.providers[0].http2_prior_knowledge);
+    assert!(!c.providers[1].http2_prior_knowledge, "off by default");
+    let e = err(&GOOD.replace("failover_max_concurrency = 16", on).replacen(
+        "http://127.0.0.1:8001/v1",
+        "https://api.openai.com/v1",
+        1,
+    ));
+    assert_eq!(e.path, "providers[0].http2_prior_knowledge");
+    assert!(e.message.contains("ALPN"), "{e:?}");
+}

@@ -533,6 +533,16 @@ pub(super) fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), Conf
         ));
     }
     match reqwest::Url::parse(&p.base_url) {
+        Ok(url) if url.scheme() == "https" && p.http2_prior_knowledge => {
+            return Err(ConfigError::new(
+                at("http2_prior_knowledge"),
+                format!(
+                    "is for an `http://` upstream that speaks h2c; `{}` is https, \
+                     which negotiates HTTP/2 by ALPN on its own",
+                    p.base_url
+                ),
+            ))
+        }
         Ok(url) if matches!(url.scheme(), "http" | "https") => {}
         _ => {
             return Err(ConfigError::new(

@@ -153,12 +153,15 @@ impl Endpoint {
         };
         // One retry layer only: reqwest never retries on its own, and we neither
         // follow redirects nor decompress (bytes pass through as sent).
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .connect_timeout(cfg.connect_timeout)
             .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build()?;
+            .pool_idle_timeout(Duration::from_secs(60));
+        if cfg.http2_prior_knowledge {
+            http = http.http2_prior_knowledge();
+        }
+        let http = http.build()?;
         Ok(Endpoint {
             id: cfg.id.clone(),
             kind: cfg.kind,
