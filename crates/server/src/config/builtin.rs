@@ -37,7 +37,8 @@ impl Config {
                 cooldown: CooldownConfig::default(),
                 auth_cooldown: default_auth_cooldown(),
                 synthetic_probes: false,
-                http2_prior_knowledge: false,
+                // The built-in mocks serve h2c, as the real hosts serve HTTP/2 over TLS.
+                http2_prior_knowledge: openai_mock.is_some(),
                 rpm: None,
                 tpm: None,
                 models: vec![
@@ -84,7 +85,7 @@ impl Config {
                 cooldown: CooldownConfig::default(),
                 auth_cooldown: default_auth_cooldown(),
                 synthetic_probes: false,
-                http2_prior_knowledge: false,
+                http2_prior_knowledge: anthropic_mock.is_some(),
                 rpm: None,
                 tpm: None,
                 models: vec![ModelConfig {

@@ -386,8 +386,16 @@ fn builtin_config_is_valid_and_spans_both_kinds() {
     c.validate().unwrap();
     assert_eq!(c.routes[0].name, "chat");
     assert!(c.providers.iter().all(|p| p.api_key_env.is_none()));
+    assert!(
+        c.providers.iter().all(|p| p.http2_prior_knowledge),
+        "mocks speak h2c"
+    );
     let real = Config::builtin(None, None);
     real.validate().unwrap();
+    assert!(
+        real.providers.iter().all(|p| !p.http2_prior_knowledge),
+        "https: ALPN"
+    );
     assert_eq!(
         real.providers[0].api_key_env.as_deref(),
         Some("OPENAI_API_KEY")
