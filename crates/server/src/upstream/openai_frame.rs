@@ -9,6 +9,10 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use smallvec::SmallVec;
+
+/// A frame's `choices`: one, inline (Switchyard asks for one choice).
+pub(crate) type Choices<'a> = SmallVec<[Choice<'a>; 1]>;
 
 /// One frame in the common shape.
 #[derive(Debug)]
@@ -16,7 +20,7 @@ pub(crate) struct Frame<'a> {
     /// The `usage` value, when it is an object.
     pub usage: Option<&'a RawValue>,
     pub service_tier: Option<Cow<'a, str>>,
-    pub choices: Vec<Choice<'a>>,
+    pub choices: Choices<'a>,
 }
 
 /// One entry of `choices`.
@@ -63,7 +67,7 @@ fn text(t: Option<Text<'_>>) -> Option<Cow<'_, str>> {
 #[derive(Deserialize)]
 struct RawFrame<'a> {
     #[serde(default, borrow)]
-    choices: Option<Vec<&'a RawValue>>,
+    choices: Option<SmallVec<[&'a RawValue; 1]>>,
     #[serde(default, borrow)]
     usage: Option<&'a RawValue>,
     #[serde(default, borrow)]
@@ -113,7 +117,7 @@ pub(crate) fn parse(data: &str) -> Option<Frame<'_>> {
     if raw.error.is_some() || raw.object.as_ref().map(|o| &*o.0) == Some("error") {
         return None;
     }
-    let mut choices = Vec::with_capacity(raw.choices.as_ref().map_or(0, Vec::len));
+    let mut choices = Choices::new();
     for c in raw.choices.iter().flatten() {
         let c: RawChoice = serde_json::from_str(object(c.get())?).ok()?;
         let (content, refusal) = match c.delta {

@@ -110,7 +110,7 @@ async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Respo
         match door::assemble(&mut rx).await {
             Ok(door::Unary::Queued(q)) => Ok(door::queued(&q, request_id)),
             Ok(door::Unary::Answer(done, served)) => {
-                let mut r = axum::Json(completion(&ids, done)).into_response();
+                let mut r = axum::Json(Completion::new(&ids, &done)).into_response();
                 served_headers(r.headers_mut(), served.as_ref(), request_id);
                 Ok(r)
             }

@@ -137,8 +137,14 @@ const REFUSED: [(&str, &str); 3] = [
 const MAX_DROPPED: usize = 48;
 
 pub(super) fn parse(body: &[u8]) -> Result<ChatBody, OpenAiError> {
-    let de = &mut serde_json::Deserializer::from_slice(body);
-    let mut map: Map<String, Value> = serde_path_to_error::deserialize(de).map_err(|e| {
+    // Read plainly; only a body that fails is read again to find where (the
+    // path costs an allocation per key).
+    let mut map: Map<String, Value> = serde_json::from_slice(body).map_err(|_| {
+        let de = &mut serde_json::Deserializer::from_slice(body);
+        let e = match serde_path_to_error::deserialize::<_, Map<String, Value>>(de) {
+            Err(e) => e,
+            Ok(_) => return OpenAiError::invalid("invalid JSON body".into(), None),
+        };
         let path = e.path().to_string();
         let param = (path != ".").then_some(path);
         OpenAiError::invalid(format!("invalid JSON body: {}", e.inner()), param)
