@@ -6,6 +6,7 @@
 //! the one intake.
 
 use std::convert::Infallible;
+use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -507,7 +508,7 @@ pub trait SseFrames: Send + 'static {
 /// all when a reconnecting caller already holds it.
 fn push_numbered(out: &mut String, group: String, events: Option<&Events>, last: &mut u64) {
     let Some(events) = events else {
-        out.push_str(&group);
+        append(out, group);
         return;
     };
     let seq = events.seq();
@@ -515,17 +516,26 @@ fn push_numbered(out: &mut String, group: String, events: Option<&Events>, last:
         return;
     }
     if seq <= *last {
-        out.push_str(&group);
+        append(out, group);
         return;
     }
     *last = seq;
     let body = group.strip_suffix("\n\n").unwrap_or(&group);
     let at = body.rfind("\n\n").map_or(0, |i| i + 2);
+    out.reserve(group.len() + 24);
     out.push_str(&group[..at]);
-    out.push_str("id: ");
-    out.push_str(&seq.to_string());
-    out.push('\n');
+    // Writing to a `String` cannot fail.
+    let _ = writeln!(out, "id: {seq}");
     out.push_str(&group[at..]);
+}
+
+/// `group` after `out`: the first group of a body chunk is kept, not copied.
+fn append(out: &mut String, group: String) {
+    if out.is_empty() {
+        *out = group;
+    } else {
+        out.push_str(&group);
+    }
 }
 
 /// Frames that are ready together leave in one body chunk, up to this size.

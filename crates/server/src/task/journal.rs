@@ -49,8 +49,27 @@ pub fn encode(item: &Item, reason: Reason) -> Result<Bytes, serde_json::Error> {
             retry_after_ms: e.retry_after().map(|d| d.as_millis() as u64),
         },
     };
-    serde_json::to_vec(&record).map(Bytes::from)
+    // Written into this thread's buffer and copied out at its exact size:
+    // one allocation per item (`to_vec` grew a vector, and a `Bytes` made
+    // from a vector with room to spare allocates its owner too).
+    SCRATCH.with_borrow_mut(|buf| {
+        buf.clear();
+        let written =
+            serde_json::to_writer(&mut *buf, &record).map(|()| Bytes::copy_from_slice(buf));
+        if buf.capacity() > MAX_SCRATCH {
+            *buf = Vec::new();
+        }
+        written
+    })
 }
+
+thread_local! {
+    /// `encode`'s buffer, reused by every item on this thread.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A larger buffer (one item was large) is not kept.
+const MAX_SCRATCH: usize = 64 * 1024;
 
 /// The item a stored record was (an unreadable one ends the stream with
 /// INTERNAL rather than passing for an event).
