@@ -1029,6 +1029,17 @@ async fn row_17_stall_after_tokens_ends_unavailable_without_retry() {
     assert_eq!(r.s().requests().await.len(), 0, "no retry after commit");
 }
 
+/// A stream cut after `n` tokens were forwarded: UNAVAILABLE, truncated,
+/// with `n` tokens emitted, after one attempt.
+fn truncated_after(got: &Collected, n: u32) {
+    let s = failed(got);
+    assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+    assert_eq!(reason(&s), "UPSTREAM_STREAM_TRUNCATED", "{s:?}");
+    let emitted = n.to_string();
+    assert_eq!(error_meta(&s, "tokens_emitted").as_deref(), Some(&*emitted));
+    assert_eq!(error_meta(&s, "attempts").as_deref(), Some("1"));
+}
+
 async fn cut_stream(reset: bool) {
     let r = two().await;
     let mut c = r.client().await;
@@ -1036,11 +1047,7 @@ async fn cut_stream(reset: bool) {
     r.p.set_fault(json!({"type": "abort", "after_tokens": 3, "reset": reset}))
         .await;
     let got = stream(&mut c, request("chat")).await;
-    let s = failed(&got);
-    assert_eq!(s.code(), Code::Unavailable, "{s:?}");
-    assert_eq!(reason(&s), "UPSTREAM_STREAM_TRUNCATED");
-    assert_eq!(error_meta(&s, "tokens_emitted").as_deref(), Some("3"));
-    assert_eq!(error_meta(&s, "attempts").as_deref(), Some("1"));
+    truncated_after(&got, 3);
     assert_eq!(got.deltas, 3);
     assert_eq!(r.s().requests().await.len(), 0);
     attempts_metric(&r.sy, "primary", "truncated", 1.0).await;
@@ -1069,7 +1076,7 @@ async fn row_19_rst_after_tokens_is_truncated_and_rst_before_fails_over() {
 }
 
 /// The primary reached over HTTP/2 with prior knowledge (h2c,
-/// `http2_prior_knowledge`): concurrent streams share its connection, and
+/// `http2_prior_knowledge`): concurrent streams are served over it, and
 /// rows 18-19 hold over it, where a cut stream is a reset HTTP/2 stream
 /// rather than a closed socket. The secondary stays on HTTP/1.1.
 #[tokio::test]
@@ -1115,12 +1122,8 @@ async fn an_h2c_upstream_serves_concurrent_streams_and_classifies_its_cuts_the_s
         r.p.set_fault(json!({"type": "abort", "after_tokens": 3, "reset": reset}))
             .await;
         let got = stream(&mut c, request("chat")).await;
-        let s = failed(&got);
-        assert_eq!(s.code(), Code::Unavailable, "reset {reset}: {s:?}");
-        assert_eq!(reason(&s), "UPSTREAM_STREAM_TRUNCATED", "reset {reset}");
-        assert_eq!(error_meta(&s, "tokens_emitted").as_deref(), Some("3"));
-        assert_eq!(error_meta(&s, "attempts").as_deref(), Some("1"));
-        assert_eq!(got.text, full_text(3));
+        truncated_after(&got, 3);
+        assert_eq!(got.text, full_text(3), "reset {reset}");
     }
     assert_eq!(r.s().requests().await.len(), 0, "no failover after commit");
     attempts_metric(&r.sy, "primary", "truncated", 2.0).await;

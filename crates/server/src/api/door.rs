@@ -1,6 +1,7 @@
 //! What the HTTP front doors (OpenAI- and Anthropic-shaped) share: their
 //! state, the router that mounts both on `[server] http_listen`, the
-//! caller's request id, the metadata and body bounds, `model` → route (or a
+//! caller's request id, the metadata and body bounds, reading a JSON body,
+//! `model` → route (or a
 //! pinned target), and the served-by headers. Each door only parses its own
 //! body and renders its own answers and errors; both start requests through
 //! the one intake.
@@ -499,6 +500,16 @@ pub trait SseFrames: Send + 'static {
     fn events(&self) -> Option<&Events> {
         None
     }
+}
+
+/// A JSON body read as `T`. Only a body that fails is read again, with
+/// `serde_path_to_error`, to name where (it allocates once per key).
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+) -> Result<T, serde_path_to_error::Error<serde_json::Error>> {
+    serde_json::from_slice(body).or_else(|_| {
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body))
+    })
 }
 
 /// Adds one group of frames to `out`: with `id: <seq>` in its last frame

@@ -73,14 +73,7 @@ pub(super) enum Use {
 }
 
 pub(super) fn parse(body: &[u8]) -> Result<MessagesBody, AnthropicError> {
-    // Read plainly; only a body that fails is read again to find where (the
-    // path costs an allocation per key).
-    serde_json::from_slice(body).map_err(|_| {
-        let de = &mut serde_json::Deserializer::from_slice(body);
-        let e = match serde_path_to_error::deserialize::<_, MessagesBody>(de) {
-            Err(e) => e,
-            Ok(_) => return AnthropicError::invalid("invalid JSON body".into()),
-        };
+    crate::api::door::read_json(body).map_err(|e| {
         let path = e.path().to_string();
         let at = if path == "." {
             String::new()

@@ -137,14 +137,7 @@ const REFUSED: [(&str, &str); 3] = [
 const MAX_DROPPED: usize = 48;
 
 pub(super) fn parse(body: &[u8]) -> Result<ChatBody, OpenAiError> {
-    // Read plainly; only a body that fails is read again to find where (the
-    // path costs an allocation per key).
-    let mut map: Map<String, Value> = serde_json::from_slice(body).map_err(|_| {
-        let de = &mut serde_json::Deserializer::from_slice(body);
-        let e = match serde_path_to_error::deserialize::<_, Map<String, Value>>(de) {
-            Err(e) => e,
-            Ok(_) => return OpenAiError::invalid("invalid JSON body".into(), None),
-        };
+    let mut map: Map<String, Value> = crate::api::door::read_json(body).map_err(|e| {
         let path = e.path().to_string();
         let param = (path != ".").then_some(path);
         OpenAiError::invalid(format!("invalid JSON body: {}", e.inner()), param)
