@@ -95,7 +95,24 @@ static ALLOCATOR_OPTIONS: extern "C" fn() = {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
+    // `serve` reads its config first: `server.worker_threads` sizes the runtime.
+    let loaded = match &cli.command {
+        Command::Serve(ServeArgs {
+            config: Some(path), ..
+        }) => match Config::load(path) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("error: {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = loaded.as_ref().and_then(|c| c.server.worker_threads) {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -116,7 +133,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Serve(args) => runtime.block_on(serve(args, loaded)),
         // No log subscriber: the in-process router's logs would interleave with the report.
         Command::Drill(args) => verdict(
             runtime.block_on(switchyard_drill::run(args)),
@@ -178,21 +195,16 @@ fn check_config(file: &std::path::Path) -> ExitCode {
     }
 }
 
-async fn serve(args: ServeArgs) -> ExitCode {
+/// Serves with `loaded`, the config `--config` named, or the built-in one.
+async fn serve(args: ServeArgs, loaded: Option<Config>) -> ExitCode {
     #[cfg(feature = "dhat-heap")]
     let _profiler = dhat::Profiler::new_heap();
     if std::env::var(switchyard::telemetry::alloc::ENV).as_deref() == Ok("1") {
         switchyard::telemetry::alloc::enable();
     }
     let mut mocks = Vec::new();
-    let mut config = match &args.config {
-        Some(path) => match Config::load(path) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("error: {}: {e}", path.display());
-                return ExitCode::from(2);
-            }
-        },
+    let mut config = match loaded {
+        Some(c) => c,
         None => {
             let mut urls = [None, None];
             for (i, (env, kind)) in [

@@ -591,3 +591,64 @@ fn hex_decode(s: &str) -> Vec<u8> {
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
         .collect()
 }
+
+/// `server.worker_threads` sizes the runtime that serves requests: the
+/// threads in force show on `/metrics`; left out, one per core (or
+/// `TOKIO_WORKER_THREADS`); out of range, `serve` refuses to start.
+#[tokio::test]
+async fn worker_threads_sizes_the_runtime() {
+    let a = Mock::start("openai", &[]).await;
+    let b = Mock::start("anthropic", &[]).await;
+    let workers = |sy: &Switchyard| {
+        let admin = sy.admin.clone();
+        async move {
+            let text = reqwest::get(format!("http://{admin}/metrics"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            metric(&text, "switchyard_runtime_worker_threads", &[])
+        }
+    };
+    let sy = Switchyard::start(&format!("[server]\nworker_threads = 3\n{}", two(&a, &b))).await;
+    let mut client = sy.client().await;
+    for _ in 0..4 {
+        let got = stream(&mut client, request("chat")).await;
+        assert_eq!(got.finished.unwrap().served_by.unwrap().provider, "primary");
+    }
+    assert_eq!(workers(&sy).await, Some(3.0));
+
+    let by_env = Switchyard::start_with(&two(&a, &b), &[("TOKIO_WORKER_THREADS", "5")]).await;
+    assert_eq!(workers(&by_env).await, Some(5.0));
+    let config_wins = Switchyard::start_with(
+        &format!("[server]\nworker_threads = 2\n{}", two(&a, &b)),
+        &[("TOKIO_WORKER_THREADS", "5")],
+    )
+    .await;
+    assert_eq!(workers(&config_wins).await, Some(2.0));
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        let cores = std::thread::available_parallelism().unwrap().get();
+        let default = Switchyard::start(&two(&a, &b)).await;
+        assert_eq!(workers(&default).await, Some(cores as f64));
+    }
+
+    let file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::fs::write(
+        file.path(),
+        format!("[server]\nworker_threads = 0\n{}", two(&a, &b)),
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(file.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("server.worker_threads") && stderr.contains("1 to 1024"),
+        "{stderr}"
+    );
+}

@@ -649,6 +649,7 @@ async fn read_step(
     let active = !events.is_empty();
     for event in events.drain(..) {
         let decoded = decoder.on_event(&event, chunks);
+        parser.recycle(event);
         // Forward what the frame carried, even before failing.
         match forward(chunks, sink, meta).await {
             Ok(()) => {}

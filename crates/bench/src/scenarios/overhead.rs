@@ -10,7 +10,9 @@
 //! and `SWITCHYARD_OVERHEAD_RATES` (e.g. `3000`) narrow a run;
 //! `SWITCHYARD_OVERHEAD_UPSTREAM=h2c` (this build) and
 //! `SWITCHYARD_OVERHEAD_BASELINE_UPSTREAM=h2c` (the baseline) reach the mock
-//! over HTTP/2 with prior knowledge instead of HTTP/1.1.
+//! over HTTP/2 with prior knowledge instead of HTTP/1.1;
+//! `SWITCHYARD_OVERHEAD_WORKER_THREADS=N` sets this build's
+//! `server.worker_threads` (the baseline keeps its default).
 
 use std::time::Duration;
 
@@ -186,11 +188,18 @@ fn load_text(load: &Load) -> String {
 /// knowledge when `var` is `h2c` (`http2_prior_knowledge`, as a provider
 /// reached over TLS negotiates HTTP/2 by ALPN). A baseline build that
 /// predates the key refuses the config, so each build has its own variable.
-fn upstream_h2c(var: &str) -> bool {
+pub(crate) fn upstream_h2c(var: &str) -> bool {
     std::env::var(var).is_ok_and(|v| v.trim() == "h2c")
 }
 
-fn upstream_text(var: &str) -> &'static str {
+/// This build's `server.worker_threads`, when set for the run.
+fn worker_threads() -> Option<usize> {
+    std::env::var("SWITCHYARD_OVERHEAD_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+}
+
+pub(crate) fn upstream_text(var: &str) -> &'static str {
     match upstream_h2c(var) {
         true => "HTTP/2 with prior knowledge (h2c)",
         false => "HTTP/1.1",
@@ -318,7 +327,14 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         let baseline = cfg("SWITCHYARD_OVERHEAD_BASELINE_UPSTREAM");
         builds.push(Via::start(ctx, "baseline", exe, &baseline).await?);
     }
-    let this = cfg("SWITCHYARD_OVERHEAD_UPSTREAM");
+    let mut this = cfg("SWITCHYARD_OVERHEAD_UPSTREAM");
+    if let Some(n) = worker_threads() {
+        this = this.replacen(
+            "[server]\n",
+            &format!("[server]\nworker_threads = {n}\n"),
+            1,
+        );
+    }
     builds.push(Via::start(ctx, "this build", &ctx.exe, &this).await?);
     let env = Env {
         mock,
@@ -610,13 +626,14 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "Mock answers at once (16 tokens, no delay). Open loop on a schedule: latency counts from \
          the scheduled send, so queueing shows. Direct = reqwest to the mock's OpenAI endpoint; \
          via = gRPC to Switchyard (4 HTTP/2 connections) or reqwest to its OpenAI door, which \
-         calls the same mock over {} (the baseline over {}); with `--baseline`, a second build runs each row right after this one. CPU and allocations per request are Switchyard's own (from /proc \
+         calls the same mock over {} (the baseline over {}); this build's runtime threads: {}; with `--baseline`, a second build runs each row right after this one. CPU and allocations per request are Switchyard's own (from /proc \
          and its counting allocator); actor messages per request are its \
          `switchyard_actor_calls_total` (calls await a reply, casts do not, gate permits are \
          provider permits taken with no message; `-` for a build that does not count them). Load generator, mock and Switchyard share the machine's \
          cores.\n\n{}\nTime to first token (streaming):\n\n{}{profile_md}",
         upstream_text("SWITCHYARD_OVERHEAD_UPSTREAM"),
         upstream_text("SWITCHYARD_OVERHEAD_BASELINE_UPSTREAM"),
+        worker_threads().map_or("one per core (default)".to_string(), |n| n.to_string()),
         lat.render(),
         ttft.render()
     );

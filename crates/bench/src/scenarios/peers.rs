@@ -10,6 +10,9 @@
 //! 1,000 and 3,000 requests/s (the Python and Node peers cannot sustain them).
 //! `SWITCHYARD_PEERS` (comma-separated `litellm`, `portkey`, `agentgateway`)
 //! narrows which peers run; Switchyard always does.
+//! `SWITCHYARD_PEERS_UPSTREAM=h2c` has Switchyard and Busbar reach the mocks
+//! over HTTP/2 with prior knowledge (`http2_prior_knowledge`,
+//! `advanced.upstream_h2_prior_knowledge`) instead of HTTP/1.1.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,6 +41,8 @@ const RETRIES: u32 = 2;
 const RETRY_STATUSES: [u16; 5] = [429, 500, 502, 503, 504];
 /// Narrows the peers run (comma-separated tags; Switchyard always runs).
 pub const PEERS_ENV: &str = "SWITCHYARD_PEERS";
+/// `h2c`: Switchyard and Busbar reach the mocks over HTTP/2 with prior knowledge.
+pub const UPSTREAM_ENV: &str = "SWITCHYARD_PEERS_UPSTREAM";
 /// The fixed rates only the Rust gateways get (with `--peer-bin`).
 const FAST_RATES: [f64; 2] = [1000.0, 3000.0];
 /// How long a gateway may take to answer its first request.
@@ -331,6 +336,7 @@ pub fn busbar_config(
     primary: &str,
     secondary: &str,
     cooldown_s: u64,
+    h2c: bool,
 ) -> Value {
     let breaker = json!({
         "trip": {"mode": "consecutive", "consecutive_n": 3},
@@ -344,6 +350,7 @@ pub fn busbar_config(
             "admin-tokens": {"module": "admin-tokens", "token": {"env": "BUSBAR_ADMIN_TOKEN"}},
         },
         "auth": {"chain": [], "admin_auth": ["admin-tokens"]},
+        "advanced": {"upstream_h2_prior_knowledge": h2c},
         "providers": {
             "mock-primary": {"api_key": {"env": "BENCH_MOCK_KEY"}, "base_url": primary},
             "mock-secondary": {"api_key": {"env": "BENCH_MOCK_KEY"}, "base_url": secondary},
@@ -377,10 +384,17 @@ pub fn busbar_providers(primary: &str, secondary: &str) -> Value {
 
 /// Switchyard config: `http_listen`, one route over both mocks, breaker scaled
 /// to the blackout like the `blackout` scenario.
-fn switchyard_config(primary: &MockProc, secondary: &MockProc, port: u16, open_ms: u128) -> String {
+fn switchyard_config(
+    primary: &MockProc,
+    secondary: &MockProc,
+    port: u16,
+    open_ms: u128,
+    h2c: bool,
+) -> String {
     let breaker = format!(
-        "synthetic_probes = true\nbreaker = {{ open_for = \"{open_ms}ms\", max_open_for = \"{}ms\" }}",
-        open_ms * 4
+        "synthetic_probes = true\nbreaker = {{ open_for = \"{open_ms}ms\", max_open_for = \"{}ms\" }}{}",
+        open_ms * 4,
+        if h2c { "\nhttp2_prior_knowledge = true" } else { "" }
     );
     config_text(
         "",
@@ -470,7 +484,13 @@ async fn start_gateway(
     let base = format!("http://127.0.0.1:{port}");
     let (mut cmd, front) = match kind {
         Kind::Switchyard => {
-            let cfg = switchyard_config(primary, secondary, port, phase.as_millis() / 4);
+            let cfg = switchyard_config(
+                primary,
+                secondary,
+                port,
+                phase.as_millis() / 4,
+                super::overhead::upstream_h2c(UPSTREAM_ENV),
+            );
             switchyard::config::Config::from_toml_str(&cfg).map_err(|e| e.to_string())?;
             let path = ctx.path("peers-switchyard.toml");
             std::fs::write(&path, &cfg).map_err(|e| e.to_string())?;
@@ -549,6 +569,7 @@ async fn start_gateway(
                 &origin(primary),
                 &origin(secondary),
                 (phase.as_secs_f64() / 4.0).round() as u64,
+                super::overhead::upstream_h2c(UPSTREAM_ENV),
             );
             let cat = busbar_providers(&origin(primary), &origin(secondary));
             let path = bdir.join("config.yaml");
@@ -1341,11 +1362,13 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
          children included; peak = sum of VmHWM). Blackout: {:.0} s per phase, {:.0} requests/s \
          (streamed, then the same unary, whose TTFT is the whole answer; the whole-run row lists the \
          errors), mocks 16 tokens 5 ms apart, primary answering 500/503/429 in the middle \
-         phase; attempts counted from the mocks' request logs.{}\n\n{}\nSide by side \
+         phase; attempts counted from the mocks' request logs. Switchyard and Busbar reach the \
+         mocks over {}.{}\n\n{}\nSide by side \
          (CPU µs per request of the gateway's process tree; added latency vs direct):\n\n{}\n{}\nBlackout:\n\n{}",
         dir.display(),
         plan.phase.as_secs_f64(),
         plan.bo_rate,
+        super::overhead::upstream_text(UPSTREAM_ENV),
         match &ctx.peer_bin {
             Some(p) => format!(
                 " Rust peer: `--peer-bin {}` (built by `scripts/build-peer-{}.sh`: {}); \
@@ -1513,7 +1536,14 @@ mod tests {
             Kind::of_peer_bin(Path::new("/x/agentgateway")),
             AgentGateway
         );
-        let b = busbar_config(8080, 8081, "http://127.0.0.1:1", "http://127.0.0.1:2", 3);
+        let b = busbar_config(
+            8080,
+            8081,
+            "http://127.0.0.1:1",
+            "http://127.0.0.1:2",
+            3,
+            false,
+        );
         assert_eq!(b["auth"]["chain"], json!([]));
         assert_eq!(
             b["pools"]["chat"]["on_exhausted"]["fallback_pool"],

@@ -59,6 +59,10 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
     // In-flight gauges are read from the semaphores at scrape time, with
     // the ceilings they count against.
     s.metrics.ready.set(i64::from(is_ready(&s)));
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    s.metrics
+        .runtime_workers
+        .set(i64::try_from(workers).unwrap_or(i64::MAX));
     for p in s.registry.providers() {
         for (traffic, n) in [
             ("all", p.runtime.max_concurrency),

@@ -432,7 +432,14 @@ pub struct ServerConfig {
     /// averaged at least this many bytes per second since its first byte
     /// was awaited (0 = no rate check).
     pub body_min_rate: u64,
+    /// Threads of the async runtime that serves requests; absent: one per
+    /// core the process may use (tokio's default, which also reads
+    /// `TOKIO_WORKER_THREADS`). Read at start only.
+    pub worker_threads: Option<usize>,
 }
+
+/// The most runtime threads `server.worker_threads` may ask for.
+pub const MAX_WORKER_THREADS: usize = 1024;
 
 /// `[server.tls]`: PEM files, re-read on config reload.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -465,6 +472,7 @@ impl Default for ServerConfig {
             connection_idle_timeout: Duration::from_secs(60),
             body_read_timeout: Duration::from_secs(10),
             body_min_rate: 16 * 1024,
+            worker_threads: None,
         }
     }
 }

@@ -416,3 +416,19 @@ fn http2_prior_knowledge_is_for_plain_http_upstreams() {
     assert_eq!(e.path, "providers[0].http2_prior_knowledge");
     assert!(e.message.contains("ALPN"), "{e:?}");
 }
+
+#[test]
+fn worker_threads_is_absent_by_default_and_bounded() {
+    let c = Config::from_toml_str(GOOD).unwrap();
+    assert_eq!(c.server.worker_threads, None, "one per core by default");
+    let with = |n: &str| GOOD.replace("[server]\n", &format!("[server]\nworker_threads = {n}\n"));
+    let c = Config::from_toml_str(&with("3")).unwrap();
+    assert_eq!(c.server.worker_threads, Some(3));
+    for bad in ["0", "1025"] {
+        let e = err(&with(bad));
+        assert_eq!(e.path, "server.worker_threads", "{bad}");
+        assert!(e.message.contains("1 to 1024"), "{e:?}");
+    }
+    let e = err(&with("-1"));
+    assert_eq!(e.path, "server.worker_threads");
+}

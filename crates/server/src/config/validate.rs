@@ -195,6 +195,17 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if let Some(n) = self.server.worker_threads {
+            if !(1..=super::MAX_WORKER_THREADS).contains(&n) {
+                return Err(ConfigError::new(
+                    "server.worker_threads",
+                    format!(
+                        "{n} is out of range: 1 to {} runtime threads (leave it out for one per core)",
+                        super::MAX_WORKER_THREADS
+                    ),
+                ));
+            }
+        }
         if self.server.default_deadline.is_zero() {
             return Err(ConfigError::new(
                 "server.default_deadline",

@@ -366,6 +366,8 @@ pub struct Metrics {
     pub connections_refused: Family<ListenerLabels, Counter>,
     pub concurrency_limit: Family<TrafficLabels, Gauge>,
     pub ready: Gauge,
+    /// Threads of the async runtime (`server.worker_threads`), read at scrape.
+    pub runtime_workers: Gauge,
     pub semantic: SemanticMetrics,
     /// What answers cost (served, and output billed on failed streams).
     pub cost_usd: Family<RouteTargetLabels, Counter<f64, AtomicU64>>,
@@ -555,6 +557,12 @@ impl Metrics {
             "1 while /readyz answers 200 (started, not draining, some route can serve)",
             ready.clone(),
         );
+        let runtime_workers = Gauge::default();
+        registry.register(
+            "switchyard_runtime_worker_threads",
+            "Threads of the async runtime that serves requests (server.worker_threads; default one per core)",
+            runtime_workers.clone(),
+        );
         let semantic = SemanticMetrics::register(&mut registry);
         let cost_usd = Family::<RouteTargetLabels, Counter<f64, AtomicU64>>::default();
         registry.register(
@@ -588,6 +596,7 @@ impl Metrics {
             connections_refused,
             concurrency_limit,
             ready,
+            runtime_workers,
             target_demoted,
             state_errors,
             operation_duration,

@@ -425,8 +425,7 @@ fn openai_chunk() -> impl Strategy<Value = Value> {
                 ("finish_reason", finish),
             ])
         });
-    let usage =
-        (number(), number()).prop_map(|(p, c)| json!({"prompt_tokens": p, "completion_tokens": c}));
+    let usage = usage();
     let error = json!({"error": {"message": "x", "type": "server_error"}});
     (
         field(vec(choice, 0..3).prop_map(Value::Array), OPENAI_KEYS),
@@ -436,6 +435,58 @@ fn openai_chunk() -> impl Strategy<Value = Value> {
         .prop_map(|(choices, usage, error)| match error {
             Some(e) => e,
             None => object(vec![("choices", choices), ("usage", usage)]),
+        })
+}
+
+/// Keys of an OpenAI (or Responses-style) `usage` object.
+const USAGE_KEYS: &[&str] = &[
+    "prompt_tokens",
+    "input_tokens",
+    "completion_tokens",
+    "output_tokens",
+    "prompt_tokens_details",
+    "input_tokens_details",
+    "completion_tokens_details",
+    "output_tokens_details",
+    "cached_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+];
+
+/// A `usage` object: counts of any number shape under either spelling,
+/// details that may be any value, and stray keys.
+fn usage() -> impl Strategy<Value = Value> {
+    let details = (
+        field(number(), USAGE_KEYS),
+        field(number(), USAGE_KEYS),
+        field(number(), USAGE_KEYS),
+    )
+        .prop_map(|(c, w, r)| {
+            object(vec![
+                ("cached_tokens", c),
+                ("cache_write_tokens", w),
+                ("reasoning_tokens", r),
+            ])
+        });
+    let count = || prop_oneof![Just(None), field(number(), USAGE_KEYS)];
+    let detail = move || prop_oneof![Just(None), field(details.clone(), USAGE_KEYS)];
+    (
+        (count(), count(), count(), count()),
+        (detail(), detail(), detail(), detail()),
+        field(number(), USAGE_KEYS),
+    )
+        .prop_map(|((p, i, c, o), (pd, id, cd, od), total)| {
+            object(vec![
+                ("prompt_tokens", p),
+                ("input_tokens", i),
+                ("completion_tokens", c),
+                ("output_tokens", o),
+                ("prompt_tokens_details", pd),
+                ("input_tokens_details", id),
+                ("completion_tokens_details", cd),
+                ("output_tokens_details", od),
+                ("total_tokens", total),
+            ])
         })
 }
 
@@ -494,7 +545,7 @@ fn common_shape_stream() -> impl Strategy<Value = Vec<u8>> {
         proptest::option::of(text()),
         proptest::option::weighted(0.2, text()),
         finish_reason(),
-        any::<bool>(),
+        proptest::option::weighted(0.3, usage()),
         proptest::option::of(tier),
     )
         .prop_map(|(content, refusal, finish, usage, tier)| {
@@ -509,8 +560,8 @@ fn common_shape_stream() -> impl Strategy<Value = Vec<u8>> {
                 "object": "chat.completion.chunk",
                 "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
             });
-            if usage {
-                v["usage"] = json!({"prompt_tokens": 3, "completion_tokens": 5});
+            if let Some(u) = usage {
+                v["usage"] = u;
             }
             if let Some(t) = tier {
                 v["service_tier"] = t.into();
@@ -881,6 +932,14 @@ proptest! {
             run(&[&bytes], &mut OpenAiDecoder::new()),
             run(&[&bytes], &mut OpenAiDecoder::general_only())
         );
+    }
+
+    /// `usage` read in place counts what the `Value` lookup counts.
+    #[test]
+    fn fuzz_usage_read_in_place_agrees_with_the_tree(u in usage()) {
+        let data = json!({"choices": [], "usage": u}).to_string();
+        let frame = super::openai_frame::parse(&data).map(|f| f.usage.map(|c| c.normalised()));
+        prop_assert_eq!(frame, Some(super::openai::parse_usage(Some(&u))));
     }
 
     #[test]

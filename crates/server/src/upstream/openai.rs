@@ -434,9 +434,7 @@ impl OpenAiDecoder {
         out: &mut Vec<Chunk>,
     ) -> Result<(), Failure> {
         if let Some(u) = frame.usage {
-            let v: Value = serde_json::from_str(u.get())
-                .map_err(|_| in_body(OutcomeClass::Protocol, "malformed JSON in stream frame"))?;
-            self.usage = parse_usage(Some(&v));
+            self.usage = Some(u.normalised());
         }
         if let Some(t) = &frame.service_tier {
             self.set_tier(t);
@@ -723,37 +721,51 @@ fn error_field_failure(raw: &str) -> Failure {
 /// `input_tokens` is the uncached rest.
 pub(crate) fn parse_usage(v: Option<&Value>) -> Option<Usage> {
     let u = v.filter(|u| u.is_object())?;
-    let prompt = u32_field(u, "prompt_tokens")
-        .or_else(|| u32_field(u, "input_tokens"))
-        .unwrap_or(0);
-    let output = u32_field(u, "completion_tokens")
-        .or_else(|| u32_field(u, "output_tokens"))
-        .unwrap_or(0);
-    let details = u
-        .get("prompt_tokens_details")
-        .or_else(|| u.get("input_tokens_details"));
-    let read = details
-        .and_then(|d| u32_field(d, "cached_tokens"))
-        .unwrap_or(0)
-        .min(prompt);
-    let write = details
-        .and_then(|d| u32_field(d, "cache_write_tokens"))
-        .unwrap_or(0)
-        .min(prompt - read);
-    let reasoning = u
-        .get("completion_tokens_details")
-        .or_else(|| u.get("output_tokens_details"))
-        .and_then(|d| u32_field(d, "reasoning_tokens"))
-        .unwrap_or(0)
-        .min(output);
-    Some(Usage {
-        input_tokens: prompt - read - write,
-        output_tokens: output,
-        cache_read_input_tokens: read,
-        cache_write_input_tokens: write,
-        cache_write_1h_input_tokens: 0,
-        reasoning_tokens: reasoning,
-    })
+    let count = |v: &Value, key: &str| v.get(key).and_then(Value::as_u64);
+    let details = |a: &str, b: &str| u.get(a).or_else(|| u.get(b));
+    let prompt = details("prompt_tokens_details", "input_tokens_details");
+    let completion = details("completion_tokens_details", "output_tokens_details");
+    Some(
+        UsageCounts {
+            prompt_tokens: count(u, "prompt_tokens").or_else(|| count(u, "input_tokens")),
+            completion_tokens: count(u, "completion_tokens").or_else(|| count(u, "output_tokens")),
+            cached_tokens: prompt.and_then(|d| count(d, "cached_tokens")),
+            cache_write_tokens: prompt.and_then(|d| count(d, "cache_write_tokens")),
+            reasoning_tokens: completion.and_then(|d| count(d, "reasoning_tokens")),
+        }
+        .normalised(),
+    )
+}
+
+/// The counts an OpenAI `usage` object carries, as read (either spelling of
+/// each; a count that is not a non-negative integer is absent).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct UsageCounts {
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub cache_write_tokens: Option<u64>,
+    pub reasoning_tokens: Option<u64>,
+}
+
+impl UsageCounts {
+    /// Switchyard's [`Usage`]: cached, cache-written and reasoning tokens
+    /// taken out of the totals that include them, each bounded by its total.
+    pub(crate) fn normalised(self) -> Usage {
+        let u32_of = |n: Option<u64>| n.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+        let prompt = u32_of(self.prompt_tokens);
+        let output = u32_of(self.completion_tokens);
+        let read = u32_of(self.cached_tokens).min(prompt);
+        let write = u32_of(self.cache_write_tokens).min(prompt - read);
+        Usage {
+            input_tokens: prompt - read - write,
+            output_tokens: output,
+            cache_read_input_tokens: read,
+            cache_write_input_tokens: write,
+            cache_write_1h_input_tokens: 0,
+            reasoning_tokens: u32_of(self.reasoning_tokens).min(output),
+        }
+    }
 }
 
 /// `function.arguments` as text; some compat servers send an object instead of a string.

@@ -7,9 +7,12 @@
 
 use std::borrow::Cow;
 
-use serde::Deserialize;
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use smallvec::SmallVec;
+
+use super::openai::UsageCounts;
 
 /// A frame's `choices`: one, inline (Switchyard asks for one choice).
 pub(crate) type Choices<'a> = SmallVec<[Choice<'a>; 1]>;
@@ -17,8 +20,8 @@ pub(crate) type Choices<'a> = SmallVec<[Choice<'a>; 1]>;
 /// One frame in the common shape.
 #[derive(Debug)]
 pub(crate) struct Frame<'a> {
-    /// The `usage` value, when it is an object.
-    pub usage: Option<&'a RawValue>,
+    /// The `usage` value's counts, when it is an object.
+    pub usage: Option<UsageCounts>,
     pub service_tier: Option<Cow<'a, str>>,
     pub choices: Choices<'a>,
 }
@@ -106,6 +109,116 @@ struct RawDelta<'a> {
     reasoning: Option<&'a RawValue>,
 }
 
+/// A value read leniently, as a lookup in a `serde_json::Value` would read
+/// it: what does not have the expected type reads as absent, a repeated key
+/// keeps its last value, and unknown keys are skipped. Nothing is allocated.
+struct InPlace<T>(T);
+
+/// A count: what `Value::as_u64` reads (a non-negative integer that fits
+/// `u64`; not `5.0`, `1e3` or `-0`), else absent.
+struct Count(Option<u64>);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = <&RawValue>::deserialize(d)?;
+        Ok(Count(raw.get().trim().parse().ok()))
+    }
+}
+
+/// A `*_tokens_details` value. Present whatever its type (a lookup that
+/// finds it does not fall back to the other spelling); its counts are read
+/// only from an object.
+#[derive(Default, Clone, Copy)]
+struct Details {
+    cached_tokens: Option<u64>,
+    cache_write_tokens: Option<u64>,
+    reasoning_tokens: Option<u64>,
+}
+
+impl<'de> Deserialize<'de> for Details {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = <&RawValue>::deserialize(d)?;
+        match object(raw.get()) {
+            Some(o) => serde_json::from_str::<InPlace<Details>>(o)
+                .map(|d| d.0)
+                .map_err(serde::de::Error::custom),
+            None => Ok(Details::default()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for InPlace<Details> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = InPlace<Details>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a details object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut d = Details::default();
+                while let Some(key) = map.next_key::<Text>()? {
+                    let slot = match &*key.0 {
+                        "cached_tokens" => &mut d.cached_tokens,
+                        "cache_write_tokens" => &mut d.cache_write_tokens,
+                        "reasoning_tokens" => &mut d.reasoning_tokens,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                            continue;
+                        }
+                    };
+                    *slot = map.next_value::<Count>()?.0;
+                }
+                Ok(InPlace(d))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for InPlace<UsageCounts> {
+    /// An object's counts, chosen as `openai::parse_usage` chooses them.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = InPlace<UsageCounts>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a usage object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                // Each spelling apart: the first present wins, as in a lookup.
+                let mut counts: [Option<u64>; 4] = [None; 4];
+                let mut details: [Option<Details>; 4] = [None; 4];
+                while let Some(key) = map.next_key::<Text>()? {
+                    match &*key.0 {
+                        "prompt_tokens" => counts[0] = map.next_value::<Count>()?.0,
+                        "input_tokens" => counts[1] = map.next_value::<Count>()?.0,
+                        "completion_tokens" => counts[2] = map.next_value::<Count>()?.0,
+                        "output_tokens" => counts[3] = map.next_value::<Count>()?.0,
+                        "prompt_tokens_details" => details[0] = Some(map.next_value()?),
+                        "input_tokens_details" => details[1] = Some(map.next_value()?),
+                        "completion_tokens_details" => details[2] = Some(map.next_value()?),
+                        "output_tokens_details" => details[3] = Some(map.next_value()?),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                let prompt = details[0].or(details[1]).unwrap_or_default();
+                let completion = details[2].or(details[3]).unwrap_or_default();
+                Ok(InPlace(UsageCounts {
+                    prompt_tokens: counts[0].or(counts[1]),
+                    completion_tokens: counts[2].or(counts[3]),
+                    cached_tokens: prompt.cached_tokens,
+                    cache_write_tokens: prompt.cache_write_tokens,
+                    reasoning_tokens: completion.reasoning_tokens,
+                }))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 /// A JSON object's text (serde would also read an array into a struct).
 fn object(raw: &str) -> Option<&str> {
     raw.trim_start().starts_with('{').then_some(raw)
@@ -141,8 +254,12 @@ pub(crate) fn parse(data: &str) -> Option<Frame<'_>> {
             finish_reason: text(c.finish_reason),
         });
     }
+    let usage = match raw.usage.and_then(|u| object(u.get())) {
+        Some(u) => Some(serde_json::from_str::<InPlace<UsageCounts>>(u).ok()?.0),
+        None => None,
+    };
     Some(Frame {
-        usage: raw.usage.filter(|u| object(u.get()).is_some()),
+        usage,
         service_tier: text(raw.service_tier),
         choices,
     })
@@ -177,6 +294,41 @@ mod tests {
             .unwrap()
             .usage
             .is_none());
+    }
+
+    /// The counts read in place are the ones a `Value` lookup reads, on
+    /// the shapes a fuzzer builds rarely: repeated keys, escaped keys,
+    /// number forms, details that are not objects.
+    #[test]
+    fn usage_is_read_in_place_as_a_lookup_reads_it() {
+        for usage in [
+            r#"{"prompt_tokens":10,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":6},"completion_tokens_details":{"reasoning_tokens":3}}"#,
+            r#"{"prompt_tokens":1,"prompt_tokens":9,"completion_tokens":2}"#,
+            r#"{"input_tokens":7,"prompt_tokens":9,"output_tokens":1,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":9,"input_tokens_details":{"cached_tokens":1},"prompt_tokens_details":{"cached_tokens":4}}"#,
+            r#"{"prompt_tokens":"9","input_tokens":7,"output_tokens":5.0,"completion_tokens":-0}"#,
+            r#"{"prompt\u005ftokens":8,"input_tokens":1e3,"completion_tokens":18446744073709551616}"#,
+            r#"{"prompt_tokens":8,"prompt_tokens_details":null,"input_tokens_details":{"cached_tokens":5}}"#,
+            r#"{"prompt_tokens":8,"input_tokens_details":{"cached_tokens":5,"cached_tokens":2}}"#,
+            r#"{"prompt_tokens":8,"prompt_tokens_details":{"cached_tokens":9},"prompt_tokens_details":[1]}"#,
+            r#"{"prompt_tokens":4294967296,"completion_tokens":3,"output_tokens_details":{"reasoning_tokens":7}}"#,
+            r#"{"prompt_tokens": 12 ,"x":{"prompt_tokens":1},"completion_tokens_details":{"reasoning_tokens":{}}}"#,
+        ] {
+            let data = format!(r#"{{"choices":[],"usage":{usage}}}"#);
+            let in_place = parse(&data).unwrap().usage.map(|c| c.normalised());
+            let v: serde_json::Value = serde_json::from_str(usage).unwrap();
+            assert_eq!(
+                in_place,
+                super::super::openai::parse_usage(Some(&v)),
+                "{usage}"
+            );
+        }
+        let f = parse(r#"{"usage":{"prompt_tokens":10,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":6}}}"#).unwrap();
+        let u = f.usage.unwrap().normalised();
+        assert_eq!(
+            (u.input_tokens, u.cache_read_input_tokens, u.output_tokens),
+            (4, 6, 4)
+        );
     }
 
     #[test]

@@ -55,7 +55,15 @@ pub struct SseParser {
     first_line: bool,
     /// Fields of the event being built.
     pending: Pending,
+    /// Emptied strings of events handed back ([`SseParser::recycle`]), for
+    /// the next events' `data` and `event` fields.
+    spare: Vec<String>,
 }
+
+/// Strings kept for reuse, and the largest one kept (a few events a read;
+/// one huge event must not pin memory).
+const KEPT_SPARES: usize = 8;
+const KEPT_SPARE_CAPACITY: usize = 4096;
 
 /// The event under construction.
 #[derive(Debug, Default)]
@@ -92,14 +100,26 @@ impl Pending {
     }
 }
 
-/// Appends `value` to a multi-line buffer, joining lines with `\n`.
-fn append_line(buf: &mut Option<String>, value: &str) {
+/// Appends `value` to a multi-line buffer, joining lines with `\n`; a new
+/// buffer is a spare one when there is one.
+fn append_line(buf: &mut Option<String>, value: &str, spare: &mut Vec<String>) {
     match buf {
         Some(existing) => {
             existing.push('\n');
             existing.push_str(value);
         }
-        None => *buf = Some(value.to_owned()),
+        None => *buf = Some(owned(value, spare)),
+    }
+}
+
+/// `value` in a spare string when there is one.
+fn owned(value: &str, spare: &mut Vec<String>) -> String {
+    match spare.pop() {
+        Some(mut s) => {
+            s.push_str(value);
+            s
+        }
+        None => value.to_owned(),
     }
 }
 
@@ -115,6 +135,17 @@ impl SseParser {
             max_line,
             max_event,
             ..Default::default()
+        }
+    }
+
+    /// Takes back an event's strings once it has been read, so that the
+    /// next events reuse them instead of allocating.
+    pub fn recycle(&mut self, event: SseEvent) {
+        for mut s in [Some(event.data), event.event].into_iter().flatten() {
+            if self.spare.len() < KEPT_SPARES && (1..=KEPT_SPARE_CAPACITY).contains(&s.capacity()) {
+                s.clear();
+                self.spare.push(s);
+            }
         }
     }
 
@@ -252,15 +283,15 @@ impl SseParser {
     fn apply_field(&mut self, field: &str, value: &str) {
         let p = &mut self.pending;
         match field {
-            "event" => p.event = Some(value.to_owned()),
-            "data" => append_line(&mut p.data, value),
+            "event" => p.event = Some(owned(value, &mut self.spare)),
+            "data" => append_line(&mut p.data, value, &mut self.spare),
             "id" if !value.contains('\0') => p.id = Some(value.to_owned()),
             "retry" if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) => {
                 if let Ok(ms) = value.parse() {
                     p.retry = Some(ms);
                 }
             }
-            "error" => append_line(&mut p.error, value),
+            "error" => append_line(&mut p.error, value, &mut self.spare),
             _ => {}
         }
     }
@@ -360,6 +391,37 @@ mod tests {
         p.feed(bytes, &mut out).unwrap();
         p.finish(&mut out).unwrap();
         out
+    }
+
+    /// A recycled event's buffers carry the next events, emptied first; a
+    /// large one is not kept.
+    #[test]
+    fn recycled_events_lend_their_buffers_to_the_next_ones() {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        p.feed(b"event: a\ndata: first one\n\n", &mut out).unwrap();
+        let first = out.pop().unwrap();
+        let (data_ptr, event_ptr) = (first.data.as_ptr(), first.event.as_ref().unwrap().as_ptr());
+        p.recycle(first);
+        p.feed(b"event: bb\ndata: 2\ndata: x\n\n", &mut out)
+            .unwrap();
+        let second = out.pop().unwrap();
+        assert_eq!(second.event.as_deref(), Some("bb"));
+        assert_eq!(second.data, "2\nx");
+        // The spares are taken last-in first-out: `event` then `data`.
+        let reused = [
+            second.data.as_ptr(),
+            second.event.as_ref().unwrap().as_ptr(),
+        ];
+        assert!(reused.contains(&data_ptr) && reused.contains(&event_ptr));
+
+        p.recycle(SseEvent {
+            data: "x".repeat(KEPT_SPARE_CAPACITY + 1),
+            ..SseEvent::default()
+        });
+        assert!(p.spare.is_empty());
+        p.feed(b"data: 3\n\n", &mut out).unwrap();
+        assert_eq!(out.pop().unwrap().data, "3");
     }
 
     fn parse_pieces(pieces: &[&[u8]]) -> Vec<SseEvent> {

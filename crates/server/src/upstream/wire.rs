@@ -116,6 +116,9 @@ pub trait Framer: Send {
 
     /// The body ended: flush the last event, or fail on a cut frame.
     fn finish(&mut self, out: &mut Vec<SseEvent>) -> Result<(), Failure>;
+
+    /// Takes back an event once it is decoded, to reuse its buffers.
+    fn recycle(&mut self, _event: SseEvent) {}
 }
 
 impl Framer for SseParser {
@@ -127,6 +130,10 @@ impl Framer for SseParser {
     fn finish(&mut self, out: &mut Vec<SseEvent>) -> Result<(), Failure> {
         SseParser::finish(self, out)
             .map_err(|e| Failure::new(OutcomeClass::Protocol, e.to_string()))
+    }
+
+    fn recycle(&mut self, event: SseEvent) {
+        SseParser::recycle(self, event);
     }
 }
 
