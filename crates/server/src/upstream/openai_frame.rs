@@ -70,7 +70,7 @@ fn text(t: Option<Text<'_>>) -> Option<Cow<'_, str>> {
 #[derive(Deserialize)]
 struct RawFrame<'a> {
     #[serde(default, borrow)]
-    choices: Option<SmallVec<[&'a RawValue; 1]>>,
+    choices: Option<SmallVec<[Obj<RawChoice<'a>>; 1]>>,
     #[serde(default, borrow)]
     usage: Option<&'a RawValue>,
     #[serde(default, borrow)]
@@ -86,7 +86,7 @@ struct RawChoice<'a> {
     #[serde(default)]
     index: Option<u64>,
     #[serde(default, borrow)]
-    delta: Option<&'a RawValue>,
+    delta: Option<Obj<RawDelta<'a>>>,
     #[serde(default, borrow)]
     finish_reason: Option<Text<'a>>,
 }
@@ -219,6 +219,27 @@ impl<'de> Deserialize<'de> for InPlace<UsageCounts> {
     }
 }
 
+/// A struct read only from a JSON object (serde would also read one from an
+/// array), in place: a choice and its delta are not first captured as raw
+/// text, whose skipping of nested objects allocates in serde_json.
+struct Obj<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData)).map(Obj)
+    }
+}
+
 /// A JSON object's text (serde would also read an array into a struct).
 fn object(raw: &str) -> Option<&str> {
     raw.trim_start().starts_with('{').then_some(raw)
@@ -231,12 +252,10 @@ pub(crate) fn parse(data: &str) -> Option<Frame<'_>> {
         return None;
     }
     let mut choices = Choices::new();
-    for c in raw.choices.iter().flatten() {
-        let c: RawChoice = serde_json::from_str(object(c.get())?).ok()?;
+    for Obj(c) in raw.choices.into_iter().flatten() {
         let (content, refusal) = match c.delta {
             None => (None, None),
-            Some(d) => {
-                let d: RawDelta = serde_json::from_str(object(d.get())?).ok()?;
+            Some(Obj(d)) => {
                 if d.tool_calls.is_some()
                     || d.function_call.is_some()
                     || d.reasoning_content.is_some()
@@ -345,6 +364,8 @@ mod tests {
             r#"{"choices":[{"index":1.5}]}"#,
             r#"{"choices":[{"index":-1}]}"#,
             r#"{"choices":[{"delta":"x"}]}"#,
+            r#"{"choices":[{"delta":["content","x"]}]}"#,
+            r#"{"choices":[[0,{"content":"x"}]]}"#,
             r#"{"choices":[{"delta":{"content":5}}]}"#,
             r#"{"choices":[{"delta":{"tool_calls":[]}}]}"#,
             r#"{"choices":[{"delta":{"function_call":{}}}]}"#,
