@@ -40,6 +40,22 @@ pub async fn run(name: &str, ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     }
 }
 
+/// How a build reaches its mocks: HTTP/1.1 (default), or HTTP/2 with prior
+/// knowledge when `var` is `h2c` (`http2_prior_knowledge`, as a provider
+/// reached over TLS negotiates HTTP/2 by ALPN). A baseline build that
+/// predates the key refuses the config, so each build has its own variable.
+fn upstream_h2c(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v.trim() == "h2c")
+}
+
+/// [`upstream_h2c`] in words, for a report.
+fn upstream_text(var: &str) -> &'static str {
+    match upstream_h2c(var) {
+        true => "HTTP/2 with prior knowledge (h2c)",
+        false => "HTTP/1.1",
+    }
+}
+
 /// A result skeleton.
 fn result(name: &str) -> ScenarioResult {
     ScenarioResult {

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{check_complete, check_errors, errors_json, result};
+use super::{check_complete, check_errors, errors_json, result, upstream_h2c, upstream_text};
 use crate::clients::{grpc_call, http_client, openai_call, Call, Grpc};
 use crate::load::{closed_loop, open_loop, Dist, Run};
 use crate::procs::{
@@ -184,26 +184,11 @@ fn load_text(load: &Load) -> String {
     }
 }
 
-/// How a build reaches the mock: HTTP/1.1 (default), or HTTP/2 with prior
-/// knowledge when `var` is `h2c` (`http2_prior_knowledge`, as a provider
-/// reached over TLS negotiates HTTP/2 by ALPN). A baseline build that
-/// predates the key refuses the config, so each build has its own variable.
-pub(crate) fn upstream_h2c(var: &str) -> bool {
-    std::env::var(var).is_ok_and(|v| v.trim() == "h2c")
-}
-
 /// This build's `server.worker_threads`, when set for the run.
 fn worker_threads() -> Option<usize> {
     std::env::var("SWITCHYARD_OVERHEAD_WORKER_THREADS")
         .ok()
         .and_then(|v| v.trim().parse().ok())
-}
-
-pub(crate) fn upstream_text(var: &str) -> &'static str {
-    match upstream_h2c(var) {
-        true => "HTTP/2 with prior knowledge (h2c)",
-        false => "HTTP/1.1",
-    }
 }
 
 /// A comma-separated override from the environment, for profiling work.

@@ -489,7 +489,7 @@ async fn start_gateway(
                 secondary,
                 port,
                 phase.as_millis() / 4,
-                super::overhead::upstream_h2c(UPSTREAM_ENV),
+                super::upstream_h2c(UPSTREAM_ENV),
             );
             switchyard::config::Config::from_toml_str(&cfg).map_err(|e| e.to_string())?;
             let path = ctx.path("peers-switchyard.toml");
@@ -569,7 +569,7 @@ async fn start_gateway(
                 &origin(primary),
                 &origin(secondary),
                 (phase.as_secs_f64() / 4.0).round() as u64,
-                super::overhead::upstream_h2c(UPSTREAM_ENV),
+                super::upstream_h2c(UPSTREAM_ENV),
             );
             let cat = busbar_providers(&origin(primary), &origin(secondary));
             let path = bdir.join("config.yaml");
@@ -1368,7 +1368,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         dir.display(),
         plan.phase.as_secs_f64(),
         plan.bo_rate,
-        super::overhead::upstream_text(UPSTREAM_ENV),
+        super::upstream_text(UPSTREAM_ENV),
         match &ctx.peer_bin {
             Some(p) => format!(
                 " Rust peer: `--peer-bin {}` (built by `scripts/build-peer-{}.sh`: {}); \

@@ -109,10 +109,36 @@ struct RawDelta<'a> {
     reasoning: Option<&'a RawValue>,
 }
 
-/// A value read leniently, as a lookup in a `serde_json::Value` would read
+/// An object read leniently, as a lookup in a `serde_json::Value` would read
 /// it: what does not have the expected type reads as absent, a repeated key
 /// keeps its last value, and unknown keys are skipped. Nothing is allocated.
 struct InPlace<T>(T);
+
+/// What [`InPlace`] reads an object into, one key at a time.
+trait Keys: Default {
+    /// Reads `key`'s value into its slot, or skips it.
+    fn read<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error>;
+}
+
+impl<'de, T: Keys> Deserialize<'de> for InPlace<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Keys> Visitor<'de> for V<T> {
+            type Value = InPlace<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut fields = T::default();
+                while let Some(key) = map.next_key::<Text>()? {
+                    fields.read(&key.0, &mut map)?;
+                }
+                Ok(InPlace(fields))
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData))
+    }
+}
 
 /// A count: what `Value::as_u64` reads (a non-negative integer that fits
 /// `u64`; not `5.0`, `1e3` or `-0`), else absent.
@@ -147,75 +173,63 @@ impl<'de> Deserialize<'de> for Details {
     }
 }
 
-impl<'de> Deserialize<'de> for InPlace<Details> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = InPlace<Details>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a details object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut d = Details::default();
-                while let Some(key) = map.next_key::<Text>()? {
-                    let slot = match &*key.0 {
-                        "cached_tokens" => &mut d.cached_tokens,
-                        "cache_write_tokens" => &mut d.cache_write_tokens,
-                        "reasoning_tokens" => &mut d.reasoning_tokens,
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                            continue;
-                        }
-                    };
-                    *slot = map.next_value::<Count>()?.0;
-                }
-                Ok(InPlace(d))
-            }
-        }
-        d.deserialize_map(V)
+impl Keys for Details {
+    fn read<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        let slot = match key {
+            "cached_tokens" => &mut self.cached_tokens,
+            "cache_write_tokens" => &mut self.cache_write_tokens,
+            "reasoning_tokens" => &mut self.reasoning_tokens,
+            _ => return map.next_value::<IgnoredAny>().map(drop),
+        };
+        *slot = map.next_value::<Count>()?.0;
+        Ok(())
     }
 }
 
-impl<'de> Deserialize<'de> for InPlace<UsageCounts> {
-    /// An object's counts, chosen as `openai::parse_usage` chooses them.
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = InPlace<UsageCounts>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a usage object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                // Each spelling apart: the first present wins, as in a lookup.
-                let mut counts: [Option<u64>; 4] = [None; 4];
-                let mut details: [Option<Details>; 4] = [None; 4];
-                while let Some(key) = map.next_key::<Text>()? {
-                    match &*key.0 {
-                        "prompt_tokens" => counts[0] = map.next_value::<Count>()?.0,
-                        "input_tokens" => counts[1] = map.next_value::<Count>()?.0,
-                        "completion_tokens" => counts[2] = map.next_value::<Count>()?.0,
-                        "output_tokens" => counts[3] = map.next_value::<Count>()?.0,
-                        "prompt_tokens_details" => details[0] = Some(map.next_value()?),
-                        "input_tokens_details" => details[1] = Some(map.next_value()?),
-                        "completion_tokens_details" => details[2] = Some(map.next_value()?),
-                        "output_tokens_details" => details[3] = Some(map.next_value()?),
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                let prompt = details[0].or(details[1]).unwrap_or_default();
-                let completion = details[2].or(details[3]).unwrap_or_default();
-                Ok(InPlace(UsageCounts {
-                    prompt_tokens: counts[0].or(counts[1]),
-                    completion_tokens: counts[2].or(counts[3]),
-                    cached_tokens: prompt.cached_tokens,
-                    cache_write_tokens: prompt.cache_write_tokens,
-                    reasoning_tokens: completion.reasoning_tokens,
-                }))
+/// A `usage` object's fields, each spelling apart: `counts` are
+/// prompt, input, completion and output tokens, `details` the
+/// `*_tokens_details` in the same order.
+#[derive(Default)]
+struct UsageFields {
+    counts: [Option<u64>; 4],
+    details: [Option<Details>; 4],
+}
+
+impl Keys for UsageFields {
+    fn read<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        let (counts, details) = (&mut self.counts, &mut self.details);
+        match key {
+            "prompt_tokens" => counts[0] = map.next_value::<Count>()?.0,
+            "input_tokens" => counts[1] = map.next_value::<Count>()?.0,
+            "completion_tokens" => counts[2] = map.next_value::<Count>()?.0,
+            "output_tokens" => counts[3] = map.next_value::<Count>()?.0,
+            "prompt_tokens_details" => details[0] = Some(map.next_value()?),
+            "input_tokens_details" => details[1] = Some(map.next_value()?),
+            "completion_tokens_details" => details[2] = Some(map.next_value()?),
+            "output_tokens_details" => details[3] = Some(map.next_value()?),
+            _ => {
+                map.next_value::<IgnoredAny>()?;
             }
         }
-        d.deserialize_map(V)
+        Ok(())
+    }
+}
+
+impl UsageFields {
+    /// The counts, chosen as `openai::parse_usage` chooses them: of two
+    /// spellings, the first present wins, as in a lookup.
+    fn counts(self) -> UsageCounts {
+        let [prompt, input, completion, output] = self.counts;
+        let [pd, id, cd, od] = self.details;
+        let prompt_details = pd.or(id).unwrap_or_default();
+        let completion_details = cd.or(od).unwrap_or_default();
+        UsageCounts {
+            prompt_tokens: prompt.or(input),
+            completion_tokens: completion.or(output),
+            cached_tokens: prompt_details.cached_tokens,
+            cache_write_tokens: prompt_details.cache_write_tokens,
+            reasoning_tokens: completion_details.reasoning_tokens,
+        }
     }
 }
 
@@ -274,7 +288,12 @@ pub(crate) fn parse(data: &str) -> Option<Frame<'_>> {
         });
     }
     let usage = match raw.usage.and_then(|u| object(u.get())) {
-        Some(u) => Some(serde_json::from_str::<InPlace<UsageCounts>>(u).ok()?.0),
+        Some(u) => Some(
+            serde_json::from_str::<InPlace<UsageFields>>(u)
+                .ok()?
+                .0
+                .counts(),
+        ),
         None => None,
     };
     Some(Frame {
