@@ -403,8 +403,10 @@ mod tests {
         let first = out.pop().unwrap();
         let (data_ptr, event_ptr) = (first.data.as_ptr(), first.event.as_ref().unwrap().as_ptr());
         p.recycle(first);
+        assert_eq!(p.spare.len(), 2, "both strings are kept");
         p.feed(b"event: bb\ndata: 2\ndata: x\n\n", &mut out)
             .unwrap();
+        assert!(p.spare.is_empty(), "and both are taken again");
         let second = out.pop().unwrap();
         assert_eq!(second.event.as_deref(), Some("bb"));
         assert_eq!(second.data, "2\nx");
