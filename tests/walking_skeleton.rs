@@ -420,3 +420,66 @@ fn check_config_names_the_bad_field() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `stream_unary = false`: a caller that takes one answer (unary gRPC, the
+/// OpenAI door's `stream: false`) is served by one non-streamed upstream
+/// call; a streaming caller is still streamed; a body cut mid-way fails
+/// over before the caller sees anything; the other provider, on the
+/// default, streams even for unary callers.
+#[tokio::test]
+async fn stream_unary_false_calls_the_upstream_whole_for_callers_taking_one_answer() {
+    let a = Mock::start("openai", &[]).await;
+    let b = Mock::start("openai", &[]).await;
+    let whole = provider("whole", "openai", &a.base_url(), "gpt-4o-mini").replacen(
+        "idle_timeout = \"5s\"\n",
+        "idle_timeout = \"5s\"\nstream_unary = false\n",
+        1,
+    );
+    assert!(whole.contains("stream_unary = false"));
+    let config = format!(
+        "[server]\nhttp_listen = \"127.0.0.1:0\"\n{whole}{}{}",
+        provider("streamed", "openai", &b.base_url(), "gpt-4o-mini"),
+        route("chat", &["whole/gpt-4o-mini", "streamed/gpt-4o-mini"])
+    );
+    let sy = Switchyard::start(&config).await;
+    let mut client = sy.client().await;
+    let expected: String = (0..16).map(|i| format!("tok{i} ")).collect();
+
+    let unary = client.complete(request("chat")).await.unwrap().into_inner();
+    assert_eq!(unary.text, expected);
+    assert_eq!(unary.finish_reason, FinishReason::Stop as i32);
+    let usage = unary.usage.unwrap();
+    assert!(!usage.estimated && usage.output_tokens == 16, "{usage:?}");
+    let got = stream(&mut client, request("chat")).await;
+    assert_eq!(got.text, expected);
+    let http: serde_json::Value = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", sy.http_url()))
+        .json(&json!({"model": "chat", "stream": false, "max_tokens": 64,
+            "messages": [{"role": "user", "content": "Say hello."}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(http["choices"][0]["message"]["content"], expected.as_str());
+
+    let log = a.requests().await;
+    let streamed: Vec<bool> = log.iter().map(|r| r["stream"] == true).collect();
+    assert_eq!(streamed, [false, true, false], "{log:?}");
+    assert!(log[0]["body"].get("stream_options").is_none(), "{}", log[0]);
+    assert!(b.requests().await.is_empty());
+
+    // Cut after 3 tokens: the unary caller never sees the part, and the
+    // next target (stream_unary on by default) is streamed.
+    a.set_fault(json!({"type": "abort", "after_tokens": 3}))
+        .await;
+    let unary = client.complete(request("chat")).await.unwrap().into_inner();
+    assert_eq!(unary.text, expected);
+    assert_eq!(unary.served_by.unwrap().provider, "streamed");
+    assert_eq!(unary.attempts, 2);
+    let log = a.requests().await;
+    assert_eq!((log.len(), log[3]["stream"].clone()), (4, json!(false)));
+    let log = b.requests().await;
+    assert_eq!((log.len(), log[0]["stream"].clone()), (1, json!(true)));
+}

@@ -738,6 +738,11 @@ impl EventSink {
         self.delivery != Delivery::Buffered && self.committed
     }
 
+    /// The caller takes one assembled answer ([`Delivery::Buffered`]).
+    pub fn buffered(&self) -> bool {
+        self.delivery == Delivery::Buffered
+    }
+
     /// The caller can discard output it holds, so a failed attempt may be
     /// replaced after a `Reset` (`mid_stream = "reset"`).
     pub fn can_reset(&self) -> bool {

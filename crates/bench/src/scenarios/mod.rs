@@ -48,11 +48,36 @@ fn upstream_h2c(var: &str) -> bool {
     std::env::var(var).is_ok_and(|v| v.trim() == "h2c")
 }
 
-/// [`upstream_h2c`] in words, for a report.
-fn upstream_text(var: &str) -> &'static str {
-    match upstream_h2c(var) {
+/// `false` in `var`: the build's providers get `stream_unary = false`, so
+/// a caller taking one answer is served by one non-streamed upstream call
+/// (as the direct path and Busbar call the mock). Unset: the default, every
+/// call streamed from the upstream. Each build has its own variable.
+fn stream_unary_off(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v.trim() == "false")
+}
+
+/// The provider keys a build's two variables ask for ([`upstream_h2c`],
+/// [`stream_unary_off`]), one per line, each after a newline.
+fn upstream_keys(proto_var: &str, unary_var: &str) -> String {
+    let mut keys = String::new();
+    if upstream_h2c(proto_var) {
+        keys.push_str("\nhttp2_prior_knowledge = true");
+    }
+    if stream_unary_off(unary_var) {
+        keys.push_str("\nstream_unary = false");
+    }
+    keys
+}
+
+/// [`upstream_keys`] in words, for a report.
+fn upstream_text(proto_var: &str, unary_var: &str) -> String {
+    let proto = match upstream_h2c(proto_var) {
         true => "HTTP/2 with prior knowledge (h2c)",
         false => "HTTP/1.1",
+    };
+    match stream_unary_off(unary_var) {
+        true => format!("{proto}, unary callers non-streamed (`stream_unary = false`)"),
+        false => proto.to_string(),
     }
 }
 

@@ -12,13 +12,16 @@
 //! `SWITCHYARD_OVERHEAD_BASELINE_UPSTREAM=h2c` (the baseline) reach the mock
 //! over HTTP/2 with prior knowledge instead of HTTP/1.1;
 //! `SWITCHYARD_OVERHEAD_WORKER_THREADS=N` sets this build's
-//! `server.worker_threads` (the baseline keeps its default).
+//! `server.worker_threads` (the baseline keeps its default);
+//! `SWITCHYARD_OVERHEAD_STREAM_UNARY=false` (this build) and
+//! `SWITCHYARD_OVERHEAD_BASELINE_STREAM_UNARY=false` (the baseline) give
+//! the provider `stream_unary = false`.
 
 use std::time::Duration;
 
 use serde_json::json;
 
-use super::{check_complete, check_errors, errors_json, result, upstream_h2c, upstream_text};
+use super::{check_complete, check_errors, errors_json, result, upstream_keys, upstream_text};
 use crate::clients::{grpc_call, http_client, openai_call, Call, Grpc};
 use crate::load::{closed_loop, open_loop, Dist, Run};
 use crate::procs::{
@@ -28,6 +31,11 @@ use crate::report::{delta, ms, Table};
 use crate::{BenchError, Ctx, ScenarioResult, Target};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
+/// How each build reaches the mock ([`upstream_keys`]).
+const UPSTREAM: &str = "SWITCHYARD_OVERHEAD_UPSTREAM";
+const STREAM_UNARY: &str = "SWITCHYARD_OVERHEAD_STREAM_UNARY";
+const BASELINE_UPSTREAM: &str = "SWITCHYARD_OVERHEAD_BASELINE_UPSTREAM";
+const BASELINE_STREAM_UNARY: &str = "SWITCHYARD_OVERHEAD_BASELINE_STREAM_UNARY";
 /// The rate of the issue's targets.
 const TARGET_RATE: f64 = 3000.0;
 /// Switchyard CPU per request at that rate, at most.
@@ -299,20 +307,21 @@ impl Cost {
 pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     let mut res = result("overhead");
     let mock = MockProc::start(ctx, "overhead", &MockSpec::new("openai", 16, 0)).await?;
-    let cfg = |var: &str| {
+    let cfg = |proto_var: &str, unary_var: &str| {
         let primary = Provider::new("primary", "openai", &mock).caps(100_000, 100_000);
-        let primary = match upstream_h2c(var) {
-            true => primary.extra("http2_prior_knowledge = true"),
-            false => primary,
+        let keys = upstream_keys(proto_var, unary_var);
+        let primary = match keys.strip_prefix('\n') {
+            Some(keys) => primary.extra(keys),
+            None => primary,
         };
         with_http_door(config_text("", &[primary], &[("chat", &["primary"])]))
     };
     let mut builds = Vec::new();
     if let Some(exe) = &ctx.baseline {
-        let baseline = cfg("SWITCHYARD_OVERHEAD_BASELINE_UPSTREAM");
+        let baseline = cfg(BASELINE_UPSTREAM, BASELINE_STREAM_UNARY);
         builds.push(Via::start(ctx, "baseline", exe, &baseline).await?);
     }
-    let mut this = cfg("SWITCHYARD_OVERHEAD_UPSTREAM");
+    let mut this = cfg(UPSTREAM, STREAM_UNARY);
     if let Some(n) = worker_threads() {
         this = this.replacen(
             "[server]\n",
@@ -616,8 +625,8 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
          `switchyard_actor_calls_total` (calls await a reply, casts do not, gate permits are \
          provider permits taken with no message; `-` for a build that does not count them). Load generator, mock and Switchyard share the machine's \
          cores.\n\n{}\nTime to first token (streaming):\n\n{}{profile_md}",
-        upstream_text("SWITCHYARD_OVERHEAD_UPSTREAM"),
-        upstream_text("SWITCHYARD_OVERHEAD_BASELINE_UPSTREAM"),
+        upstream_text(UPSTREAM, STREAM_UNARY),
+        upstream_text(BASELINE_UPSTREAM, BASELINE_STREAM_UNARY),
         worker_threads().map_or("one per core (default)".to_string(), |n| n.to_string()),
         lat.render(),
         ttft.render()

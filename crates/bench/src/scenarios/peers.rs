@@ -12,7 +12,10 @@
 //! narrows which peers run; Switchyard always does.
 //! `SWITCHYARD_PEERS_UPSTREAM=h2c` has Switchyard and Busbar reach the mocks
 //! over HTTP/2 with prior knowledge (`http2_prior_knowledge`,
-//! `advanced.upstream_h2_prior_knowledge`) instead of HTTP/1.1.
+//! `advanced.upstream_h2_prior_knowledge`) instead of HTTP/1.1;
+//! `SWITCHYARD_PEERS_STREAM_UNARY=false` gives Switchyard's providers
+//! `stream_unary = false` (unary callers served by one non-streamed
+//! upstream call, as Busbar serves them).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -43,6 +46,8 @@ const RETRY_STATUSES: [u16; 5] = [429, 500, 502, 503, 504];
 pub const PEERS_ENV: &str = "SWITCHYARD_PEERS";
 /// `h2c`: Switchyard and Busbar reach the mocks over HTTP/2 with prior knowledge.
 pub const UPSTREAM_ENV: &str = "SWITCHYARD_PEERS_UPSTREAM";
+/// `false`: Switchyard's providers get `stream_unary = false`.
+pub const STREAM_UNARY_ENV: &str = "SWITCHYARD_PEERS_STREAM_UNARY";
 /// The fixed rates only the Rust gateways get (with `--peer-bin`).
 const FAST_RATES: [f64; 2] = [1000.0, 3000.0];
 /// How long a gateway may take to answer its first request.
@@ -389,12 +394,11 @@ fn switchyard_config(
     secondary: &MockProc,
     port: u16,
     open_ms: u128,
-    h2c: bool,
+    upstream_keys: &str,
 ) -> String {
     let breaker = format!(
-        "synthetic_probes = true\nbreaker = {{ open_for = \"{open_ms}ms\", max_open_for = \"{}ms\" }}{}",
+        "synthetic_probes = true\nbreaker = {{ open_for = \"{open_ms}ms\", max_open_for = \"{}ms\" }}{upstream_keys}",
         open_ms * 4,
-        if h2c { "\nhttp2_prior_knowledge = true" } else { "" }
     );
     config_text(
         "",
@@ -489,7 +493,7 @@ async fn start_gateway(
                 secondary,
                 port,
                 phase.as_millis() / 4,
-                super::upstream_h2c(UPSTREAM_ENV),
+                &super::upstream_keys(UPSTREAM_ENV, STREAM_UNARY_ENV),
             );
             switchyard::config::Config::from_toml_str(&cfg).map_err(|e| e.to_string())?;
             let path = ctx.path("peers-switchyard.toml");
@@ -1368,7 +1372,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         dir.display(),
         plan.phase.as_secs_f64(),
         plan.bo_rate,
-        super::upstream_text(UPSTREAM_ENV),
+        super::upstream_text(UPSTREAM_ENV, STREAM_UNARY_ENV),
         match &ctx.peer_bin {
             Some(p) => format!(
                 " Rust peer: `--peer-bin {}` (built by `scripts/build-peer-{}.sh`: {}); \

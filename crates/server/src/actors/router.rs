@@ -42,8 +42,20 @@ pub struct Candidate {
     pub position: usize,
     /// The model declares streaming.
     pub streams: bool,
+    /// The provider's `stream_unary`: a caller taking one assembled answer
+    /// is streamed from the upstream too.
+    pub stream_unary: bool,
     /// One of the route's cheaper `downshift` targets.
     pub downshift: bool,
+}
+
+impl Candidate {
+    /// Whether the upstream is called streaming: when the model streams,
+    /// unless the caller takes one assembled answer (`buffered`) and the
+    /// provider has `stream_unary = false`.
+    pub fn streamed(&self, buffered: bool) -> bool {
+        self.streams && (self.stream_unary || !buffered)
+    }
 }
 
 /// The ordered candidates for one request and the route's policies.
@@ -221,6 +233,8 @@ struct TargetInfo {
     provider: String,
     model: String,
     capabilities: Vec<Capability>,
+    /// The provider's `stream_unary`.
+    stream_unary: bool,
     context_tokens: u32,
     priority: u32,
     weight: u32,
@@ -360,6 +374,7 @@ fn build_routes(config: &Config) -> HashMap<String, RouteEntry> {
                         provider: p.id.clone(),
                         model: m.name.clone(),
                         capabilities: m.capabilities.clone(),
+                        stream_unary: p.stream_unary,
                         context_tokens: m.context_tokens,
                         priority: t.priority.unwrap_or(i as u32),
                         weight: t.weight.max(1),
@@ -620,6 +635,7 @@ impl RouteTable {
                     primary: position == 0,
                     position,
                     streams: t.capabilities.contains(&Capability::Stream),
+                    stream_unary: t.stream_unary,
                     downshift: t.downshift,
                 },
             ));
@@ -769,6 +785,30 @@ mod tests {
     use crate::state::validation::record::Records;
     use rand::rngs::StdRng;
     use rand::SeedableRng;
+
+    #[test]
+    fn a_unary_caller_is_streamed_unless_the_provider_says_stream_unary_false() {
+        let c = |streams, stream_unary| Candidate {
+            provider: "p".into(),
+            model: "m".into(),
+            primary: true,
+            position: 0,
+            streams,
+            stream_unary,
+            downshift: false,
+        };
+        // (streams, stream_unary, buffered) -> streamed upstream
+        for (s, u, b, want) in [
+            (true, true, true, true),
+            (true, true, false, true),
+            (true, false, true, false),
+            (true, false, false, true),
+            (false, true, false, false),
+            (false, false, true, false),
+        ] {
+            assert_eq!(c(s, u).streamed(b), want, "{s} {u} {b}");
+        }
+    }
 
     fn config() -> Config {
         Config::from_toml_str(

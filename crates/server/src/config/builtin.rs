@@ -39,6 +39,7 @@ impl Config {
                 synthetic_probes: false,
                 // The built-in mocks serve h2c, as the real hosts serve HTTP/2 over TLS.
                 http2_prior_knowledge: openai_mock.is_some(),
+                stream_unary: default_stream_unary(),
                 rpm: None,
                 tpm: None,
                 models: vec![
@@ -86,6 +87,7 @@ impl Config {
                 auth_cooldown: default_auth_cooldown(),
                 synthetic_probes: false,
                 http2_prior_knowledge: anthropic_mock.is_some(),
+                stream_unary: default_stream_unary(),
                 rpm: None,
                 tpm: None,
                 models: vec![ModelConfig {

@@ -91,6 +91,15 @@ pub struct ProviderConfig {
     /// upstreams negotiate HTTP/2 by ALPN and need no setting.
     #[serde(default)]
     pub http2_prior_knowledge: bool,
+    /// Call the upstream streaming even for a caller that takes one
+    /// assembled answer (unary gRPC, non-streaming HTTP, jobs), so that
+    /// `first_token_timeout` and `idle_timeout` tell a hung upstream from a
+    /// long answer. `false`: such a caller's request goes upstream
+    /// non-streamed, one JSON body (less work per request), which must
+    /// arrive whole within `first_token_timeout`. OpenAI-shaped kinds only:
+    /// the others are always streamed.
+    #[serde(default = "default_stream_unary")]
+    pub stream_unary: bool,
     /// Time from sending the request to the first token.
     #[serde(
         default = "default_first_token_timeout",
@@ -176,6 +185,9 @@ pub(super) fn default_failover_max_concurrency() -> u32 {
 }
 pub(super) fn default_connect_timeout() -> Duration {
     Duration::from_secs(5)
+}
+pub(super) fn default_stream_unary() -> bool {
+    true
 }
 pub(super) fn default_first_token_timeout() -> Duration {
     Duration::from_secs(30)

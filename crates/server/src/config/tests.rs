@@ -403,6 +403,22 @@ fn builtin_config_is_valid_and_spans_both_kinds() {
 }
 
 #[test]
+fn stream_unary_is_on_by_default_and_only_openai_shaped_kinds_turn_it_off() {
+    let c = Config::from_toml_str(GOOD).unwrap();
+    assert!(c.providers.iter().all(|p| p.stream_unary), "on by default");
+    let off = "failover_max_concurrency = 16\nstream_unary = false";
+    let c = Config::from_toml_str(&GOOD.replacen("failover_max_concurrency = 16", off, 1)).unwrap();
+    assert!(!c.providers[0].stream_unary);
+    assert!(c.providers[1].stream_unary);
+    let anthropic = GOOD
+        .replacen("failover_max_concurrency = 16", off, 1)
+        .replacen("kind = \"openai\"", "kind = \"anthropic\"", 1);
+    let e = err(&anthropic);
+    assert_eq!(e.path, "providers[0].stream_unary");
+    assert!(e.message.contains("always called streaming"), "{e:?}");
+}
+
+#[test]
 fn http2_prior_knowledge_is_for_plain_http_upstreams() {
     let on = "failover_max_concurrency = 16\nhttp2_prior_knowledge = true";
     let c = Config::from_toml_str(&GOOD.replace("failover_max_concurrency = 16", on)).unwrap();

@@ -562,6 +562,16 @@ pub(super) fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), Conf
             ))
         }
     }
+    if !p.stream_unary && p.kind.always_streamed() {
+        return Err(ConfigError::new(
+            at("stream_unary"),
+            format!(
+                "kind = \"{}\" is always called streaming; only OpenAI-shaped kinds \
+                 have a non-streaming call",
+                p.kind.as_str()
+            ),
+        ));
+    }
     validate_host(i, p)?;
     validate_keys(i, p)?;
     validate_limits(i, p)?;

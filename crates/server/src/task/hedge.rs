@@ -262,7 +262,7 @@ impl Tasks {
         let candidate = &call.plan.candidates[to];
         let mut hedge_chat = chat.clone();
         hedge_chat.model = candidate.model.clone();
-        hedge_chat.stream = candidate.streams;
+        hedge_chat.stream = candidate.streamed(call.buffered);
         let ask = Ask {
             spec: call.spec,
             chat: &hedge_chat,
@@ -386,7 +386,7 @@ fn start<'f>(
         let c = Call { candidate, ..call };
         let mut chat = chat.clone();
         chat.model = candidate.model.clone();
-        chat.stream = candidate.streams;
+        chat.stream = candidate.streamed(call.buffered);
         chat.service_tier = call
             .plan
             .service_tier

@@ -42,6 +42,8 @@ pub(super) struct Call<'a> {
     pub(super) affinity: Option<&'a Affinity>,
     /// This attempt continues the answer the caller holds.
     pub(super) continues: Option<&'a Continuing>,
+    /// The caller takes one assembled answer (see [`Candidate::streamed`]).
+    pub(super) buffered: bool,
 }
 
 /// A request's prompt-cache affinity, on a route with `cache_affinity`.
@@ -203,6 +205,7 @@ impl Tasks {
                 deadline,
                 affinity,
                 continues: walk.continuing.as_ref(),
+                buffered: sink.buffered(),
             };
             outcome = self
                 .attempt(&call, &mut chat, &mut tried, sink, bill, walk.carried)
@@ -254,7 +257,7 @@ impl Tasks {
     ) -> Result<Outcome, RequestError> {
         let candidate = call.candidate;
         chat.model = candidate.model.clone();
-        chat.stream = candidate.streams;
+        chat.stream = candidate.streamed(call.buffered);
         let prefer = call.affinity.and_then(|a| {
             affinity::key_for(a.warm.as_ref(), &candidate.provider, &candidate.model)
         });
