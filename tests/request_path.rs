@@ -248,3 +248,67 @@ async fn meaningful_evidence_demotes_a_flaky_primary_visibly_and_keeps_a_trickle
     );
     assert_eq!(attempts(&primary.requests().await), firsts);
 }
+
+/// Over HTTP/2 a server caps the streams one connection carries (the mock
+/// is hyper's server: 200). A provider with `http2_prior_knowledge` and
+/// `max_concurrency = 300` gets three connections, so 300 slow streams are
+/// all upstream at once instead of 100 of them waiting, unseen, inside the
+/// client for a free stream.
+#[tokio::test]
+async fn an_h2c_provider_spreads_its_streams_over_connections_past_a_servers_stream_cap() {
+    const STREAMS: u64 = 300;
+    let mock = Mock::start("openai", &["--tokens", "400", "--token-delay-ms", "50"]).await;
+    let h2c = provider("h2", "openai", &mock.base_url(), "gpt-4o-mini").replacen(
+        "idle_timeout = \"5s\"\n",
+        "idle_timeout = \"5s\"\nhttp2_prior_knowledge = true\nmax_concurrency = 300\nfailover_max_concurrency = 300\n",
+        1,
+    );
+    assert!(h2c.contains("http2_prior_knowledge"));
+    let config = format!(
+        "[server]\nhttp_listen = \"127.0.0.1:0\"\n{h2c}{}",
+        route("chat", &["h2/gpt-4o-mini"])
+    );
+    let sy = Switchyard::start(&config).await;
+    let url = format!("{}/v1/chat/completions", sy.http_url());
+    let http = reqwest::Client::new();
+    let streams: Vec<_> = (0..STREAMS)
+        .map(|_| {
+            let (http, url) = (http.clone(), url.clone());
+            tokio::spawn(async move {
+                let r = http
+                    .post(url)
+                    .json(&json!({"model": "chat", "stream": true,
+                        "messages": [{"role": "user", "content": "Say hello."}]}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                // Hold the stream open until the test ends.
+                let mut body = r.bytes_stream();
+                while futures_util::StreamExt::next(&mut body).await.is_some() {}
+            })
+        })
+        .collect();
+    // Each stream lasts 20 s; all 300 must be upstream well before any ends.
+    let mut in_flight = 0;
+    for _ in 0..1500 {
+        in_flight = mock.stats().await["in_flight"].as_u64().unwrap();
+        if in_flight == STREAMS {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        in_flight, STREAMS,
+        "every stream reached the upstream at once (one h2 connection carries 200)"
+    );
+    let log = mock.requests().await;
+    assert!(
+        log.iter().all(|r| r["http_version"] == "HTTP/2.0"),
+        "{:?}",
+        log[0]
+    );
+    for s in streams {
+        s.abort();
+    }
+}

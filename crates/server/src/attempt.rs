@@ -321,7 +321,7 @@ async fn google_token(
     };
     let token = tokio::select! {
         _ = sink.closed() => return Err(AttemptEnd::ClientGone),
-        t = auth.token(&rt.http, first_limit) => t,
+        t = auth.token(rt.http.pick(), first_limit) => t,
     };
     match token {
         Ok(t) => Ok(Some(t)),
@@ -496,6 +496,7 @@ fn build_request(
     let request = wire.request(&call, dropped)?;
     let builder = rt
         .http
+        .pick()
         .post(request.url)
         .headers(request.headers)
         .header("x-switchyard-attempt", input.attempt.to_string());

@@ -2,6 +2,9 @@
 //! token every 100 ms) through Switchyard, each level on a fresh process.
 //! Reports Switchyard's RSS per open stream and its CPU per 1,000 tokens per
 //! second, measured over a window in which every stream is open.
+//! `SWITCHYARD_STREAMS_UPSTREAM=h2c` has Switchyard reach the mock over
+//! HTTP/2 with prior knowledge (`http2_prior_knowledge`) instead of
+//! HTTP/1.1, as a provider over TLS does by ALPN.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,7 +13,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::{check_complete, check_errors, result};
+use super::{check_complete, check_errors, result, upstream_keys, upstream_text};
 use crate::clients::{grpc_call, grpc_call_counting, Call, Grpc};
 use crate::load::open_loop_grace;
 use crate::procs::{config_text, self_usage, MockProc, MockSpec, Provider, RouterProc, Usage};
@@ -22,6 +25,8 @@ const PER_CONNECTION: usize = 50;
 const TOKEN_DELAY_MS: u64 = 100;
 /// The issue's bound on memory per open stream.
 const MAX_KB_PER_STREAM: f64 = 20.0;
+/// `h2c`: the mock is reached over HTTP/2 with prior knowledge.
+const UPSTREAM: &str = "SWITCHYARD_STREAMS_UPSTREAM";
 
 struct Window {
     /// Cores used in the window by the load generator and the mock.
@@ -60,14 +65,16 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     ]);
     let mut data = Vec::new();
     for n in levels {
-        let cfg = config_text(
-            "",
-            &[Provider {
-                timeout: "60s",
-                ..Provider::new("primary", "openai", &mock).caps(100_000, 100_000)
-            }],
-            &[("chat", &["primary"])],
-        );
+        let keys = upstream_keys(UPSTREAM, "");
+        let primary = Provider {
+            timeout: "60s",
+            ..Provider::new("primary", "openai", &mock).caps(100_000, 100_000)
+        };
+        let primary = match keys.strip_prefix('\n') {
+            Some(keys) => primary.extra(keys),
+            None => primary,
+        };
+        let cfg = config_text("", &[primary], &[("chat", &["primary"])]);
         let router = RouterProc::start(ctx, &format!("streams-{n}"), &cfg).await?;
         let grpc = Grpc::connect(router.grpc, n.div_ceil(PER_CONNECTION)).await?;
         // Warm up with short answers, then measure the idle footprint.
@@ -209,10 +216,13 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     }
     res.markdown = format!(
         "Each stream: {tokens} tokens, one every {TOKEN_DELAY_MS} ms. Streams open evenly over \
-         {:.1} s ({PER_CONNECTION} per HTTP/2 connection to Switchyard, one upstream HTTP/1.1 \
-         connection each); CPU and RSS of the Switchyard process are measured over {:.0} s once \
-         all are open. RSS per stream = (peak RSS in the window - idle RSS) / streams.\n\n{}",
+         {:.1} s ({PER_CONNECTION} per HTTP/2 connection to Switchyard; Switchyard reaches the \
+         mock over {}: over HTTP/1.1 one connection per stream, over h2c one per 100 of the \
+         provider's max_concurrency, at most 64); CPU and RSS of the Switchyard process are \
+         measured over {:.0} s once all are open. RSS per stream = (peak RSS in the window - idle \
+         RSS) / streams.\n\n{}",
         ramp.as_secs_f64(),
+        upstream_text(UPSTREAM, ""),
         window.as_secs_f64(),
         table.render()
     );

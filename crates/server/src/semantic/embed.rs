@@ -218,6 +218,7 @@ async fn send(endpoint: &Endpoint, body: &Value, max_body: usize) -> Result<Vec<
     let url = format!("{}/embeddings", endpoint.base_url.trim_end_matches('/'));
     let request = endpoint
         .http
+        .pick()
         .post(url)
         .headers(openai::auth_headers(key))
         .json(body)

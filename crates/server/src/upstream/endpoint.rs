@@ -1,5 +1,5 @@
 //! The neutral handle one attempt needs to reach a provider: its wire kind,
-//! base URL, key, timeouts and pooled HTTP client. Built once per provider
+//! base URL, key, timeouts and pooled HTTP clients ([`super::pool`]). Built once per provider
 //! from config; the provider actor's admission handles live elsewhere
 //! (`actors::provider::ProviderRuntime` holds one of these).
 
@@ -54,7 +54,8 @@ pub struct Endpoint {
     pub limits: crate::policy::rate_window::Limits,
     /// Cap on an upstream's `Retry-After` (`cooldown.max_retry_after`).
     pub max_retry_after: Duration,
-    pub http: reqwest::Client,
+    /// The clients requests go out on (several over HTTP/2).
+    pub http: super::pool::HttpPool,
 }
 
 /// Building an endpoint failed.
@@ -151,17 +152,7 @@ impl Endpoint {
             Auth::AwsSigV4 => (Some(aws_credentials()?), None),
             Auth::GoogleServiceAccount => (None, Some(google_auth(cfg)?)),
         };
-        // One retry layer only: reqwest never retries on its own, and we neither
-        // follow redirects nor decompress (bytes pass through as sent).
-        let mut http = reqwest::Client::builder()
-            .connect_timeout(cfg.connect_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(60));
-        if cfg.http2_prior_knowledge {
-            http = http.http2_prior_knowledge();
-        }
-        let http = http.build()?;
+        let http = super::pool::HttpPool::for_provider(cfg)?;
         Ok(Endpoint {
             id: cfg.id.clone(),
             kind: cfg.kind,

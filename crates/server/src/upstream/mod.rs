@@ -18,6 +18,7 @@ pub mod gemini;
 pub mod keys;
 pub mod openai;
 mod openai_frame;
+pub mod pool;
 pub mod ratelimit;
 pub mod sse;
 pub mod vertex;

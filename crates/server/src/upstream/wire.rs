@@ -338,7 +338,7 @@ mod tests {
             idle_timeout: std::time::Duration::from_secs(1),
             limits: Default::default(),
             max_retry_after: std::time::Duration::from_secs(1),
-            http: reqwest::Client::new(),
+            http: crate::upstream::pool::HttpPool::single(reqwest::Client::new()),
         }
     }
 

@@ -1,0 +1,136 @@
+//! A provider's HTTP clients: one for HTTP/1.1 (its pool opens a
+//! connection per concurrent request), several for HTTP/2, because one
+//! HTTP/2 connection carries only as many streams at once as its server
+//! allows (`SETTINGS_MAX_CONCURRENT_STREAMS`: hyper 200, nginx 128, Go
+//! 250), and a request past that waits inside the client, unseen, against
+//! its first-token timeout. A provider spoken to over HTTP/2 gets one
+//! client, and so one connection, per [`H2_STREAMS_PER_CONNECTION`] of its
+//! `max_concurrency` (at most [`MAX_H2_CONNECTIONS`]), and each request
+//! takes the next client in turn.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::config::ProviderConfig;
+
+/// Streams one HTTP/2 connection is given at most, on average: under every
+/// common server's cap.
+pub const H2_STREAMS_PER_CONNECTION: u32 = 100;
+/// HTTP/2 connections per provider at most.
+pub const MAX_H2_CONNECTIONS: usize = 64;
+
+/// The clients a provider's requests go out on, taken in turn.
+#[derive(Debug)]
+pub struct HttpPool {
+    clients: Box<[reqwest::Client]>,
+    next: AtomicUsize,
+}
+
+impl HttpPool {
+    /// One client.
+    pub fn single(client: reqwest::Client) -> Self {
+        HttpPool {
+            clients: Box::new([client]),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The clients for `cfg`: several when it speaks HTTP/2 with prior
+    /// knowledge (h2c), one otherwise. One retry layer only: reqwest never
+    /// retries on its own, and it neither follows redirects nor
+    /// decompresses (bytes pass through as sent).
+    pub fn for_provider(cfg: &ProviderConfig) -> Result<Self, reqwest::Error> {
+        let build = || {
+            let http = reqwest::Client::builder()
+                .connect_timeout(cfg.connect_timeout)
+                .redirect(reqwest::redirect::Policy::none())
+                .tcp_nodelay(true)
+                .pool_idle_timeout(Duration::from_secs(60));
+            match cfg.http2_prior_knowledge {
+                true => http.http2_prior_knowledge().build(),
+                false => http.build(),
+            }
+        };
+        let clients = (0..connections(cfg))
+            .map(|_| build())
+            .collect::<Result<Box<[_]>, _>>()?;
+        Ok(HttpPool {
+            clients,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// The client for the next request.
+    pub fn pick(&self) -> &reqwest::Client {
+        let i = match self.clients.len() {
+            1 => 0,
+            n => self.next.fetch_add(1, Ordering::Relaxed) % n,
+        };
+        &self.clients[i]
+    }
+
+    /// Clients (connections, over HTTP/2) in the pool.
+    pub fn len(&self) -> usize {
+        self.clients.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.clients.is_empty()
+    }
+}
+
+/// How many clients `cfg` gets (see the module's doc).
+pub fn connections(cfg: &ProviderConfig) -> usize {
+    if !cfg.http2_prior_knowledge {
+        return 1;
+    }
+    (cfg.max_concurrency.div_ceil(H2_STREAMS_PER_CONNECTION) as usize).clamp(1, MAX_H2_CONNECTIONS)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn provider(extra: &str) -> ProviderConfig {
+        let c = Config::from_toml_str(&format!(
+            "[[providers]]\nid = \"p\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\n{extra}\n\
+             [[providers.models]]\nname = \"m\"\n[[routes]]\nname = \"r\"\ntargets = [\"p/m\"]\n"
+        ))
+        .unwrap();
+        c.providers[0].clone()
+    }
+
+    #[test]
+    fn h2c_gets_a_connection_per_hundred_of_max_concurrency_capped() {
+        let h2 = "http2_prior_knowledge = true";
+        for (max, want) in [
+            (1, 1),
+            (64, 1),
+            (100, 1),
+            (101, 2),
+            (1000, 10),
+            (100_000, 64),
+        ] {
+            let cfg = provider(&format!(
+                "{h2}\nmax_concurrency = {max}\nfailover_max_concurrency = 1"
+            ));
+            assert_eq!(connections(&cfg), want, "max_concurrency {max}");
+        }
+        assert_eq!(
+            connections(&provider("max_concurrency = 1000")),
+            1,
+            "HTTP/1.1 pools on its own"
+        );
+        let pool =
+            HttpPool::for_provider(&provider(&format!("{h2}\nmax_concurrency = 300"))).unwrap();
+        assert_eq!(pool.len(), 3);
+        // Taken in turn.
+        let picks: Vec<*const reqwest::Client> = (0..6).map(|_| pool.pick() as *const _).collect();
+        assert_eq!(picks[0], picks[3]);
+        assert_eq!(picks[1], picks[4]);
+        assert_ne!(picks[0], picks[1]);
+        assert_ne!(picks[1], picks[2]);
+    }
+}
