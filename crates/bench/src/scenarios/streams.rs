@@ -4,7 +4,9 @@
 //! second, measured over a window in which every stream is open.
 //! `SWITCHYARD_STREAMS_UPSTREAM=h2c` has Switchyard reach the mock over
 //! HTTP/2 with prior knowledge (`http2_prior_knowledge`) instead of
-//! HTTP/1.1, as a provider over TLS does by ALPN.
+//! HTTP/1.1, as a provider over TLS does by ALPN;
+//! `SWITCHYARD_STREAMS_RESUME=false` turns the resume journal off
+//! (`resume.enabled`), to tell its memory from the data plane's.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,6 +27,12 @@ const PER_CONNECTION: usize = 50;
 const TOKEN_DELAY_MS: u64 = 100;
 /// The issue's bound on memory per open stream.
 const MAX_KB_PER_STREAM: f64 = 20.0;
+/// Streams are journaled (`resume.enabled`, on by default) unless
+/// `SWITCHYARD_STREAMS_RESUME=false`.
+fn journaled() -> bool {
+    std::env::var("SWITCHYARD_STREAMS_RESUME").map_or(true, |v| v.trim() != "false")
+}
+
 /// `h2c`: the mock is reached over HTTP/2 with prior knowledge.
 const UPSTREAM: &str = "SWITCHYARD_STREAMS_UPSTREAM";
 
@@ -74,7 +82,10 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
             Some(keys) => primary.extra(keys),
             None => primary,
         };
-        let cfg = config_text("", &[primary], &[("chat", &["primary"])]);
+        let mut cfg = config_text("", &[primary], &[("chat", &["primary"])]);
+        if !journaled() {
+            cfg.push_str("\n[resume]\nenabled = false\n");
+        }
         let router = RouterProc::start(ctx, &format!("streams-{n}"), &cfg).await?;
         let grpc = Grpc::connect(router.grpc, n.div_ceil(PER_CONNECTION)).await?;
         // Warm up with short answers, then measure the idle footprint.
@@ -219,11 +230,15 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
          {:.1} s ({PER_CONNECTION} per HTTP/2 connection to Switchyard; Switchyard reaches the \
          mock over {}: over HTTP/1.1 one connection per stream, over h2c one per 100 of the \
          provider's max_concurrency, at most 64); CPU and RSS of the Switchyard process are \
-         measured over {:.0} s once all are open. RSS per stream = (peak RSS in the window - idle \
-         RSS) / streams.\n\n{}",
+         measured over {:.0} s once all are open, streams {}. RSS per stream = (peak RSS in the \
+         window - idle RSS) / streams.\n\n{}",
         ramp.as_secs_f64(),
         upstream_text(UPSTREAM, ""),
         window.as_secs_f64(),
+        match journaled() {
+            true => "journaled for resumption (`resume.enabled`, the default)",
+            false => "not journaled (`resume.enabled = false`)",
+        },
         table.render()
     );
     res.data = json!({ "levels": data });
