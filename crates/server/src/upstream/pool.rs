@@ -3,10 +3,13 @@
 //! HTTP/2 connection carries only as many streams at once as its server
 //! allows (`SETTINGS_MAX_CONCURRENT_STREAMS`: hyper 200, nginx 128, Go
 //! 250), and a request past that waits inside the client, unseen, against
-//! its first-token timeout. A provider spoken to over HTTP/2 gets one
-//! client, and so one connection, per [`H2_STREAMS_PER_CONNECTION`] of its
-//! `max_concurrency` (at most [`MAX_H2_CONNECTIONS`]), and each request
-//! takes the next client in turn.
+//! its first-token timeout. A provider that may be spoken to over HTTP/2
+//! (h2c with `http2_prior_knowledge`, or `https`, where ALPN picks HTTP/2
+//! when the server offers it) gets one client, and so one connection, per
+//! [`H2_STREAMS_PER_CONNECTION`] of its `max_concurrency` (at most
+//! [`MAX_H2_CONNECTIONS`]), and each request takes the next client in turn.
+//! Over HTTP/1.1 each client pools connections on its own, so several
+//! clients only split one pool.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -35,8 +38,8 @@ impl HttpPool {
         }
     }
 
-    /// The clients for `cfg`: several when it speaks HTTP/2 with prior
-    /// knowledge (h2c), one otherwise. One retry layer only: reqwest never
+    /// The clients for `cfg` ([`connections`] of them). One retry layer
+    /// only: reqwest never
     /// retries on its own, and it neither follows redirects nor
     /// decompresses (bytes pass through as sent).
     pub fn for_provider(cfg: &ProviderConfig) -> Result<Self, reqwest::Error> {
@@ -81,7 +84,8 @@ impl HttpPool {
 
 /// How many clients `cfg` gets (see the module's doc).
 pub fn connections(cfg: &ProviderConfig) -> usize {
-    if !cfg.http2_prior_knowledge {
+    let tls = reqwest::Url::parse(&cfg.base_url).is_ok_and(|u| u.scheme() == "https");
+    if !cfg.http2_prior_knowledge && !tls {
         return 1;
     }
     (cfg.max_concurrency.div_ceil(H2_STREAMS_PER_CONNECTION) as usize).clamp(1, MAX_H2_CONNECTIONS)
@@ -123,6 +127,9 @@ mod tests {
             1,
             "HTTP/1.1 pools on its own"
         );
+        let mut https = provider("max_concurrency = 1000");
+        https.base_url = https.base_url.replace("http://", "https://");
+        assert_eq!(connections(&https), 10, "ALPN may pick HTTP/2");
         let pool =
             HttpPool::for_provider(&provider(&format!("{h2}\nmax_concurrency = 300"))).unwrap();
         assert_eq!(pool.len(), 3);
