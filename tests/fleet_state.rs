@@ -343,7 +343,8 @@ async fn after_a_redis_stall_slots_and_keys_are_free_again_within_the_lease() {
 /// Sends `key` as team-a from `r` until `live` ends; every answer must be
 /// a refusal, but for one that raced `live`'s end (`r` may serve it once
 /// the slot or key is given back). The refusals' reasons, and how many
-/// calls were served that way (0 or 1).
+/// upstream attempts `r` made for that call (0 or 1: a keyed call may be
+/// a replay of the stored answer).
 async fn refused_while(
     r: &Replica,
     live: &tokio::task::JoinHandle<Collected>,
@@ -355,7 +356,13 @@ async fn refused_while(
         let got = stream(&mut client, call(A, key)).await;
         match got.status {
             Some(s) => refused.push(reason(&s)),
-            None if live.is_finished() => return (refused, 1),
+            // Raced the live request's end: B served it, by generating
+            // (one attempt on its mock) or, for a keyed call, by replaying
+            // the answer A stored under the key (no attempt).
+            None if live.is_finished() => {
+                let replayed = got.finished.as_ref().is_some_and(|f| f.replayed);
+                return (refused, usize::from(!replayed));
+            }
             None => panic!("served while the first request lived: {got:?}"),
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
