@@ -69,6 +69,17 @@ fn upstream_keys(proto_var: &str, unary_var: &str) -> String {
     keys
 }
 
+/// `provider` (with no other extra keys) given the keys [`upstream_keys`]
+/// asks for.
+fn with_upstream_keys(
+    provider: crate::procs::Provider,
+    proto_var: &str,
+    unary_var: &str,
+) -> crate::procs::Provider {
+    let keys = upstream_keys(proto_var, unary_var);
+    provider.extra(keys.trim_start_matches('\n'))
+}
+
 /// [`upstream_keys`] in words, for a report.
 fn upstream_text(proto_var: &str, unary_var: &str) -> String {
     let proto = match upstream_h2c(proto_var) {

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{check_complete, check_errors, errors_json, result, upstream_keys, upstream_text};
+use super::{check_complete, check_errors, errors_json, result, upstream_text, with_upstream_keys};
 use crate::clients::{grpc_call, http_client, openai_call, Call, Grpc};
 use crate::load::{closed_loop, open_loop, Dist, Run};
 use crate::procs::{
@@ -31,7 +31,7 @@ use crate::report::{delta, ms, Table};
 use crate::{BenchError, Ctx, ScenarioResult, Target};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
-/// How each build reaches the mock ([`upstream_keys`]).
+/// How each build reaches the mock ([`with_upstream_keys`]).
 const UPSTREAM: &str = "SWITCHYARD_OVERHEAD_UPSTREAM";
 const STREAM_UNARY: &str = "SWITCHYARD_OVERHEAD_STREAM_UNARY";
 const BASELINE_UPSTREAM: &str = "SWITCHYARD_OVERHEAD_BASELINE_UPSTREAM";
@@ -309,11 +309,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     let mock = MockProc::start(ctx, "overhead", &MockSpec::new("openai", 16, 0)).await?;
     let cfg = |proto_var: &str, unary_var: &str| {
         let primary = Provider::new("primary", "openai", &mock).caps(100_000, 100_000);
-        let keys = upstream_keys(proto_var, unary_var);
-        let primary = match keys.strip_prefix('\n') {
-            Some(keys) => primary.extra(keys),
-            None => primary,
-        };
+        let primary = with_upstream_keys(primary, proto_var, unary_var);
         with_http_door(config_text("", &[primary], &[("chat", &["primary"])]))
     };
     let mut builds = Vec::new();

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::{check_complete, check_errors, result, upstream_keys, upstream_text};
+use super::{check_complete, check_errors, result, upstream_text, with_upstream_keys};
 use crate::clients::{grpc_call, grpc_call_counting, Call, Grpc};
 use crate::load::open_loop_grace;
 use crate::procs::{config_text, self_usage, MockProc, MockSpec, Provider, RouterProc, Usage};
@@ -73,15 +73,11 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
     ]);
     let mut data = Vec::new();
     for n in levels {
-        let keys = upstream_keys(UPSTREAM, "");
         let primary = Provider {
             timeout: "60s",
             ..Provider::new("primary", "openai", &mock).caps(100_000, 100_000)
         };
-        let primary = match keys.strip_prefix('\n') {
-            Some(keys) => primary.extra(keys),
-            None => primary,
-        };
+        let primary = with_upstream_keys(primary, UPSTREAM, "");
         let mut cfg = config_text("", &[primary], &[("chat", &["primary"])]);
         if !journaled() {
             cfg.push_str("\n[resume]\nenabled = false\n");

@@ -73,12 +73,9 @@ impl HttpPool {
     }
 
     /// Clients (connections, over HTTP/2) in the pool.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.clients.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.clients.is_empty()
     }
 }
 
