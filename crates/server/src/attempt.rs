@@ -648,18 +648,23 @@ async fn read_step(
     // Idle is measured in events, not bytes: one byte a second must not
     // keep a dead stream alive.
     let active = !events.is_empty();
+    // Decoded up to the first bad event, then forwarded in one go: nothing
+    // decoded is held across the wait for the caller.
+    let mut bad = None;
     for event in events.drain(..) {
-        let decoded = decoder.on_event(&event, chunks);
+        if bad.is_none() {
+            bad = decoder.on_event(&event, chunks).err().map(Box::new);
+        }
         parser.recycle(event);
-        // Forward what the frame carried, even before failing.
-        match forward(chunks, sink, meta).await {
-            Ok(()) => {}
-            Err(Forward::ClientGone) => return Step::End(AttemptEnd::ClientGone),
-            Err(Forward::Cut(f)) => return Step::End(AttemptEnd::Failed(f)),
-        }
-        if let Err(f) = decoded {
-            return Step::End(AttemptEnd::Failed(f));
-        }
+    }
+    // Forward what the frames carried, even before failing.
+    match forward(chunks, sink, meta).await {
+        Ok(()) => {}
+        Err(Forward::ClientGone) => return Step::End(AttemptEnd::ClientGone),
+        Err(Forward::Cut(f)) => return Step::End(AttemptEnd::Failed(f)),
+    }
+    if let Some(f) = bad {
+        return Step::End(AttemptEnd::Failed(*f));
     }
     if let Some(f) = too_large {
         return Step::End(AttemptEnd::Failed(f));

@@ -42,14 +42,16 @@ pub enum RequestError {
     /// No target could serve before any output was sent; `failure` is the last one.
     #[error("no target could serve: {provider} {}: {}", failure.class, failure.message)]
     Exhausted {
-        failure: Failure,
+        /// Boxed, as every large payload of this error is: the error is in
+        /// every request's future and every slot of its event channel.
+        failure: Box<Failure>,
         provider: String,
         attempts: u32,
     },
     /// The serving upstream failed after output reached the caller.
     #[error("stream from {provider} failed after {tokens_emitted} chunk(s): {}: {}; the partial output is incomplete and must be discarded", failure.class, failure.message)]
     MidStream {
-        failure: Failure,
+        failure: Box<Failure>,
         provider: String,
         tokens_emitted: u32,
         attempts: u32,

@@ -384,7 +384,7 @@ fn finished(f: &Finished) -> proto::Finished {
 pub fn event(seq: u64, e: Event) -> proto::CompletionEvent {
     use proto::completion_event::Event as E;
     let inner = match e {
-        Event::Started(s) => E::Started(started(s)),
+        Event::Started(s) => E::Started(started(*s)),
         Event::Chunk(Chunk::Text(text)) => E::Delta(proto::Delta {
             text,
             ..Default::default()

@@ -286,7 +286,7 @@ fn after_failure(
         if !may_reset {
             return Some(Next::Stop(RequestError::MidStream {
                 tokens_emitted,
-                failure,
+                failure: Box::new(failure),
                 provider: view.provider(idx),
                 attempts: tried.attempts,
             }));
@@ -298,7 +298,7 @@ fn after_failure(
         || (policy.side_effects && sent);
     if stop {
         return Some(Next::Stop(RequestError::Exhausted {
-            failure,
+            failure: Box::new(failure),
             provider: view.provider(idx),
             attempts: tried.attempts,
         }));
@@ -330,7 +330,7 @@ fn take_over(tried: &mut Tried, from: usize, view: &View<'_>) -> Next {
     if view.policy.side_effects {
         return Next::Stop(RequestError::MidStream {
             tokens_emitted: 0,
-            failure,
+            failure: Box::new(failure),
             provider: view.provider(from),
             attempts: tried.attempts,
         });
@@ -351,7 +351,7 @@ fn continue_on(tried: &mut Tried, on: Option<usize>, view: &View<'_>) -> Next {
     let cut = |tried: &Tried| {
         Next::Stop(RequestError::MidStream {
             tokens_emitted: tried.emitted,
-            failure: failure.clone(),
+            failure: Box::new(failure.clone()),
             provider: view.provider(idx),
             attempts: tried.attempts,
         })
@@ -441,7 +441,7 @@ fn exhausted(tried: &Tried, view: &View<'_>) -> Next {
             let mut failure = failure.clone();
             failure.retry_after = failure.retry_after.or(tried.refused_retry_in);
             RequestError::Exhausted {
-                failure,
+                failure: Box::new(failure),
                 provider: view.provider(*idx),
                 attempts: tried.attempts,
             }

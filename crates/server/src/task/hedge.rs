@@ -16,11 +16,13 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::bill::Bill;
 use super::live::{attempt_input, attempt_span, begin, close_span, Ask, Call, Turn};
 use super::Tasks;
 use crate::attempt::{self, AttemptEnd, AttemptResult, Lane, LaneItem};
 use crate::chat::ChatRequest;
 use crate::config::HedgeAfter;
+use crate::error::RequestError;
 use crate::policy::next::{Outcome, Tried};
 use crate::sink::EventSink;
 use crate::telemetry::metrics::RouteOutcomeLabels;
@@ -123,6 +125,49 @@ impl Tasks {
         };
         (after < call.deadline.saturating_duration_since(Instant::now()))
             .then_some(Hedge { after, to })
+    }
+
+    /// The attempt on `call.candidate` (admitted: `first`), hedged: the
+    /// race, then the conclusion of every attempt it started. Its own
+    /// function so the request's future stores none of it unless hedged
+    /// (the caller boxes it).
+    pub(super) async fn attempt_hedged(
+        &self,
+        call: &Call<'_>,
+        chat: &mut ChatRequest,
+        (tried, sink, bill): (&mut Tried, &mut EventSink, &mut Bill<'_>),
+        carried: u32,
+        first: Turn<'_>,
+        hedge: Hedge,
+    ) -> Result<Outcome, RequestError> {
+        let base = chat.clone();
+        let out = self.hedged(*call, &base, tried, sink, first, hedge).await;
+        for spare in out.failed {
+            let c = Call {
+                candidate: &call.plan.candidates[spare.idx],
+                ..*call
+            };
+            self.conclude_unanswered(&c, spare.turn, &spare.result)
+                .await;
+        }
+        let Some(done) = out.end else {
+            return Ok(Outcome::Completed);
+        };
+        let c = Call {
+            candidate: &call.plan.candidates[done.idx],
+            ..*call
+        };
+        chat.model = c.candidate.model.clone();
+        let won = out.hedged.then_some(done.attempt);
+        self.conclude(
+            &c,
+            chat,
+            done.turn,
+            done.result,
+            (tried, sink, bill),
+            (carried, won),
+        )
+        .await
     }
 
     fn count_hedge(&self, route: &str, outcome: &'static str) {

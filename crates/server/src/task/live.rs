@@ -275,37 +275,18 @@ impl Tasks {
             Err(outcome) => return Ok(outcome),
         };
         if let Some(hedge) = self.hedge_for(call, tried, sink) {
-            let base = chat.clone();
-            // Boxed, as every rare path of a request is: a hedge's race is
-            // 4.9 KB of future that every request would otherwise carry.
-            let out = Box::pin(self.hedged(*call, &base, tried, sink, turn, hedge)).await;
-            for spare in out.failed {
-                let c = Call {
-                    candidate: &call.plan.candidates[spare.idx],
-                    ..*call
-                };
-                self.conclude_unanswered(&c, spare.turn, &spare.result)
-                    .await;
-            }
-            let Some(done) = out.end else {
-                return Ok(Outcome::Completed);
-            };
-            let c = Call {
-                candidate: &call.plan.candidates[done.idx],
-                ..*call
-            };
-            chat.model = c.candidate.model.clone();
-            let won = out.hedged.then_some(done.attempt);
-            return self
-                .conclude(
-                    &c,
-                    chat,
-                    done.turn,
-                    done.result,
-                    (tried, sink, bill),
-                    (carried, won),
-                )
-                .await;
+            // Boxed, as every rare path of a request is: a hedge's race and
+            // its conclusion (4.9 KB of future) would otherwise be stored in
+            // every request, and its locals would widen the streaming state.
+            return Box::pin(self.attempt_hedged(
+                call,
+                chat,
+                (tried, sink, bill),
+                carried,
+                turn,
+                hedge,
+            ))
+            .await;
         }
         chat.service_tier = call
             .plan
@@ -336,7 +317,12 @@ impl Tasks {
 
     /// A hedged attempt that failed before any token while the other
     /// answered: settled, reported and counted, never billed.
-    async fn conclude_unanswered(&self, call: &Call<'_>, turn: Turn<'_>, result: &AttemptResult) {
+    pub(super) async fn conclude_unanswered(
+        &self,
+        call: &Call<'_>,
+        turn: Turn<'_>,
+        result: &AttemptResult,
+    ) {
         self.settle_windows(&turn, result).await;
         self.series(call.candidate, &turn.entry)
             .count_attempt(&self.metrics, result.end.class().as_str());
@@ -357,7 +343,7 @@ impl Tasks {
 
     /// After an attempt: its windows settled, its report, its bill, and
     /// what the decision table reads next (a completed one is finished).
-    async fn conclude(
+    pub(super) async fn conclude(
         &self,
         call: &Call<'_>,
         chat: &ChatRequest,

@@ -292,6 +292,10 @@ impl Tasks {
 
     /// The whole request: idempotency, the plan, fresh stored answers, the
     /// cost hold, the live targets, then the rest of the degradation ladder.
+    ///
+    /// Its parts are functions of their own so that what each keeps across
+    /// its waits is not stored in the others' states: the future is as
+    /// large as its largest state, and the streaming one is held longest.
     async fn serve(
         self: &Arc<Self>,
         spec: &RequestSpec,
@@ -300,53 +304,19 @@ impl Tasks {
     ) -> Result<(), RequestError> {
         let keys = stored::Keys::new(spec);
         let guard = match self.claim(spec, &keys, sink.resume_token()).await? {
-            Claimed::Replayed(events) => {
-                stored::replay(sink, &events, spec, |f| f.replayed = true).await;
-                return Ok(());
-            }
-            Claimed::Follow { token, stored } => {
-                let followed = match Box::pin(self.follower(&spec.tenant, token.as_str(), 0)).await
-                {
-                    // Boxed (a rare path): see `run`.
-                    Ok(follower) => Box::pin(self.read_on(follower, sink)).await,
-                    Err(e) => Err(e),
-                };
-                return match (followed, stored) {
-                    // The journal is gone before anything streamed: the
-                    // key's stored answer is the same stream.
-                    (
-                        Err(RequestError::ResumeNotFound | RequestError::ResumeExpired),
-                        Some(events),
-                    ) => {
-                        stored::replay(sink, &events, spec, |f| f.replayed = true).await;
-                        Ok(())
-                    }
-                    (followed, _) => followed,
-                };
-            }
             Claimed::Run(guard) => guard,
+            // Boxed (a rare path): see `run`.
+            Claimed::Stored(stored) => return Box::pin(self.serve_named(spec, sink, stored)).await,
         };
-        let mut plan = self.plan(spec).await?;
-        progress.planned.store(true, Ordering::Relaxed);
-        sink.finish_when_gone(match plan.on_caller_gone {
-            Some(gone) => gone == OnCallerGone::Finish,
-            None => spec.idempotency_key.is_some(),
-        });
-        within_max_tokens(spec, &plan)?;
-        let mut lookup = self.lookup(spec, &plan, keys);
-        if self.serve_fresh(&mut lookup, spec, &plan, sink).await {
+        let Some(Prepared {
+            plan,
+            lookup,
+            mut bill,
+            affinity,
+        }) = self.prepare(spec, sink, progress, keys, guard).await?
+        else {
             return Ok(());
-        }
-        self.record(&lookup, &plan, guard, sink);
-        // The whole request's deadline: every attempt and the cost hold fit it.
-        let deadline = spec.deadline.unwrap_or_else(|| {
-            let within = plan.deadline.unwrap_or(self.default_deadline);
-            crate::policy::clock::after(Instant::now(), within)
-        });
-        sink.set_deadline(deadline);
-        progress.deadline.send_replace(Some(deadline));
-        let mut bill = self.reserve(spec, &plan, deadline).await?;
-        let affinity = self.affinity_place(spec, &mut plan).await;
+        };
         let live = self
             .drive(
                 spec,
@@ -362,6 +332,80 @@ impl Tasks {
             Ok(()) => Ok(()),
             Err(e) => Box::pin(self.descend(spec, &plan, &lookup, sink, e)).await,
         }
+    }
+
+    /// A request whose idempotency key already names an answer: its replay,
+    /// or (a reconnect) its journal followed.
+    async fn serve_named(
+        self: &Arc<Self>,
+        spec: &RequestSpec,
+        sink: &mut EventSink,
+        stored: Stored,
+    ) -> Result<(), RequestError> {
+        match stored {
+            Stored::Replayed(events) => {
+                stored::replay(sink, &events, spec, |f| f.replayed = true).await;
+                Ok(())
+            }
+            Stored::Follow { token, stored } => {
+                let followed = match self.follower(&spec.tenant, token.as_str(), 0).await {
+                    Ok(follower) => self.read_on(follower, sink).await,
+                    Err(e) => Err(e),
+                };
+                match (followed, stored) {
+                    // The journal is gone before anything streamed: the
+                    // key's stored answer is the same stream.
+                    (
+                        Err(RequestError::ResumeNotFound | RequestError::ResumeExpired),
+                        Some(events),
+                    ) => {
+                        stored::replay(sink, &events, spec, |f| f.replayed = true).await;
+                        Ok(())
+                    }
+                    (followed, _) => followed,
+                }
+            }
+        }
+    }
+
+    /// Everything before the live targets: the plan, a fresh stored answer
+    /// (`None`: it served the request), the deadline, the cost hold and
+    /// the cache affinity.
+    async fn prepare<'a>(
+        self: &Arc<Self>,
+        spec: &'a RequestSpec,
+        sink: &mut EventSink,
+        progress: &Progress,
+        keys: stored::Keys<'a>,
+        guard: Option<crate::state::idempotency::KeyGuard>,
+    ) -> Result<Option<Prepared<'a>>, RequestError> {
+        let mut plan = self.plan(spec).await?;
+        progress.planned.store(true, Ordering::Relaxed);
+        sink.finish_when_gone(match plan.on_caller_gone {
+            Some(gone) => gone == OnCallerGone::Finish,
+            None => spec.idempotency_key.is_some(),
+        });
+        within_max_tokens(spec, &plan)?;
+        let mut lookup = self.lookup(spec, &plan, keys);
+        if self.serve_fresh(&mut lookup, spec, &plan, sink).await {
+            return Ok(None);
+        }
+        self.record(&lookup, &plan, guard, sink);
+        // The whole request's deadline: every attempt and the cost hold fit it.
+        let deadline = spec.deadline.unwrap_or_else(|| {
+            let within = plan.deadline.unwrap_or(self.default_deadline);
+            crate::policy::clock::after(Instant::now(), within)
+        });
+        sink.set_deadline(deadline);
+        progress.deadline.send_replace(Some(deadline));
+        let bill = self.reserve(spec, &plan, deadline).await?;
+        let affinity = self.affinity_place(spec, &mut plan).await;
+        Ok(Some(Prepared {
+            plan,
+            lookup,
+            bill,
+            affinity,
+        }))
     }
 
     /// Claims the request's idempotency key, if it has one, for a stream
@@ -391,17 +435,17 @@ impl Tasks {
             }
             KeyClaim::Fresh(guard) => Ok(Claimed::Run(Some(guard))),
             KeyClaim::Replay { events, resume } => match (reconnect, journaled(resume)) {
-                (Some(_), Some(token)) => Ok(Claimed::Follow {
+                (Some(_), Some(token)) => Ok(Claimed::Stored(Stored::Follow {
                     token,
                     stored: Some(events),
-                }),
-                _ => Ok(Claimed::Replayed(events)),
+                })),
+                _ => Ok(Claimed::Stored(Stored::Replayed(events))),
             },
             KeyClaim::InUse { resume } => match (reconnect, journaled(resume)) {
-                (Some(_), Some(token)) => Ok(Claimed::Follow {
+                (Some(_), Some(token)) => Ok(Claimed::Stored(Stored::Follow {
                     token,
                     stored: None,
-                }),
+                })),
                 _ => Err(RequestError::IdempotencyKeyInUse),
             },
             KeyClaim::Mismatch => Err(RequestError::IdempotencyKeyReused),
@@ -474,10 +518,24 @@ impl Tasks {
     }
 }
 
+/// What a request runs its live targets with ([`Tasks::prepare`]).
+struct Prepared<'a> {
+    plan: Plan,
+    lookup: stored::Lookup<'a>,
+    bill: bill::Bill<'a>,
+    affinity: Option<live::Affinity>,
+}
+
 /// What the idempotency claim left to do.
 enum Claimed {
     /// Run the request (holding the key's guard, if it has a key).
     Run(Option<crate::state::idempotency::KeyGuard>),
+    /// Answer from what the key already names.
+    Stored(Stored),
+}
+
+/// An answer an idempotency key already names.
+enum Stored {
     /// The key's first answer, to be replayed.
     Replayed(Arc<Vec<crate::sink::Event>>),
     /// A reconnect: stream the key's journal (or, once it is gone, the
@@ -503,6 +561,20 @@ fn within_max_tokens(spec: &RequestSpec, plan: &Plan) -> Result<(), RequestError
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    /// The size of what `f` returns, without calling it.
+    fn returned_size<A, B, C, R>(_: &impl Fn(A, B, C) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// A request's future is what every open stream holds for its whole
+    /// life (a slow stream, for minutes): it stays within this bound.
+    #[test]
+    fn a_request_future_stays_small() {
+        let size = returned_size(&Tasks::run);
+        eprintln!("request future: {size} bytes");
+        assert!(size <= 6_500, "a request's future is {size} bytes");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn the_net_under_every_timer_fires_its_grace_after_the_deadline() {

@@ -464,10 +464,10 @@ mod tests {
         let got = frames(vec![
             Ok(Event::Chunk(Chunk::Text("par".into()))),
             Err(crate::error::RequestError::MidStream {
-                failure: crate::policy::outcome::Failure::new(
+                failure: Box::new(crate::policy::outcome::Failure::new(
                     crate::policy::outcome::OutcomeClass::Truncated,
                     "stream cut",
-                ),
+                )),
                 provider: "primary".into(),
                 tokens_emitted: 1,
                 attempts: 1,

@@ -223,12 +223,12 @@ fn samples() -> Vec<RequestError> {
             failure.upstream_request_id = Some("req_1".into());
             failure.retry_after = retry_after;
             v.push(RequestError::Exhausted {
-                failure: failure.clone(),
+                failure: Box::new(failure.clone()),
                 provider: "p".into(),
                 attempts: 2,
             });
             v.push(RequestError::MidStream {
-                failure: failure.clone(),
+                failure: Box::new(failure.clone()),
                 provider: "p".into(),
                 tokens_emitted: 4,
                 attempts: 1,
@@ -308,7 +308,7 @@ fn exhausted(class: OutcomeClass) -> RequestError {
     failure.retry_after = Some(Duration::from_secs(3));
     failure.upstream_request_id = Some("req_1".into());
     RequestError::Exhausted {
-        failure,
+        failure: Box::new(failure),
         provider: "p".into(),
         attempts: 2,
     }
@@ -421,7 +421,7 @@ fn caller_errors_and_provider_errors_differ() {
 #[test]
 fn mid_stream_reasons() {
     let mk = |class| RequestError::MidStream {
-        failure: Failure::new(class, "x"),
+        failure: Box::new(Failure::new(class, "x")),
         provider: "p".into(),
         tokens_emitted: 7,
         attempts: 1,
