@@ -389,21 +389,16 @@ pub fn event(seq: u64, e: Event) -> proto::CompletionEvent {
             text,
             ..Default::default()
         }),
-        Event::Chunk(Chunk::Reasoning { text, .. }) => E::Delta(proto::Delta {
-            reasoning: text,
+        Event::Chunk(Chunk::Reasoning(r)) => E::Delta(proto::Delta {
+            reasoning: r.text,
             ..Default::default()
         }),
-        Event::Chunk(Chunk::ToolCall {
-            index,
-            id,
-            name,
-            arguments,
-        }) => E::Delta(proto::Delta {
+        Event::Chunk(Chunk::ToolCall(call)) => E::Delta(proto::Delta {
             tool_calls: vec![proto::ToolCallDelta {
-                index,
-                id: id.unwrap_or_default(),
-                name: name.unwrap_or_default(),
-                arguments,
+                index: call.index,
+                id: call.id.unwrap_or_default(),
+                name: call.name.unwrap_or_default(),
+                arguments: call.arguments,
             }],
             ..Default::default()
         }),
@@ -460,13 +455,14 @@ impl Assembler {
                 None
             }
             // Whole, with signatures, in `Finished`.
-            Event::Chunk(Chunk::Reasoning { .. }) => None,
-            Event::Chunk(Chunk::ToolCall {
-                index,
-                id,
-                name,
-                arguments,
-            }) => {
+            Event::Chunk(Chunk::Reasoning(_)) => None,
+            Event::Chunk(Chunk::ToolCall(call)) => {
+                let crate::chat::ToolCallDelta {
+                    index,
+                    id,
+                    name,
+                    arguments,
+                } = *call;
                 let i = index as usize;
                 if self.calls.len() <= i {
                     self.calls.resize_with(i + 1, Default::default);
@@ -673,18 +669,22 @@ mod tests {
             reason: "x".into(),
             failed_attempt: 1,
         });
-        a.push(Event::Chunk(Chunk::ToolCall {
-            index: 0,
-            id: Some("c1".into()),
-            name: Some("f".into()),
-            arguments: "{\"a\":".into(),
-        }));
-        a.push(Event::Chunk(Chunk::ToolCall {
-            index: 0,
-            id: None,
-            name: None,
-            arguments: "1}".into(),
-        }));
+        a.push(Event::Chunk(Chunk::ToolCall(Box::new(
+            crate::chat::ToolCallDelta {
+                index: 0,
+                id: Some("c1".into()),
+                name: Some("f".into()),
+                arguments: "{\"a\":".into(),
+            },
+        ))));
+        a.push(Event::Chunk(Chunk::ToolCall(Box::new(
+            crate::chat::ToolCallDelta {
+                index: 0,
+                id: None,
+                name: None,
+                arguments: "1}".into(),
+            },
+        ))));
         let done = a
             .push(Event::Finished(Box::new(Finished {
                 finish_reason: FinishReason::ToolCalls,

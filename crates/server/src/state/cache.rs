@@ -43,15 +43,10 @@ pub(crate) fn size_of(events: &[Event]) -> usize {
         .iter()
         .map(|e| match e {
             Event::Chunk(Chunk::Text(t)) => t.len() + 32,
-            Event::Chunk(Chunk::ToolCall {
-                arguments,
-                name,
-                id,
-                ..
-            }) => {
-                arguments.len()
-                    + name.as_ref().map_or(0, String::len)
-                    + id.as_ref().map_or(0, String::len)
+            Event::Chunk(Chunk::ToolCall(call)) => {
+                call.arguments.len()
+                    + call.name.as_ref().map_or(0, String::len)
+                    + call.id.as_ref().map_or(0, String::len)
                     + 48
             }
             _ => 128,

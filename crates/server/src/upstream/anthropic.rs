@@ -638,11 +638,11 @@ impl AnthropicDecoder {
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_owned();
-                out.push(Chunk::Reasoning {
+                out.push(Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
                     text: String::new(),
                     signature: None,
                     redacted: Some(data.clone()),
-                });
+                })));
                 self.reasoning.push(ReasoningBlock {
                     redacted: Some(data),
                     dialect: Some(Dialect::Anthropic),
@@ -654,12 +654,12 @@ impl AnthropicDecoder {
                 let args = initial_input(block);
                 let call = self.tool_calls;
                 self.tool_calls += 1;
-                out.push(Chunk::ToolCall {
+                out.push(Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
                     index: call,
                     id: block.get("id").and_then(Value::as_str).map(str::to_owned),
                     name: block.get("name").and_then(Value::as_str).map(str::to_owned),
                     arguments: args.clone(),
-                });
+                })));
                 Block::ToolUse { call, args }
             }
             _ => Block::Other,
@@ -708,11 +708,11 @@ impl AnthropicDecoder {
                 if let Some(Block::Thinking { text, .. }) = self.blocks.get_mut(&index) {
                     if !part.is_empty() {
                         text.push_str(part);
-                        out.push(Chunk::Reasoning {
+                        out.push(Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
                             text: part.to_owned(),
                             signature: None,
                             redacted: None,
-                        });
+                        })));
                     }
                 }
             }
@@ -720,11 +720,11 @@ impl AnthropicDecoder {
                 let sig = delta.get("signature").and_then(Value::as_str).unwrap_or("");
                 if let Some(Block::Thinking { signature, .. }) = self.blocks.get_mut(&index) {
                     *signature = Some(sig.to_owned());
-                    out.push(Chunk::Reasoning {
+                    out.push(Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
                         text: String::new(),
                         signature: Some(sig.to_owned()),
                         redacted: None,
-                    });
+                    })));
                 }
             }
             Some("input_json_delta") => {
@@ -894,12 +894,12 @@ fn initial_input(block: &Value) -> String {
 }
 
 fn tool_fragment(index: u32, arguments: &str) -> Chunk {
-    Chunk::ToolCall {
+    Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
         index,
         id: None,
         name: None,
         arguments: arguments.to_owned(),
-    }
+    }))
 }
 
 /// An `error` payload that may not be JSON.
@@ -955,12 +955,12 @@ mod tests {
     }
 
     fn frag(index: u32, id: Option<&str>, name: Option<&str>, args: &str) -> Chunk {
-        Chunk::ToolCall {
+        Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
             index,
             id: id.map(Into::into),
             name: name.map(Into::into),
             arguments: args.into(),
-        }
+        }))
     }
 
     fn msg(role: &str, content: &str) -> ChatMessage {
@@ -1326,7 +1326,7 @@ mod tests {
         let (chunks, done) = decode(fixture!("anthropic_pings_unknown_events.sse"));
         assert_eq!(text_of(&chunks), "42");
         assert_eq!(chunks.last(), Some(&Chunk::Text("42".into())));
-        assert!(matches!(&chunks[0], Chunk::Reasoning { text, .. } if text == "Let me think..."));
+        assert!(matches!(&chunks[0], Chunk::Reasoning(r) if r.text == "Let me think..."));
         let done = done.unwrap();
         assert_eq!(done.finish_reason, FinishReason::Length);
         assert_eq!(

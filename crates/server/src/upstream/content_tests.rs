@@ -361,16 +361,18 @@ fn anthropic_streams_signed_thinking_and_reports_cache_usage() {
     let reasoning: String = chunks
         .iter()
         .filter_map(|c| match c {
-            Chunk::Reasoning { text, .. } => Some(text.as_str()),
+            Chunk::Reasoning(r) => Some(r.text.as_str()),
             _ => None,
         })
         .collect();
     assert_eq!(reasoning, "Let me think.");
-    assert!(chunks.contains(&Chunk::Reasoning {
-        text: String::new(),
-        signature: Some("EqQB".into()),
-        redacted: None
-    }));
+    assert!(
+        chunks.contains(&Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
+            text: String::new(),
+            signature: Some("EqQB".into()),
+            redacted: None
+        })))
+    );
     assert_eq!(chunks.last(), Some(&Chunk::Text("42".into())));
     assert_eq!(
         done.reasoning,

@@ -876,16 +876,11 @@ fn output_bytes(chunks: &[Chunk]) -> usize {
         .iter()
         .map(|c| match c {
             Chunk::Text(t) => t.len(),
-            Chunk::Reasoning { .. } => c.output_bytes(),
-            Chunk::ToolCall {
-                id,
-                name,
-                arguments,
-                ..
-            } => {
-                id.as_ref().map_or(0, String::len)
-                    + name.as_ref().map_or(0, String::len)
-                    + arguments.len()
+            Chunk::Reasoning(_) => c.output_bytes(),
+            Chunk::ToolCall(call) => {
+                call.id.as_ref().map_or(0, String::len)
+                    + call.name.as_ref().map_or(0, String::len)
+                    + call.arguments.len()
             }
         })
         .sum()

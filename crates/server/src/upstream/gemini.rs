@@ -575,18 +575,18 @@ impl GeminiDecoder {
         let thought = part.get("thought").and_then(Value::as_bool) == Some(true);
         if thought && !text.is_empty() {
             self.thought.push_str(text);
-            out.push(Chunk::Reasoning {
+            out.push(Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
                 text: text.to_owned(),
                 signature: None,
                 redacted: None,
-            });
+            })));
         }
         if let Some(sig) = part.get("thoughtSignature").and_then(Value::as_str) {
-            out.push(Chunk::Reasoning {
+            out.push(Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
                 text: String::new(),
                 signature: Some(sig.to_owned()),
                 redacted: None,
-            });
+            })));
             self.reasoning.push(ReasoningBlock {
                 text: std::mem::take(&mut self.thought),
                 signature: Some(sig.to_owned()),
@@ -609,12 +609,12 @@ impl GeminiDecoder {
                 None | Some(Value::Null) => "{}".to_owned(),
                 Some(args) => args.to_string(),
             };
-            out.push(Chunk::ToolCall {
+            out.push(Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
                 index,
                 id: Some(id),
                 name: call.get("name").and_then(Value::as_str).map(str::to_owned),
                 arguments,
-            });
+            })));
         }
     }
 
@@ -1210,28 +1210,28 @@ mod tests {
         assert_eq!(
             chunks,
             vec![
-                Chunk::Reasoning {
+                Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
                     text: "**Planning** I need the weather.".into(),
                     signature: None,
                     redacted: None
-                },
-                Chunk::Reasoning {
+                })),
+                Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
                     text: String::new(),
                     signature: Some("CiQB0e2Kb1".into()),
                     redacted: None
-                },
-                Chunk::ToolCall {
+                })),
+                Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
                     index: 0,
                     id: Some("call_resp-7_0".into()),
                     name: Some("get_weather".into()),
                     arguments: r#"{"city":"Paris"}"#.into()
-                },
-                Chunk::ToolCall {
+                })),
+                Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
                     index: 1,
                     id: Some("call_resp-7_1".into()),
                     name: Some("get_time".into()),
                     arguments: "{}".into()
-                },
+                })),
             ]
         );
         let done = done.unwrap();
@@ -1253,7 +1253,7 @@ mod tests {
         let (chunks, done) = decode(fixture!("gemini_thought_signature_on_text.sse"));
         assert_eq!(text_of(&chunks), "42");
         assert!(
-            matches!(&chunks[2], Chunk::Reasoning { signature: Some(s), .. } if s == "Eu0BCuoBAdHtim9")
+            matches!(&chunks[2], Chunk::Reasoning(r) if r.signature.as_deref() == Some("Eu0BCuoBAdHtim9"))
         );
         let done = done.unwrap();
         assert_eq!(done.finish_reason, FinishReason::Length);
@@ -1355,7 +1355,7 @@ mod tests {
         let with_id = "data: {\"candidates\":[{\"content\":{\"parts\":[{\"functionCall\":{\"id\":\"fc-1\",\"name\":\"f\"}}]},\"finishReason\":\"STOP\"}]}\n\n";
         let (chunks, done) = decode(with_id);
         assert!(
-            matches!(&chunks[0], Chunk::ToolCall { id: Some(id), arguments, .. } if id == "fc-1" && arguments == "{}")
+            matches!(&chunks[0], Chunk::ToolCall(c) if c.id.as_deref() == Some("fc-1") && c.arguments == "{}")
         );
         assert_eq!(done.unwrap().finish_reason, FinishReason::ToolCalls);
     }

@@ -501,11 +501,11 @@ impl OpenAiDecoder {
             non_empty_str(delta, "reasoning_content").or_else(|| non_empty_str(delta, "reasoning"));
         if let Some(text) = reasoning {
             self.reasoning.push_str(text);
-            out.push(Chunk::Reasoning {
+            out.push(Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
                 text: text.to_owned(),
                 signature: None,
                 redacted: None,
-            });
+            })));
         }
         self.on_text(
             non_empty_str(delta, "content"),
@@ -552,12 +552,12 @@ impl OpenAiDecoder {
             .or_default()
             .push_str(&arguments);
         self.produced = true;
-        out.push(Chunk::ToolCall {
+        out.push(Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
             index,
             id,
             name,
             arguments,
-        });
+        })));
     }
 }
 
@@ -830,7 +830,7 @@ pub fn decode_non_streaming(body: &[u8]) -> Result<(Vec<Chunk>, Completion), Fai
     let reasoning = chunks
         .iter()
         .filter_map(|c| match c {
-            Chunk::Reasoning { text, .. } => Some(text.as_str()),
+            Chunk::Reasoning(r) => Some(r.text.as_str()),
             _ => None,
         })
         .collect::<String>();
@@ -852,11 +852,11 @@ fn message_chunks(message: &Value) -> (Vec<Chunk>, bool, Vec<String>) {
     let reasoning =
         non_empty_str(message, "reasoning_content").or_else(|| non_empty_str(message, "reasoning"));
     if let Some(text) = reasoning {
-        chunks.push(Chunk::Reasoning {
+        chunks.push(Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
             text: text.to_owned(),
             signature: None,
             redacted: None,
-        });
+        })));
     }
     if let Some(text) = non_empty_str(message, "content") {
         chunks.push(Chunk::Text(text.to_owned()));
@@ -874,7 +874,7 @@ fn message_chunks(message: &Value) -> (Vec<Chunk>, bool, Vec<String>) {
             .map(arguments_text)
             .unwrap_or_default();
         args.push(arguments.clone());
-        chunks.push(Chunk::ToolCall {
+        chunks.push(Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
             index: pos_u32(pos),
             id: call.get("id").and_then(Value::as_str).map(str::to_owned),
             name: function
@@ -882,7 +882,7 @@ fn message_chunks(message: &Value) -> (Vec<Chunk>, bool, Vec<String>) {
                 .and_then(Value::as_str)
                 .map(str::to_owned),
             arguments,
-        });
+        })));
     }
     (chunks, refusal.is_some(), args)
 }
@@ -1132,11 +1132,13 @@ mod tests {
                 ..Default::default()
             })
         );
-        let frag = |index, id: Option<&str>, name: Option<&str>, args: &str| Chunk::ToolCall {
-            index,
-            id: id.map(Into::into),
-            name: name.map(Into::into),
-            arguments: args.into(),
+        let frag = |index, id: Option<&str>, name: Option<&str>, args: &str| {
+            Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
+                index,
+                id: id.map(Into::into),
+                name: name.map(Into::into),
+                arguments: args.into(),
+            }))
         };
         assert_eq!(
             chunks,
@@ -1359,12 +1361,12 @@ mod tests {
             chunks,
             vec![
                 Chunk::Text("Hi".into()),
-                Chunk::ToolCall {
+                Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
                     index: 0,
                     id: Some("call_1".into()),
                     name: Some("f".into()),
                     arguments: "{\"a\":1}".into()
-                }
+                }))
             ]
         );
         assert_eq!(done.finish_reason, FinishReason::ToolCalls);

@@ -15,7 +15,7 @@ use super::error::AnthropicError;
 use super::response::{stop_reason, usage_json, Ids};
 use crate::api::content::usage_proto;
 use crate::api::door::{self, insert};
-use crate::chat::Chunk;
+use crate::chat::{Chunk, ReasoningDelta, ToolCallDelta};
 use crate::sink::{Event, Events, Finished};
 
 pub(super) async fn stream(
@@ -110,36 +110,33 @@ impl Frames {
             let mut out = String::new();
             match item {
                 Some(Ok(Event::Started(_) | Event::Continued(_))) => continue,
-                Some(Ok(Event::Chunk(Chunk::Reasoning {
-                    text,
-                    signature,
-                    redacted,
-                }))) => self.thinking(text, signature, redacted, &mut out),
+                Some(Ok(Event::Chunk(Chunk::Reasoning(r)))) => {
+                    let ReasoningDelta {
+                        text,
+                        signature,
+                        redacted,
+                    } = *r;
+                    self.thinking(text, signature, redacted, &mut out)
+                }
                 Some(Ok(Event::Chunk(Chunk::Text(text)))) => {
                     self.enter(Open::Text, &mut out, || json!({"type": "text", "text": ""}));
                     out.push_str(&self.delta(json!({"type": "text_delta", "text": text})));
                 }
-                Some(Ok(Event::Chunk(Chunk::ToolCall {
-                    index,
-                    id,
-                    name,
-                    arguments,
-                }))) => {
+                Some(Ok(Event::Chunk(Chunk::ToolCall(call)))) => {
                     let n = self.blocks;
-                    self.enter(Open::Tool(index), &mut out, || {
+                    let ToolCallDelta { id, name, .. } = &*call;
+                    self.enter(Open::Tool(call.index), &mut out, || {
                         json!({
                             "type": "tool_use",
-                            "id": id.unwrap_or_else(|| format!("toolu_{n}")),
-                            "name": name.unwrap_or_default(),
+                            "id": id.clone().unwrap_or_else(|| format!("toolu_{n}")),
+                            "name": name.clone().unwrap_or_default(),
                             "input": {},
                         })
                     });
-                    if !arguments.is_empty() {
-                        out.push_str(
-                            &self.delta(
-                                json!({"type": "input_json_delta", "partial_json": arguments}),
-                            ),
-                        );
+                    if !call.arguments.is_empty() {
+                        out.push_str(&self.delta(
+                            json!({"type": "input_json_delta", "partial_json": call.arguments}),
+                        ));
                     }
                 }
                 Some(Ok(Event::Finished(f))) => {
@@ -328,12 +325,14 @@ mod tests {
     #[tokio::test]
     async fn text_then_a_tool_call_are_two_blocks_with_their_deltas() {
         let call = |id: Option<&str>, args: &str| {
-            Ok(Event::Chunk(Chunk::ToolCall {
-                index: 0,
-                id: id.map(str::to_string),
-                name: id.map(|_| "weather".to_string()),
-                arguments: args.into(),
-            }))
+            Ok(Event::Chunk(Chunk::ToolCall(Box::new(
+                crate::chat::ToolCallDelta {
+                    index: 0,
+                    id: id.map(str::to_string),
+                    name: id.map(|_| "weather".to_string()),
+                    arguments: args.into(),
+                },
+            ))))
         };
         let got = frames(vec![
             Ok(Event::Chunk(Chunk::Text("Let me ".into()))),
@@ -375,11 +374,11 @@ mod tests {
     }
 
     fn reasoning(text: &str, signature: Option<&str>, redacted: Option<&str>) -> Event {
-        Event::Chunk(Chunk::Reasoning {
+        Event::Chunk(Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
             text: text.into(),
             signature: signature.map(Into::into),
             redacted: redacted.map(Into::into),
-        })
+        })))
     }
 
     #[tokio::test]

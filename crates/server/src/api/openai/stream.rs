@@ -3,6 +3,7 @@
 //! `data: [DONE]`, or an error frame when the stream fails after output.
 
 use super::*;
+use crate::chat::ToolCallDelta;
 
 // ---- streaming ------------------------------------------------------------
 
@@ -165,16 +166,16 @@ impl Sse {
                 // one comes only after a failure before any output. A
                 // continuation's text simply follows.
                 Some(Ok(Event::Started(_) | Event::Continued(_))) => continue,
-                Some(Ok(Event::Chunk(Chunk::Reasoning { text, .. }))) => {
-                    if text.is_empty() {
+                Some(Ok(Event::Chunk(Chunk::Reasoning(r)))) => {
+                    if r.text.is_empty() {
                         continue;
                     }
-                    return Some(self.chunk(json!({ "reasoning_content": text }), None));
+                    return Some(self.chunk(json!({ "reasoning_content": r.text }), None));
                 }
                 Some(Ok(Event::Chunk(Chunk::Text(text)))) => return Some(self.text(&text, None)),
-                Some(Ok(Event::Chunk(call @ Chunk::ToolCall { .. }))) => {
+                Some(Ok(Event::Chunk(Chunk::ToolCall(call)))) => {
                     return Some(
-                        self.chunk(json!({ "tool_calls": [tool_call_delta(call)] }), None),
+                        self.chunk(json!({ "tool_calls": [tool_call_delta(*call)] }), None),
                     );
                 }
                 Some(Ok(Event::Finished(f))) => {
@@ -208,23 +209,14 @@ impl Sse {
 
 /// One tool-call fragment as an OpenAI `tool_calls[]` delta: `id`, `type` and
 /// the function `name` only on the fragment that carries them.
-fn tool_call_delta(chunk: Chunk) -> Value {
-    let Chunk::ToolCall {
-        index,
-        id,
-        name,
-        arguments,
-    } = chunk
-    else {
-        return Value::Null;
-    };
-    let mut call = json!({"index": index});
-    let mut function = json!({ "arguments": arguments });
-    if let (Some(c), Some(id)) = (call.as_object_mut(), id) {
+fn tool_call_delta(delta: ToolCallDelta) -> Value {
+    let mut call = json!({"index": delta.index});
+    let mut function = json!({ "arguments": delta.arguments });
+    if let (Some(c), Some(id)) = (call.as_object_mut(), delta.id) {
         c.insert("id".into(), Value::String(id));
         c.insert("type".into(), Value::String("function".into()));
     }
-    if let (Some(f), Some(name)) = (function.as_object_mut(), name) {
+    if let (Some(f), Some(name)) = (function.as_object_mut(), delta.name) {
         f.insert("name".into(), Value::String(name));
     }
     if let Some(c) = call.as_object_mut() {

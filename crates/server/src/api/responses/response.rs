@@ -12,7 +12,7 @@ use base64::Engine;
 use super::request::{custom_input, ToolNames};
 use super::*;
 use crate::api::errors::CallerError;
-use crate::chat::Chunk;
+use crate::chat::{Chunk, ReasoningDelta, ToolCallDelta};
 
 /// One response's identity and the request parameters it echoes.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -271,28 +271,18 @@ impl Output {
                            "delta": text, "logprobs": []}),
                 ));
             }
-            Chunk::ToolCall {
-                index,
-                id,
-                name,
-                arguments,
-            } => self.push_call(index, id, name, arguments, out),
-            Chunk::Reasoning {
-                text,
-                signature,
-                redacted,
-            } => self.push_reasoning(text, signature, redacted, out),
+            Chunk::ToolCall(call) => self.push_call(*call, out),
+            Chunk::Reasoning(r) => self.push_reasoning(*r, out),
         }
     }
 
-    fn push_call(
-        &mut self,
-        index: u32,
-        id: Option<String>,
-        name: Option<String>,
-        arguments: String,
-        out: &mut Vec<Frame>,
-    ) {
+    fn push_call(&mut self, call: ToolCallDelta, out: &mut Vec<Frame>) {
+        let ToolCallDelta {
+            index,
+            id,
+            name,
+            arguments,
+        } = call;
         let i = match self.calls.get(&index) {
             Some(&i) => i,
             None => {
@@ -330,13 +320,12 @@ impl Output {
         }
     }
 
-    fn push_reasoning(
-        &mut self,
-        text: String,
-        signature: Option<String>,
-        redacted: Option<String>,
-        out: &mut Vec<Frame>,
-    ) {
+    fn push_reasoning(&mut self, delta: ReasoningDelta, out: &mut Vec<Frame>) {
+        let ReasoningDelta {
+            text,
+            signature,
+            redacted,
+        } = delta;
         if let Some(data) = redacted {
             let i = self.open_item(
                 Item::Reasoning {
@@ -584,29 +573,29 @@ pub(super) fn chunks_of(r: &proto::CompletionResponse) -> Vec<Chunk> {
     let mut out = Vec::new();
     for b in &r.reasoning {
         if !b.redacted_data.is_empty() {
-            out.push(Chunk::Reasoning {
+            out.push(Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
                 text: String::new(),
                 signature: None,
                 redacted: Some(b.redacted_data.clone()),
-            });
+            })));
             continue;
         }
-        out.push(Chunk::Reasoning {
+        out.push(Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
             text: b.text.clone(),
             signature: (!b.signature.is_empty()).then(|| b.signature.clone()),
             redacted: None,
-        });
+        })));
     }
     if !r.text.is_empty() {
         out.push(Chunk::Text(r.text.clone()));
     }
     for (i, c) in r.tool_calls.iter().enumerate() {
-        out.push(Chunk::ToolCall {
+        out.push(Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
             index: i as u32,
             id: Some(c.id.clone()),
             name: Some(c.name.clone()),
             arguments: c.arguments.clone(),
-        });
+        })));
     }
     out
 }
@@ -685,39 +674,39 @@ mod tests {
         let mut o = Output::new("resp_x", ToolNames::new());
         let mut f = Vec::new();
         o.push(
-            Chunk::Reasoning {
+            Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
                 text: "think".into(),
                 signature: None,
                 redacted: None,
-            },
+            })),
             &mut f,
         );
         o.push(
-            Chunk::Reasoning {
+            Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
                 text: String::new(),
                 signature: Some("sig".into()),
                 redacted: None,
-            },
+            })),
             &mut f,
         );
         o.push(Chunk::Text("hel".into()), &mut f);
         o.push(Chunk::Text("lo".into()), &mut f);
         o.push(
-            Chunk::ToolCall {
+            Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
                 index: 0,
                 id: Some("call_1".into()),
                 name: Some("f".into()),
                 arguments: "{\"a\":".into(),
-            },
+            })),
             &mut f,
         );
         o.push(
-            Chunk::ToolCall {
+            Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
                 index: 0,
                 id: None,
                 name: None,
                 arguments: "1}".into(),
-            },
+            })),
             &mut f,
         );
         o.finish(false, &mut f);
@@ -776,21 +765,21 @@ mod tests {
         let mut o = Output::new("resp_y", names.clone());
         let mut f = Vec::new();
         o.push(
-            Chunk::ToolCall {
+            Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
                 index: 0,
                 id: Some("call_9".into()),
                 name: Some("functions__exec".into()),
                 arguments: "{\"input\":\"echo".into(),
-            },
+            })),
             &mut f,
         );
         o.push(
-            Chunk::ToolCall {
+            Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
                 index: 0,
                 id: None,
                 name: None,
                 arguments: " hi\"}".into(),
-            },
+            })),
             &mut f,
         );
         o.finish(false, &mut f);
