@@ -190,34 +190,42 @@ fn expired(limit: Instant, deadline: Instant, what: &'static str) -> Expired {
 }
 
 /// Runs one attempt to its end.
-pub async fn run(input: AttemptInput<'_>, sink: &mut impl Out) -> AttemptResult {
-    let started = Instant::now();
-    let max_tokens = input.chat.max_tokens;
-    let mut meta = Meta {
-        reported: Vec::new(),
-        key_events: Vec::new(),
-        started,
-        ttft: None,
-        upstream_request_id: None,
-        key: None,
-        output: Output {
-            chunks: 0,
-            bytes: 0,
-            max_chunks: max_tokens,
-            max_bytes: max_tokens
-                .map_or(MAX_ANSWER_BYTES, |t| t as usize * MAX_BYTES_PER_TOKEN)
-                .clamp(4096, MAX_ANSWER_BYTES),
-        },
-    };
-    let end = run_inner(&input, sink, &mut meta).await;
-    AttemptResult {
-        end,
-        key_events: meta.key_events,
-        ttft: meta.ttft,
-        elapsed: started.elapsed(),
-        upstream_request_id: meta.upstream_request_id,
-        key: meta.key,
-        reported: meta.reported,
+// Not an `async fn`, on purpose: one keeps its by-value argument twice in
+// its future, and this future is part of every streaming request.
+#[allow(clippy::manual_async_fn)]
+pub fn run<'a, O: Out>(
+    input: AttemptInput<'a>,
+    sink: &'a mut O,
+) -> impl std::future::Future<Output = AttemptResult> + 'a {
+    async move {
+        let started = Instant::now();
+        let max_tokens = input.chat.max_tokens;
+        let mut meta = Meta {
+            reported: Vec::new(),
+            key_events: Vec::new(),
+            started,
+            ttft: None,
+            upstream_request_id: None,
+            key: None,
+            output: Output {
+                chunks: 0,
+                bytes: 0,
+                max_chunks: max_tokens,
+                max_bytes: max_tokens
+                    .map_or(MAX_ANSWER_BYTES, |t| t as usize * MAX_BYTES_PER_TOKEN)
+                    .clamp(4096, MAX_ANSWER_BYTES),
+            },
+        };
+        let end = run_inner(&input, sink, &mut meta).await;
+        AttemptResult {
+            end,
+            key_events: meta.key_events,
+            ttft: meta.ttft,
+            elapsed: started.elapsed(),
+            upstream_request_id: meta.upstream_request_id,
+            key: meta.key,
+            reported: meta.reported,
+        }
     }
 }
 

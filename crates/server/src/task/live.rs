@@ -99,117 +99,125 @@ struct Walk {
 impl Tasks {
     /// The live part of the ladder: asks the decision table what to do after
     /// each event and does it.
-    pub(super) async fn drive(
-        &self,
-        spec: &RequestSpec,
-        plan: &Plan,
-        affinity: Option<&Affinity>,
-        sink: &mut EventSink,
-        bill: &mut Bill<'_>,
+    // Not an `async fn`, on purpose: one keeps its by-value argument twice
+    // in its future, and this future is part of every streaming request.
+    #[allow(clippy::manual_async_fn)]
+    pub(super) fn drive<'a, 'b>(
+        &'a self,
+        spec: &'a RequestSpec,
+        plan: &'a Plan,
+        affinity: Option<&'a Affinity>,
+        sink: &'a mut EventSink,
+        bill: &'a mut Bill<'b>,
         first: Outcome,
-    ) -> Result<(), RequestError> {
-        let deadline = bill.deadline;
-        let mut chat = spec.chat.clone();
-        if chat.max_tokens.is_none() {
-            chat.max_tokens = plan.default_max_tokens;
-        }
-        let policy = plan.policy();
-        let providers: Vec<&str> = plan
-            .candidates
-            .iter()
-            .map(|c| c.provider.as_str())
-            .collect();
-        // Read once per request: the targets' p95 barely moves within one.
-        let p95: Vec<Option<Duration>> = plan.candidates.iter().map(|c| self.p95_ttft(c)).collect();
-        let mut tried = Tried::new(plan.candidates.len());
-        let mut walk = Walk::default();
-        if let Outcome::TakeOver { from } = first {
-            walk.failed = Some(from);
-        }
-        let mut outcome = first;
-        // Time spent waiting for a rate window (`admission_wait`).
-        let mut waited = Duration::ZERO;
-        loop {
-            if sink.is_closed() {
-                return Ok(());
+    ) -> impl std::future::Future<Output = Result<(), RequestError>> + use<'a, 'b> {
+        async move {
+            let deadline = bill.deadline;
+            let mut chat = spec.chat.clone();
+            if chat.max_tokens.is_none() {
+                chat.max_tokens = plan.default_max_tokens;
             }
-            let view = View {
-                policy: &policy,
-                remaining: deadline.saturating_duration_since(Instant::now()),
-                p95_ttft: &p95,
-                providers: &providers,
-                backoff: &self.backoff,
-                caller_can_reset: sink.can_reset(),
-            };
-            // The thread's RNG, held only for the call (it is not `Send`).
-            let step = next(&mut tried, outcome, &view, &mut rand::rng());
-            let (to, wait) = match step {
-                Next::Done => {
-                    if !waited.is_zero() {
-                        self.count_admission_wait(&plan.route, "admitted");
-                    }
+            let policy = plan.policy();
+            let providers: Vec<&str> = plan
+                .candidates
+                .iter()
+                .map(|c| c.provider.as_str())
+                .collect();
+            // Read once per request: the targets' p95 barely moves within one.
+            let p95: Vec<Option<Duration>> =
+                plan.candidates.iter().map(|c| self.p95_ttft(c)).collect();
+            let mut tried = Tried::new(plan.candidates.len());
+            let mut walk = Walk::default();
+            if let Outcome::TakeOver { from } = first {
+                walk.failed = Some(from);
+            }
+            let mut outcome = first;
+            // Time spent waiting for a rate window (`admission_wait`).
+            let mut waited = Duration::ZERO;
+            loop {
+                if sink.is_closed() {
                     return Ok(());
                 }
-                Next::Stop(RequestError::RateLimited { route, retry_in })
-                    if tried.attempts() == 0 =>
-                {
-                    let allowed = plan.traffic.admission_wait;
-                    if self
-                        .wait_for_window(&route, retry_in, &mut waited, allowed, deadline, sink)
-                        .await
+                let view = View {
+                    policy: &policy,
+                    remaining: deadline.saturating_duration_since(Instant::now()),
+                    p95_ttft: &p95,
+                    providers: &providers,
+                    backoff: &self.backoff,
+                    caller_can_reset: sink.can_reset(),
+                };
+                // The thread's RNG, held only for the call (it is not `Send`).
+                let step = next(&mut tried, outcome, &view, &mut rand::rng());
+                let (to, wait) = match step {
+                    Next::Done => {
+                        if !waited.is_zero() {
+                            self.count_admission_wait(&plan.route, "admitted");
+                        }
+                        return Ok(());
+                    }
+                    Next::Stop(RequestError::RateLimited { route, retry_in })
+                        if tried.attempts() == 0 =>
                     {
-                        tried = Tried::new(plan.candidates.len());
-                        outcome = Outcome::Begin;
+                        let allowed = plan.traffic.admission_wait;
+                        if self
+                            .wait_for_window(&route, retry_in, &mut waited, allowed, deadline, sink)
+                            .await
+                        {
+                            tried = Tried::new(plan.candidates.len());
+                            outcome = Outcome::Begin;
+                            continue;
+                        }
+                        if sink.is_closed() {
+                            return Ok(());
+                        }
+                        return Err(RequestError::RateLimited { route, retry_in });
+                    }
+                    Next::Stop(e) => return Err(e),
+                    Next::Reset { reason } => {
+                        if sink.reset(reason, tried.attempts()).await.is_err() {
+                            return Ok(());
+                        }
+                        if walk.continuing.is_some() {
+                            // The answer starts over: no prefill.
+                            chat.messages.clone_from(&spec.chat.messages);
+                            chat.passthrough.clone_from(&spec.chat.passthrough);
+                        }
+                        walk = Walk::default();
+                        outcome = Outcome::ResetSent;
                         continue;
                     }
-                    if sink.is_closed() {
-                        return Ok(());
+                    Next::Continue { reason } => {
+                        outcome =
+                            self.plan_continuation(spec, plan, &tried, sink, &mut walk, &reason);
+                        continue;
                     }
-                    return Err(RequestError::RateLimited { route, retry_in });
-                }
-                Next::Stop(e) => return Err(e),
-                Next::Reset { reason } => {
-                    if sink.reset(reason, tried.attempts()).await.is_err() {
-                        return Ok(());
+                    Next::FailOver { to } => (to, None),
+                    Next::Retry { to, after } => (to, Some(after)),
+                };
+                if let Some(wait) = wait {
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = sink.closed() => return Ok(()),
                     }
-                    if walk.continuing.is_some() {
-                        // The answer starts over: no prefill.
-                        chat.messages.clone_from(&spec.chat.messages);
-                        chat.passthrough.clone_from(&spec.chat.passthrough);
-                    }
-                    walk = Walk::default();
-                    outcome = Outcome::ResetSent;
-                    continue;
                 }
-                Next::Continue { reason } => {
-                    outcome = self.plan_continuation(spec, plan, &tried, sink, &mut walk, &reason);
-                    continue;
+                walk.failed = Some(to);
+                if let Some(c) = &walk.continuing {
+                    (chat.messages, chat.passthrough) =
+                        continuation::prefilled(&spec.chat, &c.prefill);
                 }
-                Next::FailOver { to } => (to, None),
-                Next::Retry { to, after } => (to, Some(after)),
-            };
-            if let Some(wait) = wait {
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = sink.closed() => return Ok(()),
-                }
+                let call = Call {
+                    spec,
+                    plan,
+                    candidate: &plan.candidates[to],
+                    deadline,
+                    affinity,
+                    continues: walk.continuing.as_ref(),
+                    buffered: sink.buffered(),
+                };
+                outcome = self
+                    .attempt(&call, &mut chat, &mut tried, sink, bill, walk.carried)
+                    .await?;
             }
-            walk.failed = Some(to);
-            if let Some(c) = &walk.continuing {
-                (chat.messages, chat.passthrough) = continuation::prefilled(&spec.chat, &c.prefill);
-            }
-            let call = Call {
-                spec,
-                plan,
-                candidate: &plan.candidates[to],
-                deadline,
-                affinity,
-                continues: walk.continuing.as_ref(),
-                buffered: sink.buffered(),
-            };
-            outcome = self
-                .attempt(&call, &mut chat, &mut tried, sink, bill, walk.carried)
-                .await?;
         }
     }
 
@@ -579,12 +587,13 @@ impl Tasks {
 
     /// On a `cache_affinity` route, the request's cacheable prefixes and
     /// where the longest warm one was answered; that target goes first in
-    /// the plan (the policy in `policy::affinity`).
+    /// the plan (the policy in `policy::affinity`). Boxed: only such a
+    /// route has one, and it is held for the whole request.
     pub(super) async fn affinity_place(
         &self,
         spec: &RequestSpec,
         plan: &mut Plan,
-    ) -> Option<Affinity> {
+    ) -> Option<Box<Affinity>> {
         let ttl = plan.cache_affinity?;
         let prefixes = affinity::prefixes(&spec.chat, &spec.tenant, &plan.route);
         if prefixes.is_empty() {
@@ -596,11 +605,11 @@ impl Tasks {
                 !c.downshift && w.is(&c.provider, &c.model)
             });
         }
-        Some(Affinity {
+        Some(Box::new(Affinity {
             prefixes,
             warm,
             ttl,
-        })
+        }))
     }
 
     /// An answer on a `cache_affinity` route: counts whether it came from

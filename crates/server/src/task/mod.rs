@@ -321,7 +321,7 @@ impl Tasks {
             .drive(
                 spec,
                 &plan,
-                affinity.as_ref(),
+                affinity.as_deref(),
                 sink,
                 &mut bill,
                 Outcome::Begin,
@@ -523,7 +523,7 @@ struct Prepared<'a> {
     plan: Plan,
     lookup: stored::Lookup<'a>,
     bill: bill::Bill<'a>,
-    affinity: Option<live::Affinity>,
+    affinity: Option<Box<live::Affinity>>,
 }
 
 /// What the idempotency claim left to do.
@@ -568,12 +568,13 @@ mod tests {
     }
 
     /// A request's future is what every open stream holds for its whole
-    /// life (a slow stream, for minutes): it stays within this bound.
+    /// life (a slow stream, for minutes): 5,816 bytes today (8,784 before
+    /// its parts were split and its rare events boxed), held there.
     #[test]
     fn a_request_future_stays_small() {
         let size = returned_size(&Tasks::run);
         eprintln!("request future: {size} bytes");
-        assert!(size <= 6_500, "a request's future is {size} bytes");
+        assert!(size <= 6_000, "a request's future is {size} bytes");
     }
 
     #[tokio::test(start_paused = true)]
