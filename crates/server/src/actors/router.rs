@@ -115,6 +115,15 @@ impl Plan {
         self.ladder.contains(&rung)
     }
 
+    /// Each candidate's provider, in the plan's order (the decision table's
+    /// `View::providers`).
+    pub fn providers(&self) -> Vec<&str> {
+        self.candidates
+            .iter()
+            .map(|c| c.provider.as_str())
+            .collect()
+    }
+
     /// The route's part of the next-step decision.
     pub fn policy(&self) -> RoutePolicy {
         RoutePolicy {

@@ -66,11 +66,7 @@ impl Tasks {
         deadline: Instant,
     ) -> Result<Embedded, RequestError> {
         let policy = plan.policy();
-        let providers: Vec<&str> = plan
-            .candidates
-            .iter()
-            .map(|c| c.provider.as_str())
-            .collect();
+        let providers = plan.providers();
         // No time-to-first-token admission: an embeddings answer has no stream.
         let p95 = vec![None; plan.candidates.len()];
         let mut tried = Tried::new(plan.candidates.len());

@@ -118,11 +118,7 @@ impl Tasks {
                 chat.max_tokens = plan.default_max_tokens;
             }
             let policy = plan.policy();
-            let providers: Vec<&str> = plan
-                .candidates
-                .iter()
-                .map(|c| c.provider.as_str())
-                .collect();
+            let providers = plan.providers();
             // Read once per request: the targets' p95 barely moves within one.
             let p95: Vec<Option<Duration>> =
                 plan.candidates.iter().map(|c| self.p95_ttft(c)).collect();
