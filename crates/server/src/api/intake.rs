@@ -333,7 +333,7 @@ impl Intake {
         let resume_token = sink.resume_token().map(str::to_string);
         // The tenant's slot is held for the whole request. Not an `async`
         // block around `run`: one would store the request's future twice
-        // (the moved-in future and the one it awaits, 11 KB each).
+        // (the moved-in future and the one it awaits, about 6 KB each).
         let run = self
             .tasks
             .clone()

@@ -306,7 +306,7 @@ impl Tasks {
         let guard = match self.claim(spec, &keys, sink.resume_token()).await? {
             Claimed::Run(guard) => guard,
             // Boxed (a rare path): see `run`.
-            Claimed::Stored(stored) => return Box::pin(self.serve_named(spec, sink, stored)).await,
+            Claimed::Stored(named) => return Box::pin(self.serve_named(spec, sink, named)).await,
         };
         let Some(Prepared {
             plan,
@@ -340,9 +340,9 @@ impl Tasks {
         self: &Arc<Self>,
         spec: &RequestSpec,
         sink: &mut EventSink,
-        stored: Stored,
+        named: Stored,
     ) -> Result<(), RequestError> {
-        match stored {
+        match named {
             Stored::Replayed(events) => {
                 stored::replay(sink, &events, spec, |f| f.replayed = true).await;
                 Ok(())
