@@ -387,30 +387,6 @@ pub struct ReasoningDelta {
 }
 
 impl Chunk {
-    /// A tool call fragment.
-    pub fn tool_call(
-        index: u32,
-        id: Option<String>,
-        name: Option<String>,
-        arguments: String,
-    ) -> Self {
-        Chunk::ToolCall(Box::new(ToolCallDelta {
-            index,
-            id,
-            name,
-            arguments,
-        }))
-    }
-
-    /// A piece of a reasoning block.
-    pub fn reasoning(text: String, signature: Option<String>, redacted: Option<String>) -> Self {
-        Chunk::Reasoning(Box::new(ReasoningDelta {
-            text,
-            signature,
-            redacted,
-        }))
-    }
-
     /// Bytes of output it carries (bounds and estimates).
     pub fn output_bytes(&self) -> usize {
         match self {
@@ -502,18 +478,27 @@ pub struct Needs {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod chunk_tests {
-    use super::Chunk;
+    use super::{Chunk, ReasoningDelta, ToolCallDelta};
 
     /// Journals and idempotency records written before tool calls and
     /// reasoning were boxed read back, and the other way round: the JSON
     /// is that of the struct variants they replaced.
     #[test]
     fn boxed_chunks_keep_the_stored_json_of_struct_variants() {
-        let call = Chunk::tool_call(2, Some("c1".into()), None, "{}".into());
+        let call = Chunk::ToolCall(Box::new(ToolCallDelta {
+            index: 2,
+            id: Some("c1".into()),
+            name: None,
+            arguments: "{}".into(),
+        }));
         let stored = r#"{"ToolCall":{"index":2,"id":"c1","name":null,"arguments":"{}"}}"#;
         assert_eq!(serde_json::to_string(&call).unwrap(), stored);
         assert_eq!(serde_json::from_str::<Chunk>(stored).unwrap(), call);
-        let thought = Chunk::reasoning("hm".into(), Some("sig".into()), None);
+        let thought = Chunk::Reasoning(Box::new(ReasoningDelta {
+            text: "hm".into(),
+            signature: Some("sig".into()),
+            redacted: None,
+        }));
         let stored = r#"{"Reasoning":{"text":"hm","signature":"sig","redacted":null}}"#;
         assert_eq!(serde_json::to_string(&thought).unwrap(), stored);
         assert_eq!(serde_json::from_str::<Chunk>(stored).unwrap(), thought);

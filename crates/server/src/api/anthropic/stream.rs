@@ -15,7 +15,7 @@ use super::error::AnthropicError;
 use super::response::{stop_reason, usage_json, Ids};
 use crate::api::content::usage_proto;
 use crate::api::door::{self, insert};
-use crate::chat::{Chunk, ReasoningDelta, ToolCallDelta};
+use crate::chat::{Chunk, ReasoningDelta};
 use crate::sink::{Event, Events, Finished};
 
 pub(super) async fn stream(
@@ -124,12 +124,12 @@ impl Frames {
                 }
                 Some(Ok(Event::Chunk(Chunk::ToolCall(call)))) => {
                     let n = self.blocks;
-                    let ToolCallDelta { id, name, .. } = &*call;
+                    let call = *call;
                     self.enter(Open::Tool(call.index), &mut out, || {
                         json!({
                             "type": "tool_use",
-                            "id": id.clone().unwrap_or_else(|| format!("toolu_{n}")),
-                            "name": name.clone().unwrap_or_default(),
+                            "id": call.id.unwrap_or_else(|| format!("toolu_{n}")),
+                            "name": call.name.unwrap_or_default(),
                             "input": {},
                         })
                     });
