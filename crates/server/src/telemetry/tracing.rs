@@ -10,7 +10,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::filter::{self, FilterExt};
-use tracing_subscriber::layer::{Layer, SubscriberExt};
+use tracing_subscriber::layer::{Filter, Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::LogFormat;
@@ -57,7 +57,20 @@ type Boxed = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
 /// The log layer (events only) and, when exporting, the OTLP layer. Only
 /// layers that exist: an absent OTLP layer must not enable spans.
 fn layers(format: LogFormat, provider: Option<&SdkTracerProvider>) -> Vec<Boxed> {
-    let events = || env_filter().and(filter::filter_fn(|meta| meta.is_event()));
+    // The events-only filter carries `RUST_LOG`'s most verbose level as its
+    // hint. Without one the subscriber's hint is unknown, `init` then lets
+    // the `log` crate pass every record (TRACE) to the bridge, and each
+    // request paid for the trace records of reqwest's retry policy, built
+    // and then dropped by the filter (0.7 % of the door's CPU samples).
+    let events = || {
+        let env = env_filter();
+        let events = filter::filter_fn(|meta| meta.is_event());
+        let events = match Filter::<tracing_subscriber::Registry>::max_level_hint(&env) {
+            Some(level) => events.with_max_level_hint(level),
+            None => events,
+        };
+        env.and(events)
+    };
     let log: Boxed = match format {
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
@@ -150,6 +163,23 @@ mod tests {
                 assert!(tracing::event_enabled!(tracing::Level::WARN));
             });
         }
+    }
+
+    /// `init` sets the `log` crate's level from the subscriber's hint: an
+    /// unknown hint would pass every `log::trace!` of every dependency.
+    #[test]
+    fn the_subscriber_knows_its_most_verbose_level() {
+        // RUST_LOG is not set under `cargo test` unless a developer sets it.
+        let want = Filter::<tracing_subscriber::Registry>::max_level_hint(&env_filter());
+        assert!(want.is_some());
+        for format in [LogFormat::Pretty, LogFormat::Json] {
+            let subscriber = tracing_subscriber::registry().with(layers(format, None));
+            assert_eq!(tracing::Subscriber::max_level_hint(&subscriber), want);
+        }
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber =
+            tracing_subscriber::registry().with(layers(LogFormat::Pretty, Some(&provider)));
+        assert_eq!(tracing::Subscriber::max_level_hint(&subscriber), want);
     }
 
     #[test]
