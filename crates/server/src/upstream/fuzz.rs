@@ -580,6 +580,98 @@ fn common_shape_stream() -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
+/// Non-streamed `chat.completion` bodies around the common shape the
+/// decoder reads in place: text, refusal and reasoning in the message (any
+/// of them sometimes `null`, empty, or another type), sometimes tool calls,
+/// a `null` or missing message, an `error`, duplicate keys; then mutated.
+fn common_shape_whole() -> impl Strategy<Value = Vec<u8>> {
+    let say = || {
+        prop_oneof![
+            6 => text().prop_map(Value::from),
+            1 => Just(Value::Null),
+            1 => json_value(OPENAI_KEYS),
+        ]
+    };
+    let sometimes = move || prop_oneof![2 => Just(None), 1 => field(say(), OPENAI_KEYS)];
+    let message = (
+        field(say(), OPENAI_KEYS),
+        sometimes(),
+        sometimes(),
+        sometimes(),
+        prop_oneof![
+            8 => Just(None),
+            1 => field(vec(openai_tool_call(), 0..2).prop_map(Value::Array), OPENAI_KEYS),
+        ],
+    )
+        .prop_map(
+            |(content, refusal, reasoning_content, reasoning, tool_calls)| {
+                let mut m = object(vec![
+                    ("content", content),
+                    ("refusal", refusal),
+                    ("reasoning_content", reasoning_content),
+                    ("reasoning", reasoning),
+                    ("tool_calls", tool_calls),
+                ]);
+                m["role"] = "assistant".into();
+                m
+            },
+        );
+    let finish = prop_oneof![
+        4 => Just(Value::from("stop")),
+        1 => Just(Value::from("length")),
+        2 => finish_reason(),
+    ];
+    let choice = (
+        prop_oneof![8 => message.prop_map(Some), 1 => Just(Some(Value::Null)), 1 => Just(None)],
+        field(finish, OPENAI_KEYS),
+    )
+        .prop_map(|(message, finish)| {
+            let mut c = object(vec![("message", message), ("finish_reason", finish)]);
+            c["index"] = 0.into();
+            c["logprobs"] = Value::Null;
+            c
+        });
+    let tier = proptest::sample::select(vec!["default", "flex", "", "a b"]).prop_map(Value::from);
+    let error = prop_oneof![
+        12 => Just(None),
+        1 => Just(Some(json!({"message": "x", "type": "server_error"}))),
+        1 => Just(Some(Value::Null)),
+        1 => Just(Some(Value::Bool(false))),
+    ];
+    let choices = prop_oneof![6 => vec(choice.clone(), 1..2), 1 => vec(choice, 0..3)];
+    let body = (
+        field(choices.prop_map(Value::Array), OPENAI_KEYS),
+        prop_oneof![2 => Just(None), 3 => field(usage(), OPENAI_KEYS)],
+        prop_oneof![2 => Just(None), 1 => field(tier, OPENAI_KEYS)],
+        error,
+        prop_oneof![8 => Just("chat.completion"), 1 => Just("error"), 1 => Just("")],
+    )
+        .prop_map(|(choices, usage, tier, error, kind)| {
+            let mut v = object(vec![
+                ("choices", choices),
+                ("usage", usage),
+                ("service_tier", tier),
+                ("error", error),
+            ]);
+            v["object"] = kind.into();
+            v["id"] = "chatcmpl-1".into();
+            serde_json::to_vec(&v).unwrap_or_default()
+        });
+    // Sometimes a key twice: a tree keeps the last, the in-place reading
+    // leaves such a body to the tree.
+    let twice = |mut b: Vec<u8>| {
+        if let Some(at) = b.iter().position(|&c| c == b'{') {
+            b.splice(at + 1..at + 1, br#""choices":null,"#.iter().copied());
+        }
+        b
+    };
+    prop_oneof![
+        6 => body.clone(),
+        1 => body.clone().prop_map(twice),
+        1 => body.prop_flat_map(mutated),
+    ]
+}
+
 /// A plausible OpenAI stream: deltas, a finish frame, maybe usage, `[DONE]`.
 fn openai_skeleton() -> impl Strategy<Value = Vec<Frame>> {
     let reason = prop_oneof![
@@ -906,6 +998,24 @@ fn check_decoder<D: StreamDecoder>(
         bytes.len()
     );
     Ok(())
+}
+
+proptest! {
+    // About a third of these bodies take the in-place reading, and a rare
+    // few of those a refusal that must turn `stop` into `refusal`: more
+    // cases than the default (they take about half a second).
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
+    /// A whole body read in place decides as its JSON tree decides: the
+    /// same chunks, finish reason, usage and tier, or the same failure.
+    #[test]
+    fn fuzz_openai_whole_body_read_in_place_agrees_with_the_tree(body in prop_oneof![
+        4 => common_shape_whole(),
+        1 => vec(any::<u8>(), 0..64),
+    ]) {
+        prop_assume!(!body.iter().all(u8::is_ascii_whitespace));
+        prop_assert_eq!(decode_non_streaming(&body), super::openai::decode_general(&body));
+    }
 }
 
 proptest! {

@@ -790,13 +790,54 @@ fn non_empty_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get(key)?.as_str().filter(|s| !s.is_empty())
 }
 
-/// Decodes a non-streamed `chat.completion` body (status 200).
+/// Decodes a non-streamed `chat.completion` body (status 200): in place
+/// when it has the common shape (`openai_frame::parse_whole`), else through a
+/// JSON tree; both readings decide alike (`fuzz`).
 /// An empty, HTML or otherwise non-JSON body is `Protocol`; `{"error":..}` is
 /// classified like a stream error frame.
 pub fn decode_non_streaming(body: &[u8]) -> Result<(Vec<Chunk>, Completion), Failure> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(in_body(OutcomeClass::Protocol, "empty response body"));
     }
+    match super::openai_frame::parse_whole(body) {
+        Some(whole) => decode_common(whole),
+        None => decode_general(body),
+    }
+}
+
+/// A whole body in the common shape: text, refusal and reasoning, no tool calls.
+fn decode_common(
+    whole: super::openai_frame::Whole<'_>,
+) -> Result<(Vec<Chunk>, Completion), Failure> {
+    let choice = whole
+        .choice
+        .ok_or_else(|| in_body(OutcomeClass::Protocol, "response has no choices"))?;
+    let message = choice
+        .message
+        .ok_or_else(|| in_body(OutcomeClass::Protocol, "choice has no message"))?;
+    let present = |t: &Option<std::borrow::Cow<'_, str>>| -> Option<String> {
+        t.as_deref().filter(|t| !t.is_empty()).map(str::to_owned)
+    };
+    let reasoning = present(&message.reasoning_content).or_else(|| present(&message.reasoning));
+    let refusal = present(&message.refusal);
+    let refused = refusal.is_some();
+    let chunks = text_chunks(reasoning, present(&message.content), refusal);
+    conclude_whole(
+        chunks,
+        refused,
+        &[],
+        choice.finish_reason.as_deref(),
+        whole.usage.map(UsageCounts::normalised),
+        whole
+            .service_tier
+            .as_deref()
+            .filter(|t| tier_ok(t))
+            .map(str::to_string),
+    )
+}
+
+/// Any other body, read as a JSON tree.
+pub(super) fn decode_general(body: &[u8]) -> Result<(Vec<Chunk>, Completion), Failure> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|_| in_body(OutcomeClass::Protocol, "response body is not JSON"))?;
     if !v.is_object() {
@@ -817,7 +858,27 @@ pub fn decode_non_streaming(body: &[u8]) -> Result<(Vec<Chunk>, Completion), Fai
         .get("message")
         .ok_or_else(|| in_body(OutcomeClass::Protocol, "choice has no message"))?;
     let (chunks, refusal, args) = message_chunks(message);
-    let reason = match choice.get("finish_reason").and_then(Value::as_str) {
+    conclude_whole(
+        chunks,
+        refusal,
+        &args,
+        choice.get("finish_reason").and_then(Value::as_str),
+        parse_usage(v.get("usage")),
+        tier_field(&v),
+    )
+}
+
+/// The end of a whole body, either reading: its finish reason checked and
+/// settled, and what the completion reports.
+fn conclude_whole(
+    chunks: Vec<Chunk>,
+    refusal: bool,
+    tool_args: &[String],
+    finish_reason: Option<&str>,
+    usage: Option<Usage>,
+    service_tier: Option<String>,
+) -> Result<(Vec<Chunk>, Completion), Failure> {
+    let reason = match finish_reason {
         Some(r) if !r.is_empty() => map_finish_reason(r)?,
         _ => {
             return Err(in_body(
@@ -826,7 +887,7 @@ pub fn decode_non_streaming(body: &[u8]) -> Result<(Vec<Chunk>, Completion), Fai
             ))
         }
     };
-    let finish_reason = settle(reason, refusal, args.iter().map(String::as_str))?;
+    let finish_reason = settle(reason, refusal, tool_args.iter().map(String::as_str))?;
     let reasoning = chunks
         .iter()
         .filter_map(|c| match c {
@@ -838,33 +899,43 @@ pub fn decode_non_streaming(body: &[u8]) -> Result<(Vec<Chunk>, Completion), Fai
         chunks,
         Completion {
             finish_reason,
-            usage: parse_usage(v.get("usage")),
-            service_tier: tier_field(&v),
+            usage,
+            service_tier,
             reasoning: reasoning_blocks(reasoning),
         },
     ))
 }
 
-/// Chunks of a complete assistant message, whether it held refusal text, and
-/// each tool call's arguments.
-fn message_chunks(message: &Value) -> (Vec<Chunk>, bool, Vec<String>) {
+/// A whole message's text chunks: reasoning, then content, then refusal.
+fn text_chunks(
+    reasoning: Option<String>,
+    content: Option<String>,
+    refusal: Option<String>,
+) -> Vec<Chunk> {
     let mut chunks = Vec::new();
-    let reasoning =
-        non_empty_str(message, "reasoning_content").or_else(|| non_empty_str(message, "reasoning"));
     if let Some(text) = reasoning {
         chunks.push(Chunk::Reasoning(Box::new(crate::chat::ReasoningDelta {
-            text: text.to_owned(),
+            text,
             signature: None,
             redacted: None,
         })));
     }
-    if let Some(text) = non_empty_str(message, "content") {
-        chunks.push(Chunk::Text(text.to_owned()));
-    }
+    chunks.extend(content.map(Chunk::Text));
+    chunks.extend(refusal.map(Chunk::Text));
+    chunks
+}
+
+/// Chunks of a complete assistant message, whether it held refusal text, and
+/// each tool call's arguments.
+fn message_chunks(message: &Value) -> (Vec<Chunk>, bool, Vec<String>) {
+    let reasoning =
+        non_empty_str(message, "reasoning_content").or_else(|| non_empty_str(message, "reasoning"));
     let refusal = non_empty_str(message, "refusal");
-    if let Some(text) = refusal {
-        chunks.push(Chunk::Text(text.to_owned()));
-    }
+    let mut chunks = text_chunks(
+        reasoning.map(str::to_owned),
+        non_empty_str(message, "content").map(str::to_owned),
+        refusal.map(str::to_owned),
+    );
     let mut args = Vec::new();
     let calls = message.get("tool_calls").and_then(Value::as_array);
     for (pos, call) in calls.into_iter().flatten().enumerate() {

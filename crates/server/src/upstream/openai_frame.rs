@@ -1,9 +1,11 @@
-//! The common shape of a streamed OpenAI chunk, read without building a JSON
-//! tree: text and refusal deltas, finish reasons, usage and the service tier,
-//! borrowed from the frame. Anything else (tool calls, an `error` key, an
-//! unexpected type, a duplicate key, a frame that is not an object) reads as
-//! `None`, and the decoder takes its general `serde_json::Value` path, so the
-//! two paths decide every frame alike; `fuzz` checks that they do.
+//! The common shape of a streamed OpenAI chunk, and of a non-streamed
+//! `chat.completion` body ([`parse_whole`]), read without building a JSON
+//! tree: text, refusal and (whole bodies) reasoning text, finish reasons,
+//! usage and the service tier, borrowed from the frame. Anything else (tool
+//! calls, an `error` key, an unexpected type, a duplicate key, a frame that
+//! is not an object) reads as `None`, and the decoder takes its general
+//! `serde_json::Value` path, so the two paths decide every frame and body
+//! alike; `fuzz` checks that they do.
 
 use std::borrow::Cow;
 
@@ -63,14 +65,16 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
     }
 }
 
-fn text(t: Option<Text<'_>>) -> Option<Cow<'_, str>> {
+fn text_of(t: Option<Text<'_>>) -> Option<Cow<'_, str>> {
     t.map(|t| t.0)
 }
 
+/// A frame's or a whole body's top level; `C` is what a choice holds.
 #[derive(Deserialize)]
-struct RawFrame<'a> {
-    #[serde(default, borrow)]
-    choices: Option<SmallVec<[Obj<RawChoice<'a>>; 1]>>,
+#[serde(bound(deserialize = "C: Deserialize<'de>"))]
+struct RawTop<'a, C> {
+    #[serde(default)]
+    choices: Option<SmallVec<[Obj<C>; 1]>>,
     #[serde(default, borrow)]
     usage: Option<&'a RawValue>,
     #[serde(default, borrow)]
@@ -80,6 +84,15 @@ struct RawFrame<'a> {
     #[serde(default, borrow)]
     object: Option<Text<'a>>,
 }
+
+impl<C> RawTop<'_, C> {
+    /// An error body or frame: the general path classifies it.
+    fn is_error(&self) -> bool {
+        self.error.is_some() || self.object.as_ref().map(|o| &*o.0) == Some("error")
+    }
+}
+
+type RawFrame<'a> = RawTop<'a, RawChoice<'a>>;
 
 #[derive(Deserialize)]
 struct RawChoice<'a> {
@@ -262,7 +275,7 @@ fn object(raw: &str) -> Option<&str> {
 /// `data` (trimmed) read in the common shape, or `None` for the general path.
 pub(crate) fn parse(data: &str) -> Option<Frame<'_>> {
     let raw: RawFrame = serde_json::from_str(object(data)?).ok()?;
-    if raw.error.is_some() || raw.object.as_ref().map(|o| &*o.0) == Some("error") {
+    if raw.is_error() {
         return None;
     }
     let mut choices = Choices::new();
@@ -277,30 +290,136 @@ pub(crate) fn parse(data: &str) -> Option<Frame<'_>> {
                 {
                     return None;
                 }
-                (text(d.content), text(d.refusal))
+                (text_of(d.content), text_of(d.refusal))
             }
         };
         choices.push(Choice {
             index: c.index.map_or(0, |i| u32::try_from(i).unwrap_or(u32::MAX)),
             content,
             refusal,
-            finish_reason: text(c.finish_reason),
+            finish_reason: text_of(c.finish_reason),
         });
     }
-    let usage = match raw.usage.and_then(|u| object(u.get())) {
-        Some(u) => Some(
+    Some(Frame {
+        usage: usage_counts(raw.usage)?,
+        service_tier: text_of(raw.service_tier),
+        choices,
+    })
+}
+
+/// A non-streamed body in the common shape.
+#[derive(Debug)]
+pub(crate) struct Whole<'a> {
+    /// The `usage` value's counts, when it is an object.
+    pub usage: Option<UsageCounts>,
+    pub service_tier: Option<Cow<'a, str>>,
+    /// The first entry of `choices`, if there is one.
+    pub choice: Option<WholeChoice<'a>>,
+}
+
+/// The first choice of a whole body.
+#[derive(Debug)]
+pub(crate) struct WholeChoice<'a> {
+    /// `message`, when the choice has one.
+    pub message: Option<Message<'a>>,
+    pub finish_reason: Option<Cow<'a, str>>,
+}
+
+/// A whole body's assistant message without tool calls.
+#[derive(Debug, Default)]
+pub(crate) struct Message<'a> {
+    pub content: Option<Cow<'a, str>>,
+    pub refusal: Option<Cow<'a, str>>,
+    pub reasoning_content: Option<Cow<'a, str>>,
+    pub reasoning: Option<Cow<'a, str>>,
+}
+
+type RawWhole<'a> = RawTop<'a, RawWholeChoice<'a>>;
+
+#[derive(Deserialize)]
+struct RawWholeChoice<'a> {
+    /// Absent, or an object; `null` (which a lookup finds) is not read here.
+    #[serde(default, borrow)]
+    message: Present<RawMessage<'a>>,
+    #[serde(default, borrow)]
+    finish_reason: Option<Text<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RawMessage<'a> {
+    #[serde(default, borrow)]
+    content: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    refusal: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    reasoning: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<&'a RawValue>,
+}
+
+/// A key's object, read in place; absent is `Absent`, and `null` (or any
+/// other type) fails the read, so the general path takes it.
+#[derive(Default)]
+enum Present<T> {
+    #[default]
+    Absent,
+    Here(T),
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Present<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Obj::<T>::deserialize(d).map(|Obj(t)| Present::Here(t))
+    }
+}
+
+/// `body` (a whole `chat.completion`) read in the common shape, or `None`
+/// for the general path.
+pub(crate) fn parse_whole(body: &[u8]) -> Option<Whole<'_>> {
+    let text = std::str::from_utf8(body).ok()?;
+    let raw: RawWhole = serde_json::from_str(object(text)?).ok()?;
+    if raw.is_error() {
+        return None;
+    }
+    let choice = match raw.choices.and_then(|c| c.into_iter().next()) {
+        None => None,
+        Some(Obj(c)) => {
+            let message = match c.message {
+                Present::Absent => None,
+                Present::Here(m) if m.tool_calls.is_some() => return None,
+                Present::Here(m) => Some(Message {
+                    content: text_of(m.content),
+                    refusal: text_of(m.refusal),
+                    reasoning_content: text_of(m.reasoning_content),
+                    reasoning: text_of(m.reasoning),
+                }),
+            };
+            Some(WholeChoice {
+                message,
+                finish_reason: text_of(c.finish_reason),
+            })
+        }
+    };
+    Some(Whole {
+        usage: usage_counts(raw.usage)?,
+        service_tier: text_of(raw.service_tier),
+        choice,
+    })
+}
+
+/// `usage` read in place: `Some(None)` when it is absent or not an object,
+/// `None` (the general path) when it does not read.
+fn usage_counts(usage: Option<&RawValue>) -> Option<Option<UsageCounts>> {
+    match usage.and_then(|u| object(u.get())) {
+        Some(u) => Some(Some(
             serde_json::from_str::<InPlace<UsageFields>>(u)
                 .ok()?
                 .0
                 .counts(),
-        ),
-        None => None,
-    };
-    Some(Frame {
-        usage,
-        service_tier: text(raw.service_tier),
-        choices,
-    })
+        )),
+        None => Some(None),
+    }
 }
 
 #[cfg(test)]
@@ -366,6 +485,47 @@ mod tests {
         assert_eq!(
             (u.input_tokens, u.cache_read_input_tokens, u.output_tokens),
             (4, 6, 4)
+        );
+    }
+
+    #[test]
+    fn a_whole_body_is_read_borrowed() {
+        let body = br#"{"id":"c","object":"chat.completion","choices":[{"index":0,
+            "message":{"role":"assistant","content":"Hi","reasoning_content":"hm"},
+            "logprobs":null,"finish_reason":"stop"}],"service_tier":"default",
+            "usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
+        let w = parse_whole(body).unwrap();
+        let c = w.choice.unwrap();
+        let m = c.message.unwrap();
+        assert!(matches!(m.content, Some(Cow::Borrowed("Hi"))));
+        assert_eq!(m.reasoning_content.as_deref(), Some("hm"));
+        assert_eq!(c.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(w.service_tier.as_deref(), Some("default"));
+        assert_eq!(w.usage.unwrap().completion_tokens, Some(2));
+        // No choices, no message: read here, refused by the decoder.
+        assert!(parse_whole(br#"{"choices":[]}"#).unwrap().choice.is_none());
+        let bare = parse_whole(br#"{"choices":[{"finish_reason":"stop"}]}"#).unwrap();
+        assert!(bare.choice.unwrap().message.is_none());
+    }
+
+    #[test]
+    fn other_whole_bodies_take_the_general_path() {
+        for body in [
+            r#"{"choices":[{"message":null,"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"message":{"tool_calls":[]},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"message":{"content":["x"]},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"message":{"reasoning":{"text":"x"}}}]}"#,
+            r#"{"choices":[{"message":{"content":"a","content":"b"}}]}"#,
+            r#"{"error":{"message":"x"}}"#,
+            r#"{"object":"error"}"#,
+            r#"{"choices":[]} x"#,
+            "[1]",
+        ] {
+            assert!(parse_whole(body.as_bytes()).is_none(), "{body}");
+        }
+        assert!(
+            parse_whole(b"{\"choices\":\"\xff\"}").is_none(),
+            "not UTF-8"
         );
     }
 
