@@ -815,13 +815,15 @@ fn decode_common(
     let message = choice
         .message
         .ok_or_else(|| in_body(OutcomeClass::Protocol, "choice has no message"))?;
-    let present = |t: &Option<std::borrow::Cow<'_, str>>| -> Option<String> {
-        t.as_deref().filter(|t| !t.is_empty()).map(str::to_owned)
+    // An escaped string was already decoded into its own `String`: kept, not copied.
+    let present = |t: Option<std::borrow::Cow<'_, str>>| -> Option<String> {
+        t.filter(|t| !t.is_empty())
+            .map(std::borrow::Cow::into_owned)
     };
-    let reasoning = present(&message.reasoning_content).or_else(|| present(&message.reasoning));
-    let refusal = present(&message.refusal);
+    let reasoning = present(message.reasoning_content).or_else(|| present(message.reasoning));
+    let refusal = present(message.refusal);
     let refused = refusal.is_some();
-    let chunks = text_chunks(reasoning, present(&message.content), refusal);
+    let chunks = text_chunks(reasoning, present(message.content), refusal);
     conclude_whole(
         chunks,
         refused,

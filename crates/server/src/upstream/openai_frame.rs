@@ -326,7 +326,7 @@ pub(crate) struct WholeChoice<'a> {
 }
 
 /// A whole body's assistant message without tool calls.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Message<'a> {
     pub content: Option<Cow<'a, str>>,
     pub refusal: Option<Cow<'a, str>>,
