@@ -10,12 +10,14 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
+use http_body_util::BodyExt;
 use tokio::time::{timeout_at, Instant};
 
 use crate::chat::FinishReason;
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::policy::rate_window::Reported;
 use crate::sink::{ClientGone, EventSink};
+use crate::upstream::client::{json_body, read_capped, Error, Response};
 use crate::upstream::endpoint::{Endpoint, Secret};
 use crate::upstream::keys::Lease;
 use crate::upstream::wire::{Body, Call, Refused, Wire};
@@ -346,7 +348,7 @@ async fn send(
     sink: &mut impl Out,
     meta: &mut Meta,
     first_limit: Instant,
-) -> Result<(reqwest::Response, Option<Lease>), AttemptEnd> {
+) -> Result<(Response, Option<Lease>), AttemptEnd> {
     let rt = input.endpoint;
     let mut tried = Vec::new();
     // The soonest reset of a key whose window had no room.
@@ -422,16 +424,21 @@ async fn send_once(
     key: Option<&Secret>,
     sink: &mut impl Out,
     first_limit: Instant,
-) -> Result<reqwest::Response, AttemptEnd> {
+) -> Result<Response, AttemptEnd> {
     let mut dropped = Dropped::default();
     let request =
         build_request(input, wire, bearer, key, &mut dropped).map_err(AttemptEnd::Failed)?;
     if !dropped.is_empty() {
         sink.set_dropped(dropped.into_names());
     }
+    let sending = input
+        .endpoint
+        .http
+        .pick()
+        .post(&request.url, request.headers, request.body);
     let response = tokio::select! {
         _ = sink.closed() => return Err(AttemptEnd::ClientGone),
-        r = timeout_at(first_limit, request.send()) => r,
+        r = timeout_at(first_limit, sending) => r,
     };
     match response {
         Err(_) => Err(timed_out(expired(
@@ -449,7 +456,7 @@ async fn send_once(
 /// filter).
 async fn failed_response(
     wire: &dyn Wire,
-    response: reqwest::Response,
+    response: Response,
     sink: &mut impl Out,
     first_limit: Instant,
 ) -> Result<AttemptEnd, Failure> {
@@ -491,7 +498,7 @@ fn build_request(
     bearer: Option<&Secret>,
     key: Option<&Secret>,
     dropped: &mut Dropped,
-) -> Result<reqwest::RequestBuilder, Failure> {
+) -> Result<Outgoing, Failure> {
     let rt = input.endpoint;
     dropped.door(input.chat);
     let call = Call {
@@ -502,47 +509,45 @@ fn build_request(
         now: std::time::SystemTime::now(),
     };
     let request = wire.request(&call, dropped)?;
-    let builder = rt
-        .http
-        .pick()
-        .post(request.url)
-        .headers(request.headers)
-        .header("x-switchyard-attempt", input.attempt.to_string());
-    Ok(match request.body {
-        Body::Json(body) => builder.json(&body),
-        Body::Bytes(body) => builder.body(body),
+    let mut headers = request.headers;
+    headers.insert(
+        http::HeaderName::from_static("x-switchyard-attempt"),
+        http::HeaderValue::from(input.attempt),
+    );
+    let body = match request.body {
+        Body::Json(body) => json_body(&mut headers, &body),
+        Body::Bytes(body) => bytes::Bytes::from(body),
+    };
+    Ok(Outgoing {
+        url: request.url,
+        headers,
+        body,
     })
 }
 
-fn request_id(headers: &reqwest::header::HeaderMap) -> Option<String> {
+/// An attempt's request as it goes out.
+struct Outgoing {
+    url: String,
+    headers: http::HeaderMap,
+    body: bytes::Bytes,
+}
+
+fn request_id(headers: &http::HeaderMap) -> Option<String> {
     ["x-request-id", "request-id"]
         .iter()
         .find_map(|h| headers.get(*h)?.to_str().ok().map(str::to_string))
 }
 
-pub(crate) async fn read_capped(response: reqwest::Response, cap: usize) -> Vec<u8> {
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(Ok(bytes)) = stream.next().await {
-        let room = cap.saturating_sub(body.len());
-        body.extend_from_slice(&bytes[..bytes.len().min(room)]);
-        if body.len() >= cap {
-            break;
-        }
-    }
-    body
-}
-
 async fn stream_body(
     input: &AttemptInput<'_>,
     wire: &dyn Wire,
-    response: reqwest::Response,
+    response: Response,
     sink: &mut impl Out,
     meta: &mut Meta,
     first_limit: Instant,
 ) -> AttemptEnd {
     let rt = input.endpoint;
-    let mut body = response.bytes_stream();
+    let mut body = response.into_body().into_data_stream();
     let mut parser = wire.framer();
     let mut decoder = wire.decoder();
     let mut events = Vec::new();
@@ -634,7 +639,7 @@ enum Step {
 /// before it are decoded and forwarded (as they would have been had the
 /// bytes arrived in smaller pieces).
 async fn read_step(
-    read: Option<Result<bytes::Bytes, reqwest::Error>>,
+    read: Option<Result<bytes::Bytes, hyper::Error>>,
     parser: &mut Box<dyn crate::upstream::wire::Framer>,
     decoder: &mut Box<dyn crate::upstream::StreamDecoder>,
     events: &mut Vec<crate::upstream::sse::SseEvent>,
@@ -644,7 +649,7 @@ async fn read_step(
 ) -> Step {
     let (eof, too_large) = match read {
         Some(Err(e)) => {
-            let mut f = classify::classify_transport(&e);
+            let mut f = classify::classify_transport(&Error::Body(e));
             if f.class == OutcomeClass::Connect || f.class == OutcomeClass::Timeout {
                 f.class = OutcomeClass::Truncated;
             }
@@ -704,7 +709,7 @@ async fn forward(
 async fn whole_body(
     input: &AttemptInput<'_>,
     wire: &dyn Wire,
-    response: reqwest::Response,
+    response: Response,
     sink: &mut impl Out,
     meta: &mut Meta,
     first_limit: Instant,

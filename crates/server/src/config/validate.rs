@@ -543,8 +543,8 @@ pub(super) fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), Conf
             format!("`{}` must be non-empty letters, digits, `-` or `_`", p.id),
         ));
     }
-    match reqwest::Url::parse(&p.base_url) {
-        Ok(url) if url.scheme() == "https" && p.http2_prior_knowledge => {
+    match p.base_url.parse::<http::Uri>() {
+        Ok(url) if url.scheme_str() == Some("https") && p.http2_prior_knowledge => {
             return Err(ConfigError::new(
                 at("http2_prior_knowledge"),
                 format!(
@@ -554,7 +554,9 @@ pub(super) fn validate_provider(i: usize, p: &ProviderConfig) -> Result<(), Conf
                 ),
             ))
         }
-        Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+        Ok(url)
+            if matches!(url.scheme_str(), Some("http" | "https"))
+                && url.host().is_some_and(|h| !h.is_empty()) => {}
         _ => {
             return Err(ConfigError::new(
                 at("base_url"),

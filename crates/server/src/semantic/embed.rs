@@ -219,10 +219,7 @@ async fn send(endpoint: &Endpoint, body: &Value, max_body: usize) -> Result<Vec<
     let request = endpoint
         .http
         .pick()
-        .post(url)
-        .headers(openai::auth_headers(key))
-        .json(body)
-        .send();
+        .post_json(&url, openai::auth_headers(key), body);
     let response = tokio::time::timeout(endpoint.first_token_timeout, request)
         .await
         .map_err(|_| {
@@ -238,12 +235,12 @@ async fn send(endpoint: &Endpoint, body: &Value, max_body: usize) -> Result<Vec<
     let status = response.status();
     if !status.is_success() {
         let headers = response.headers().clone();
-        let body = crate::attempt::read_capped(response, MAX_ERROR_BODY).await;
+        let body = crate::upstream::client::read_capped(response, MAX_ERROR_BODY).await;
         let mut failure = classify::classify_http(status.as_u16(), &headers, &body);
         failure.message = endpoint.redact(&failure.message);
         return Err(failure);
     }
-    let body = crate::attempt::read_capped(response, max_body + 1).await;
+    let body = crate::upstream::client::read_capped(response, max_body + 1).await;
     if body.len() > max_body {
         return Err(malformed(format!("larger than {max_body} bytes")));
     }

@@ -354,21 +354,18 @@ pub fn in_body(class: OutcomeClass, message: impl Into<String>) -> Failure {
     }
 }
 
-/// Classifies a transport error from reqwest (no response, or the body broke).
-pub fn classify_transport(err: &reqwest::Error) -> Failure {
+/// Classifies a transport error (no response, or the body broke).
+pub fn classify_transport(err: &super::client::Error) -> Failure {
     let (class, message) = if err.is_timeout() {
         (OutcomeClass::Timeout, "upstream timed out")
     } else if err.is_connect() {
         (OutcomeClass::Connect, "could not connect to upstream")
-    } else if err.is_body() || err.is_decode() {
+    } else if err.is_body() {
         (OutcomeClass::Truncated, "upstream body ended abnormally")
     } else {
         (OutcomeClass::Connect, "upstream connection failed")
     };
-    Failure {
-        http_status: err.status().map(|s| s.as_u16()),
-        ..Failure::new(class, message)
-    }
+    Failure::new(class, message)
 }
 
 /// `x-should-retry: true|false` (Stainless SDK convention).
@@ -929,9 +926,12 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         drop(listener);
-        let err = reqwest::Client::new()
-            .get(format!("http://{addr}/"))
-            .send()
+        let err = crate::upstream::client::Client::with_proxies(Default::default(), None)
+            .post(
+                &format!("http://{addr}/"),
+                Default::default(),
+                Default::default(),
+            )
             .await
             .unwrap_err();
         assert_eq!(classify_transport(&err).class, OutcomeClass::Connect);

@@ -67,8 +67,8 @@ pub enum EndpointError {
     Vertex(String),
     #[error("environment variable {0} is not set (bedrock_anthropic signs with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and, if set, AWS_SESSION_TOKEN)")]
     MissingAws(&'static str),
-    #[error("cannot build the HTTP client: {0}")]
-    Http(#[from] reqwest::Error),
+    #[error("cannot reach the upstream: {0}")]
+    Proxy(String),
 }
 
 /// Longest upstream request id passed on.
@@ -152,7 +152,7 @@ impl Endpoint {
             Auth::AwsSigV4 => (Some(aws_credentials()?), None),
             Auth::GoogleServiceAccount => (None, Some(google_auth(cfg)?)),
         };
-        let http = super::pool::HttpPool::for_provider(cfg)?;
+        let http = super::pool::HttpPool::for_provider(cfg).map_err(EndpointError::Proxy)?;
         Ok(Endpoint {
             id: cfg.id.clone(),
             kind: cfg.kind,

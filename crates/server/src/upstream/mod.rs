@@ -9,6 +9,7 @@ pub mod anthropic;
 pub mod azure;
 pub mod bedrock;
 pub mod classify;
+pub mod client;
 #[cfg(test)]
 mod content_tests;
 pub mod endpoint;

@@ -12,8 +12,8 @@
 //! clients only split one pool.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
+use super::client::{check_proxy, proxies_from_env, Client, Options};
 use crate::config::ProviderConfig;
 
 /// Streams one HTTP/2 connection is given at most, on average: under every
@@ -25,38 +25,34 @@ pub const MAX_H2_CONNECTIONS: usize = 64;
 /// The clients a provider's requests go out on, taken in turn.
 #[derive(Debug)]
 pub struct HttpPool {
-    clients: Box<[reqwest::Client]>,
+    clients: Box<[Client]>,
     next: AtomicUsize,
 }
 
 impl HttpPool {
     /// One client.
-    pub fn single(client: reqwest::Client) -> Self {
+    pub fn single(client: Client) -> Self {
         HttpPool {
             clients: Box::new([client]),
             next: AtomicUsize::new(0),
         }
     }
 
-    /// The clients for `cfg` ([`connections`] of them). One retry layer
-    /// only: reqwest never
-    /// retries on its own, and it neither follows redirects nor
-    /// decompresses (bytes pass through as sent).
-    pub fn for_provider(cfg: &ProviderConfig) -> Result<Self, reqwest::Error> {
-        let build = || {
-            let http = reqwest::Client::builder()
-                .connect_timeout(cfg.connect_timeout)
-                .redirect(reqwest::redirect::Policy::none())
-                .tcp_nodelay(true)
-                .pool_idle_timeout(Duration::from_secs(60));
-            match cfg.http2_prior_knowledge {
-                true => http.http2_prior_knowledge().build(),
-                false => http.build(),
-            }
+    /// The clients for `cfg` ([`connections`] of them), reading the
+    /// environment's proxies once; refused when they name a proxy the
+    /// upstream cannot be reached through.
+    pub fn for_provider(cfg: &ProviderConfig) -> Result<Self, String> {
+        let options = Options {
+            connect_timeout: cfg.connect_timeout,
+            http2_prior_knowledge: cfg.http2_prior_knowledge,
         };
+        let proxies = proxies_from_env();
+        if let Some(m) = &proxies {
+            check_proxy(m, &cfg.base_url, cfg.http2_prior_knowledge)?;
+        }
         let clients = (0..connections(cfg))
-            .map(|_| build())
-            .collect::<Result<Box<[_]>, _>>()?;
+            .map(|_| Client::with_proxies(options, proxies.clone()))
+            .collect();
         Ok(HttpPool {
             clients,
             next: AtomicUsize::new(0),
@@ -64,7 +60,7 @@ impl HttpPool {
     }
 
     /// The client for the next request.
-    pub fn pick(&self) -> &reqwest::Client {
+    pub fn pick(&self) -> &Client {
         let i = match self.clients.len() {
             1 => 0,
             n => self.next.fetch_add(1, Ordering::Relaxed) % n,
@@ -81,7 +77,10 @@ impl HttpPool {
 
 /// How many clients `cfg` gets (see the module's doc).
 pub fn connections(cfg: &ProviderConfig) -> usize {
-    let tls = reqwest::Url::parse(&cfg.base_url).is_ok_and(|u| u.scheme() == "https");
+    let tls = cfg
+        .base_url
+        .parse::<http::Uri>()
+        .is_ok_and(|u| u.scheme_str() == Some("https"));
     if !cfg.http2_prior_knowledge && !tls {
         return 1;
     }
@@ -131,7 +130,7 @@ mod tests {
             HttpPool::for_provider(&provider(&format!("{h2}\nmax_concurrency = 300"))).unwrap();
         assert_eq!(pool.len(), 3);
         // Taken in turn.
-        let picks: Vec<*const reqwest::Client> = (0..6).map(|_| pool.pick() as *const _).collect();
+        let picks: Vec<*const Client> = (0..6).map(|_| pool.pick() as *const _).collect();
         assert_eq!(picks[0], picks[3]);
         assert_eq!(picks[1], picks[4]);
         assert_ne!(picks[0], picks[1]);

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use reqwest::header::HeaderMap;
+use http::header::HeaderMap;
 
 use crate::policy::rate_window::{Left, Reported};
 
@@ -124,7 +124,7 @@ fn openai_duration(text: &str) -> Option<Duration> {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use reqwest::header::{HeaderName, HeaderValue};
+    use http::header::{HeaderName, HeaderValue};
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         pairs

@@ -32,6 +32,8 @@ const LONGEST_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 /// (an attempt may still hold it).
 const REMEMBERED: usize = 2;
 const GRANT: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+/// Most of a token endpoint's answer read.
+const MAX_TOKEN_ANSWER: usize = 64 * 1024;
 
 /// The service-account JSON's fields this adapter uses.
 #[derive(Deserialize)]
@@ -134,7 +136,11 @@ impl VertexAuth {
 
     /// A valid access token: the cached one, or one fetched now (one fetch
     /// at a time; the others wait for it and share it).
-    pub async fn token(&self, http: &reqwest::Client, limit: Instant) -> Result<Secret, Failure> {
+    pub async fn token(
+        &self,
+        http: &super::client::Client,
+        limit: Instant,
+    ) -> Result<Secret, Failure> {
         let mut cached = self.token.lock().await;
         if let Some((token, until)) = cached.as_ref() {
             if Instant::now() < *until {
@@ -145,24 +151,33 @@ impl VertexAuth {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let assertion = self.assertion(now_secs)?;
-        let form = [
-            ("grant_type", GRANT.to_string()),
-            ("assertion", assertion.clone()),
-        ];
-        let response =
-            tokio::time::timeout_at(limit, http.post(&self.token_uri).form(&form).send())
-                .await
-                .map_err(|_| {
-                    Failure::new(
-                        OutcomeClass::Timeout,
-                        "no OAuth token before the first-token timeout",
-                    )
-                })?
-                .map_err(|e| {
-                    Failure::new(OutcomeClass::Connect, format!("OAuth token endpoint: {e}"))
-                })?;
-        let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let form = form_urlencoded::Serializer::new(String::new())
+            .append_pair("grant_type", GRANT)
+            .append_pair("assertion", &assertion)
+            .finish();
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/x-www-form-urlencoded"),
+        );
+        let fetch = async {
+            let response = http.post(&self.token_uri, headers, form.into()).await?;
+            let status = response.status();
+            let body = super::client::read_capped(response, MAX_TOKEN_ANSWER).await;
+            Ok::<_, super::client::Error>((status, body))
+        };
+        let (status, body) = tokio::time::timeout_at(limit, fetch)
+            .await
+            .map_err(|_| {
+                Failure::new(
+                    OutcomeClass::Timeout,
+                    "no OAuth token before the first-token timeout",
+                )
+            })?
+            .map_err(|e| {
+                Failure::new(OutcomeClass::Connect, format!("OAuth token endpoint: {e}"))
+            })?;
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         if !status.is_success() {
             let why = body["error_description"]
                 .as_str()
@@ -348,7 +363,7 @@ mod tests {
         let (uri, grants) = token_endpoint(u64::MAX).await;
         let dir = tempfile::tempdir().unwrap();
         let auth = auth_for(dir.path(), &uri);
-        let http = reqwest::Client::new();
+        let http = crate::upstream::client::Client::with_proxies(Default::default(), None);
         let token = auth.token(&http, far()).await.unwrap();
         assert_eq!(token.expose(), "tok-1");
         assert_eq!(auth.token(&http, far()).await.unwrap().expose(), "tok-1");
@@ -360,7 +375,7 @@ mod tests {
         let (uri, grants) = token_endpoint(60).await;
         let dir = tempfile::tempdir().unwrap();
         let auth = auth_for(dir.path(), &uri);
-        let http = reqwest::Client::new();
+        let http = crate::upstream::client::Client::with_proxies(Default::default(), None);
         for _ in 0..5 {
             assert_eq!(auth.token(&http, far()).await.unwrap().expose(), "tok-1");
         }

@@ -81,7 +81,8 @@ pub struct WireRequest {
 /// How the body goes out.
 #[derive(Debug)]
 pub enum Body {
-    /// Serialised by the HTTP client (which sets `content-type: application/json`).
+    /// Serialised as it goes out (with `content-type: application/json`
+    /// unless the wire set another).
     Json(Value),
     /// Exact bytes, already serialised (a signature covers them).
     Bytes(Vec<u8>),
@@ -338,7 +339,9 @@ mod tests {
             idle_timeout: std::time::Duration::from_secs(1),
             limits: Default::default(),
             max_retry_after: std::time::Duration::from_secs(1),
-            http: crate::upstream::pool::HttpPool::single(reqwest::Client::new()),
+            http: crate::upstream::pool::HttpPool::single(
+                crate::upstream::client::Client::with_proxies(Default::default(), None),
+            ),
         }
     }
 
