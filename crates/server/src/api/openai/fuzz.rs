@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use super::error::OpenAiError;
-use super::request::{parse, to_proto};
+use super::request::{in_message, parse, read, to_proto, Content, InMessage};
 use crate::api::convert::request_spec;
 use crate::api::errors::MAX_MESSAGE;
 use crate::config::LimitsConfig;
@@ -379,5 +379,50 @@ proptest! {
         ],
     ) {
         check(&bytes, false)?;
+    }
+}
+
+/// A message as both readings of it can be compared: its fields, or the
+/// refusal's message and parameter.
+type Reading = Result<
+    (
+        String,
+        Option<Value>,
+        Option<Vec<[String; 3]>>,
+        Option<String>,
+    ),
+    (String, Option<String>),
+>;
+
+fn reading(m: Result<InMessage, OpenAiError>) -> Reading {
+    m.map(|m| {
+        let content = m.content.map(|c| match c {
+            Content::Text(t) => Value::from(t),
+            Content::Parts(p) => Value::Array(p),
+        });
+        let calls = m.tool_calls.map(|calls| {
+            calls
+                .into_iter()
+                .map(|c| [c.id, c.function.name, c.function.arguments])
+                .collect()
+        });
+        (m.role, content, calls, m.tool_call_id)
+    })
+    .map_err(|e| (e.message, e.param))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    /// A message's fields moved out in the common shape are what serde
+    /// reads, and any other shape is refused with serde's words.
+    #[test]
+    fn fuzz_openai_message_moved_out_agrees_with_serde(
+        m in prop_oneof![3 => message(), 1 => json_value(KEYS)],
+    ) {
+        let Value::Object(o) = m else { return Ok(()) };
+        let moved = reading(in_message(o.clone(), "messages[2]"));
+        let read_by_serde = reading(read(Value::Object(o), "messages[2]"));
+        prop_assert_eq!(moved, read_by_serde);
     }
 }

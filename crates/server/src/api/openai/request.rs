@@ -132,6 +132,45 @@ const REFUSED: [(&str, &str); 3] = [
     ),
 ];
 
+/// One message object as [`InMessage`]: in the common shape (`role` a
+/// string, `content` absent, `null`, a string or an array, `tool_call_id`
+/// absent, `null` or a string) its fields are moved out, the text not
+/// copied; any other shape is read by serde, which names what is wrong,
+/// exactly as before (a fuzz test holds both readings alike).
+pub(super) fn in_message(mut o: Map<String, Value>, at: &str) -> Result<InMessage, OpenAiError> {
+    let common = matches!(o.get("role"), Some(Value::String(_)))
+        && matches!(
+            o.get("content"),
+            None | Some(Value::Null | Value::String(_) | Value::Array(_))
+        )
+        && matches!(
+            o.get("tool_call_id"),
+            None | Some(Value::Null | Value::String(_))
+        );
+    if !common {
+        return read(Value::Object(o), at);
+    }
+    let tool_calls = match o.remove("tool_calls") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(read(v, &format!("{at}.tool_calls"))?),
+    };
+    let string = |v: Option<Value>| match v {
+        Some(Value::String(s)) => Some(s),
+        _ => None,
+    };
+    let content = match o.remove("content") {
+        Some(Value::String(text)) => Some(Content::Text(text)),
+        Some(Value::Array(parts)) => Some(Content::Parts(parts)),
+        _ => None,
+    };
+    Ok(InMessage {
+        role: string(o.remove("role")).unwrap_or_default(),
+        content,
+        tool_calls,
+        tool_call_id: string(o.remove("tool_call_id")),
+    })
+}
+
 /// At most this many distinct dropped names from one body's messages, parts
 /// and tools (the passthrough's bound is 64); the rest become one `...`.
 const MAX_DROPPED: usize = 48;
@@ -144,14 +183,14 @@ pub(super) fn parse(body: &[u8]) -> Result<ChatBody, OpenAiError> {
     })?;
     Ok(ChatBody {
         model: take(&mut map, "model")?,
-        messages: take(&mut map, "messages")?,
+        messages: take_values(&mut map, "messages")?,
         max_tokens: take(&mut map, "max_tokens")?,
         max_completion_tokens: take(&mut map, "max_completion_tokens")?,
         temperature: take(&mut map, "temperature")?,
         top_p: take(&mut map, "top_p")?,
         stop: take(&mut map, "stop")?,
-        tools: take(&mut map, "tools")?,
-        tool_choice: take(&mut map, "tool_choice")?,
+        tools: take_values(&mut map, "tools")?,
+        tool_choice: take_value(&mut map, "tool_choice"),
         response_format: take(&mut map, "response_format")?,
         reasoning_effort: take(&mut map, "reasoning_effort")?,
         stream: take(&mut map, "stream")?,
@@ -173,8 +212,23 @@ fn take<T: DeserializeOwned>(
     }
 }
 
+/// Removes `key`, an array, and moves its items out (`take` would rebuild
+/// each item's tree); anything else is read as `take` reads it.
+fn take_values(map: &mut Map<String, Value>, key: &str) -> Result<Option<Vec<Value>>, OpenAiError> {
+    match map.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(items)) => Ok(Some(items)),
+        Some(v) => read(v, key).map(Some),
+    }
+}
+
+/// Removes `key`, any JSON (`null` is absent), moved as it is.
+fn take_value(map: &mut Map<String, Value>, key: &str) -> Option<Value> {
+    map.remove(key).filter(|v| !v.is_null())
+}
+
 /// Reads `v` as `T`; a refusal names `at` and the path below it.
-fn read<T: DeserializeOwned>(v: Value, at: &str) -> Result<T, OpenAiError> {
+pub(super) fn read<T: DeserializeOwned>(v: Value, at: &str) -> Result<T, OpenAiError> {
     serde_path_to_error::deserialize(v).map_err(|e| {
         let below = e.path().to_string();
         let path = match below.as_str() {
@@ -454,7 +508,7 @@ fn messages(
         let at = format!("messages[{i}]");
         let o = object_at(v, &at, "a message object")?;
         note_unknown(&o, &KNOWN, "messages[]", dropped);
-        let m: InMessage = read(Value::Object(o), &at)?;
+        let m = in_message(o, &at)?;
         let role = match m.role.as_str() {
             "developer" => "system".to_string(),
             _ => m.role,
