@@ -54,7 +54,8 @@ fn chat() -> ChatRequest {
             role: "user".into(),
             content: "hi".into(),
             ..Default::default()
-        }],
+        }]
+        .into(),
         max_tokens: Some(64),
         stream: true,
         ..Default::default()

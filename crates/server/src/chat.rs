@@ -287,7 +287,10 @@ pub struct Passthrough {
 pub struct ChatRequest {
     /// The provider's model name.
     pub model: String,
-    pub messages: Vec<ChatMessage>,
+    /// Shared: every attempt's copy of the request points at the caller's
+    /// messages (a prompt is not copied per request or per attempt); a
+    /// continuation gives its attempts a new list.
+    pub messages: Arc<Vec<ChatMessage>>,
     pub max_tokens: Option<u32>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,

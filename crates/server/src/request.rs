@@ -234,7 +234,8 @@ mod tests {
                     role: "user".into(),
                     content: text.into(),
                     ..Default::default()
-                }],
+                }]
+                .into(),
                 ..Default::default()
             },
             needs: Needs::default(),

@@ -873,7 +873,8 @@ async fn synthetic_probe(
             role: "user".into(),
             content: "ping".into(),
             ..Default::default()
-        }],
+        }]
+        .into(),
         max_tokens: Some(1),
         stream: runtime
             .model(model)

@@ -98,7 +98,7 @@ pub fn request_spec(
         route: req.route,
         chat: ChatRequest {
             model: String::new(),
-            messages,
+            messages: messages.into(),
             max_tokens: (req.max_tokens > 0).then_some(req.max_tokens),
             temperature: req.temperature,
             top_p: req.top_p,

@@ -74,7 +74,8 @@ pub fn query(
     // The request without its question: route, system prompt, earlier
     // turns, sampling and needs, digested as the exact cache digests them.
     let mut rest = spec.clone();
-    rest.chat.messages.pop();
+    // (A copy of the messages, as the whole request was copied before.)
+    std::sync::Arc::make_mut(&mut rest.chat.messages).pop();
     rest.source = None;
     let mut h = Sha256::new();
     h.update(b"semantic\0");
@@ -126,7 +127,7 @@ mod tests {
             request_id: "id".into(),
             route: "support".into(),
             chat: ChatRequest {
-                messages: vec![msg("system", system), msg("user", question)],
+                messages: vec![msg("system", system), msg("user", question)].into(),
                 ..Default::default()
             },
             needs: Needs::default(),
@@ -213,7 +214,7 @@ mod tests {
         assert_eq!(ask(&s, true, &cfg()), Err(Skip::SideEffects));
         assert!(ask(&s, false, &cfg()).is_ok());
         let mut s = spec("", "q");
-        s.chat.messages.push(msg("assistant", "a"));
+        std::sync::Arc::make_mut(&mut s.chat.messages).push(msg("assistant", "a"));
         assert_eq!(ask(&s, false, &cfg()), Err(Skip::NoQuestion));
         assert_eq!(ask(&spec("", "  "), false, &cfg()), Err(Skip::NoQuestion));
         let long = "x".repeat(MAX_QUESTION_BYTES + 1);

@@ -93,8 +93,8 @@ fn caller_prefill(chat: &ChatRequest) -> Option<&str> {
 pub(super) fn prefilled(
     base: &ChatRequest,
     prefill: &Prefill,
-) -> (Vec<ChatMessage>, Option<Arc<Passthrough>>) {
-    let mut messages = base.messages.clone();
+) -> (Arc<Vec<ChatMessage>>, Option<Arc<Passthrough>>) {
+    let mut messages = Vec::clone(&base.messages);
     if caller_prefill(base).is_some() {
         messages.pop();
     }
@@ -120,7 +120,7 @@ pub(super) fn prefilled(
         // llama.cpp continues a trailing assistant message without the fields.
         (Dialect::ContinueFinalMessage, Some(_)) => base.passthrough.clone(),
     };
-    (messages, passthrough)
+    (Arc::new(messages), passthrough)
 }
 
 fn continue_fields(mut fields: Map<String, Value>) -> Map<String, Value> {
@@ -152,7 +152,8 @@ mod tests {
                     content: (*content).into(),
                     ..ChatMessage::default()
                 })
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
             ..ChatRequest::default()
         }
     }

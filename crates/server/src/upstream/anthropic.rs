@@ -1013,7 +1013,8 @@ mod tests {
                     ..msg("tool", "noon")
                 },
                 msg("user", "thanks"),
-            ],
+            ]
+            .into(),
             temperature: Some(0.5),
             stop: vec!["END".into()],
             tools: vec![ToolSpec {
@@ -1077,7 +1078,8 @@ mod tests {
                 msg("system", "prompt"),
                 msg("user", "hi"),
                 marked_text("# Environment"),
-            ],
+            ]
+            .into(),
             passthrough: Some(std::sync::Arc::new(crate::chat::Passthrough {
                 dialect: Some(Dialect::Anthropic),
                 dropped: vec!["messages[1].output_config".into()],
@@ -1111,7 +1113,7 @@ mod tests {
         // A caller of another dialect: folded too.
         let mut req = with_system_turn();
         req.passthrough = None;
-        req.messages[2] = msg("system", "later");
+        std::sync::Arc::make_mut(&mut req.messages)[2] = msg("system", "later");
         let body = build_body(&req, Host::FirstParty, &mut d);
         assert_eq!(body["system"], "prompt\n\nlater");
         assert_eq!(body["messages"].as_array().unwrap().len(), 1);
@@ -1122,7 +1124,7 @@ mod tests {
     fn thinking_follows_anthropics_rules_on_budgets_tool_choice_and_sampling() {
         let budgeted = |max_tokens, choice| ChatRequest {
             model: "m".into(),
-            messages: vec![msg("user", "hi")],
+            messages: vec![msg("user", "hi")].into(),
             max_tokens,
             temperature: Some(0.2),
             top_p: Some(0.99),

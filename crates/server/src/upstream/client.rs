@@ -134,12 +134,8 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client reading the environment's proxies.
-    pub fn new(options: Options) -> Self {
-        Self::with_proxies(options, proxies_from_env())
-    }
-
-    /// A client sending through `proxies` (`None`: straight to every upstream).
+    /// A client sending through `proxies` ([`proxies_from_env`], or `None`:
+    /// straight to every upstream).
     pub fn with_proxies(options: Options, proxies: Option<Arc<Matcher>>) -> Self {
         let mut tcp = HttpConnector::new();
         tcp.enforce_http(false);

@@ -90,7 +90,8 @@ fn rich(dialect: Dialect) -> ChatRequest {
                 cache: Some(CacheTtl::FiveMinutes),
                 ..Default::default()
             },
-        ],
+        ]
+        .into(),
         tools: vec![ToolSpec {
             name: "lookup".into(),
             description: "Look it up".into(),
@@ -523,23 +524,23 @@ fn a_reservation_prices_the_prompt_at_its_dearest_possible_rate() {
 #[test]
 fn the_longest_marked_ttl_is_found_wherever_it_is() {
     let mut chat = ChatRequest {
-        messages: vec![ChatMessage::text("user", "hi")],
+        messages: vec![ChatMessage::text("user", "hi")].into(),
         ..ChatRequest::default()
     };
     assert_eq!(chat.longest_cache_ttl(), None);
-    chat.messages[0].parts = vec![part(
+    std::sync::Arc::make_mut(&mut chat.messages)[0].parts = vec![part(
         PartKind::Text("hi".into()),
         Some(CacheTtl::FiveMinutes),
     )];
     assert_eq!(chat.longest_cache_ttl(), Some(CacheTtl::FiveMinutes));
-    chat.messages.push(ChatMessage {
+    std::sync::Arc::make_mut(&mut chat.messages).push(ChatMessage {
         cache: Some(CacheTtl::OneHour),
         tool_call_id: Some("c".into()),
         ..ChatMessage::text("tool", "result")
     });
     assert_eq!(chat.longest_cache_ttl(), Some(CacheTtl::OneHour));
     let automatic = |ttl: Value, dialect| ChatRequest {
-        messages: vec![ChatMessage::text("user", "hi")],
+        messages: vec![ChatMessage::text("user", "hi")].into(),
         passthrough: Some(Arc::new(Passthrough {
             dialect: Some(dialect),
             fields: Map::from_iter([("cache_control".to_string(), ttl)]),

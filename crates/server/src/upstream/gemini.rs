@@ -840,7 +840,8 @@ mod tests {
                 msg("system", "answer in French"),
                 msg("assistant", "De rien."),
                 msg("assistant", "Autre chose ?"),
-            ],
+            ]
+            .into(),
             max_tokens: Some(256),
             temperature: Some(0.2),
             top_p: Some(0.9),
@@ -952,7 +953,7 @@ mod tests {
         };
         let req = ChatRequest {
             model: "gemini-2.5-flash".into(),
-            messages: vec![user],
+            messages: vec![user].into(),
             ..Default::default()
         };
         let (studio, dropped) = body(&req, Host::AiStudio);
@@ -1003,7 +1004,7 @@ mod tests {
         };
         let req = ChatRequest {
             model: "gemini-3-pro-preview".into(),
-            messages: vec![msg("user", "go"), with_calls],
+            messages: vec![msg("user", "go"), with_calls].into(),
             ..Default::default()
         };
         let (b, dropped) = body(&req, Host::AiStudio);
@@ -1026,7 +1027,7 @@ mod tests {
             ..Default::default()
         };
         let req = ChatRequest {
-            messages: vec![msg("user", "?"), text_answer],
+            messages: vec![msg("user", "?"), text_answer].into(),
             ..req
         };
         assert_eq!(
@@ -1115,7 +1116,8 @@ mod tests {
                     ..Default::default()
                 },
                 msg("user", "json please"),
-            ],
+            ]
+            .into(),
             json_schema: Some(JsonSchema {
                 name: "answer".into(),
                 schema: schema.clone(),

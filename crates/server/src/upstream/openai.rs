@@ -990,7 +990,7 @@ mod tests {
         fields.insert("prompt_cache_key".into(), json!("session-1"));
         let req = ChatRequest {
             model: "gpt-5".into(),
-            messages: vec![ChatMessage::text("user", "hi")],
+            messages: vec![ChatMessage::text("user", "hi")].into(),
             // The route's limit already cut the caller's 4000.
             max_tokens: Some(512),
             passthrough: Some(std::sync::Arc::new(crate::chat::Passthrough {
@@ -1101,7 +1101,8 @@ mod tests {
                     tool_call_id: Some("call_1".into()),
                     ..Default::default()
                 },
-            ],
+            ]
+            .into(),
             max_tokens: Some(64),
             temperature: Some(0.7),
             top_p: Some(0.9),

@@ -203,6 +203,7 @@ fn frame(h: &mut Sha256, bytes: &[u8]) {
 mod tests {
     use super::*;
     use crate::chat::{Part, ToolCall};
+    use std::sync::Arc;
 
     fn tool(cache: Option<CacheTtl>) -> ToolSpec {
         ToolSpec {
@@ -241,7 +242,7 @@ mod tests {
         messages.push(marked(newest));
         ChatRequest {
             tools: vec![tool(None)],
-            messages,
+            messages: messages.into(),
             ..ChatRequest::default()
         }
     }
@@ -253,8 +254,7 @@ mod tests {
         assert_eq!(p.len(), 2, "the system marker and the newest message's");
         // What follows the last marker does not move it.
         let mut tail = one.clone();
-        tail.messages
-            .push(ChatMessage::text("user", "and the tests"));
+        Arc::make_mut(&mut tail.messages).push(ChatMessage::text("user", "and the tests"));
         assert_eq!(prefixes(&tail, "team-a", "code"), p);
         // A byte before a marker does.
         let other = turn("You are a coding agent!", &[], "fix the bug");
@@ -290,12 +290,12 @@ mod tests {
     fn at_most_the_last_four_markers_are_kept() {
         let mut chat = turn("sys", &[], "q");
         for i in 0..6 {
-            chat.messages.push(marked(&format!("m{i}")));
+            Arc::make_mut(&mut chat.messages).push(marked(&format!("m{i}")));
         }
         let p = prefixes(&chat, "t", "r");
         assert_eq!(p.len(), MAX_MARKED);
         let mut shorter = chat.clone();
-        shorter.messages.pop();
+        Arc::make_mut(&mut shorter.messages).pop();
         assert_eq!(prefixes(&shorter, "t", "r")[0], p[1]);
     }
 
@@ -306,7 +306,8 @@ mod tests {
             messages: vec![
                 ChatMessage::text("system", system),
                 ChatMessage::text("user", user),
-            ],
+            ]
+            .into(),
             ..ChatRequest::default()
         };
         // Below ~1,024 tokens nothing is cached upstream: no prefix.
@@ -323,7 +324,8 @@ mod tests {
             messages: vec![
                 ChatMessage::text("user", "first question"),
                 ChatMessage::text("system", &long),
-            ],
+            ]
+            .into(),
             ..ChatRequest::default()
         };
         assert_eq!(prefixes(&moved, "t", "r"), a);
@@ -353,7 +355,7 @@ mod tests {
     #[test]
     fn tool_calls_and_results_are_part_of_the_prefix() {
         let mut a = turn("sys", &["q"], "next");
-        a.messages.insert(
+        Arc::make_mut(&mut a.messages).insert(
             2,
             ChatMessage {
                 tool_calls: vec![ToolCall {
@@ -365,7 +367,7 @@ mod tests {
             },
         );
         let mut b = a.clone();
-        b.messages[2].tool_calls[0].arguments = r#"{"path":"b.rs"}"#.into();
+        Arc::make_mut(&mut b.messages)[2].tool_calls[0].arguments = r#"{"path":"b.rs"}"#.into();
         assert_ne!(prefixes(&a, "t", "r")[0], prefixes(&b, "t", "r")[0]);
         assert_eq!(prefixes(&a, "t", "r")[1], prefixes(&b, "t", "r")[1]);
     }
