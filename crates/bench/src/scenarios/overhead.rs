@@ -15,14 +15,16 @@
 //! `server.worker_threads` (the baseline keeps its default);
 //! `SWITCHYARD_OVERHEAD_STREAM_UNARY=false` (this build) and
 //! `SWITCHYARD_OVERHEAD_BASELINE_STREAM_UNARY=false` (the baseline) give
-//! the provider `stream_unary = false`.
+//! the provider `stream_unary = false`; `SWITCHYARD_OVERHEAD_PROMPT_BYTES=N`
+//! sends every request (direct and through Switchyard) with a system prompt
+//! of about N bytes, the size of an agent's context, instead of one word.
 
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::{check_complete, check_errors, errors_json, result, upstream_text, with_upstream_keys};
-use crate::clients::{grpc_call, http_client, openai_call, Call, Grpc};
+use crate::clients::{grpc_call, http_client, openai_ask, Ask, Call, Grpc, Prompt};
 use crate::load::{closed_loop, open_loop, Dist, Run};
 use crate::procs::{
     config_text, self_usage, with_http_door, Counters, MockProc, MockSpec, Provider, RouterProc,
@@ -166,16 +168,30 @@ async fn drive(
     let target = via.map(|v| (v.grpc.clone(), v.door.clone()));
     let http = env.http.clone();
     let stream = mode.stream;
-    let call = Call::new("chat", stream, TIMEOUT);
+    let prompt = prompt();
+    let call = Call::new("chat", stream, TIMEOUT).prompt(prompt.clone());
     let f = move |i: u64, t0: tokio::time::Instant| {
-        let (http, base, target, call) = (http.clone(), base.clone(), target.clone(), call.clone());
+        let (http, base, target, call, prompt) = (
+            http.clone(),
+            base.clone(),
+            target.clone(),
+            call.clone(),
+            prompt.clone(),
+        );
         async move {
+            let ask = |model| Ask {
+                model,
+                prompt: &prompt,
+                stream,
+                max_tokens: 1000,
+                include_usage: false,
+            };
             match (target, mode.door) {
                 (Some((grpc, _)), Door::Grpc) => grpc_call(grpc.client(i), &call, t0).await,
                 (Some((_, door)), Door::Http) => {
-                    openai_call(&http, &door, "chat", stream, 1000, t0, TIMEOUT).await
+                    openai_ask(&http, &door, &ask("chat"), t0, TIMEOUT).await
                 }
-                (None, _) => openai_call(&http, &base, "m", stream, 1000, t0, TIMEOUT).await,
+                (None, _) => openai_ask(&http, &base, &ask("m"), t0, TIMEOUT).await,
             }
         }
     };
@@ -189,6 +205,26 @@ fn load_text(load: &Load) -> String {
     match load {
         Load::Rate(r) => format!("{r:.0}/s"),
         Load::Closed(n) => format!("max: closed loop, {n} callers"),
+    }
+}
+
+/// The prompt every request sends: one word, or with
+/// `SWITCHYARD_OVERHEAD_PROMPT_BYTES` a system prompt of about that many
+/// bytes (a sentence repeated) before it.
+fn prompt() -> Prompt {
+    let bytes = std::env::var("SWITCHYARD_OVERHEAD_PROMPT_BYTES")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| *n > 0);
+    let Some(bytes) = bytes else {
+        return Prompt::default();
+    };
+    const SENTENCE: &str =
+        "The quick brown fox jumps over the lazy dog while the router keeps every promise. ";
+    let system = SENTENCE.repeat(bytes.div_ceil(SENTENCE.len()));
+    Prompt {
+        system: Some(system.into()),
+        ..Prompt::default()
     }
 }
 
@@ -613,7 +649,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         }
     }
     res.markdown = format!(
-        "Mock answers at once (16 tokens, no delay). Open loop on a schedule: latency counts from \
+        "Mock answers at once (16 tokens, no delay); every request's prompt: {}. Open loop on a schedule: latency counts from \
          the scheduled send, so queueing shows. Direct = reqwest to the mock's OpenAI endpoint; \
          via = gRPC to Switchyard (4 HTTP/2 connections) or reqwest to its OpenAI door, which \
          calls the same mock over {} (the baseline over {}); this build's runtime threads: {}; with `--baseline`, a second build runs each row right after this one. CPU and allocations per request are Switchyard's own (from /proc \
@@ -621,13 +657,17 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
          `switchyard_actor_calls_total` (calls await a reply, casts do not, gate permits are \
          provider permits taken with no message; `-` for a build that does not count them). Load generator, mock and Switchyard share the machine's \
          cores.\n\n{}\nTime to first token (streaming):\n\n{}{profile_md}",
+        prompt()
+            .system
+            .map_or("one word".to_string(), |s| format!("a {}-byte system prompt and one word", s.len())),
         upstream_text(UPSTREAM, STREAM_UNARY),
         upstream_text(BASELINE_UPSTREAM, BASELINE_STREAM_UNARY),
         worker_threads().map_or("one per core (default)".to_string(), |n| n.to_string()),
         lat.render(),
         ttft.render()
     );
-    res.data = json!({ "rows": rows, "duration_s": d.as_secs_f64(), "profiles": profile_json });
+    let prompt_bytes = prompt().system.map_or(0, |s| s.len());
+    res.data = json!({ "rows": rows, "duration_s": d.as_secs_f64(), "profiles": profile_json, "system_prompt_bytes": prompt_bytes });
     for b in env.builds {
         b.router.stop().await;
     }
