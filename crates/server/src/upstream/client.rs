@@ -326,9 +326,25 @@ impl tower_service::Service<Uri> for Connector {
             .enable_http1()
             .enable_http2()
             .wrap_connector(tunnel);
-        let connecting = tls.call(dst);
+        let connecting = tls.call(with_port(dst));
         Box::pin(async move { Ok(Conn::new(connecting.await?, false)) })
     }
+}
+
+/// `dst` with its scheme's port written out: the tunnel's `CONNECT` names
+/// a port, and takes 443 for one left out, which is wrong for `http`.
+fn with_port(dst: Uri) -> Uri {
+    if dst.port().is_some() {
+        return dst;
+    }
+    let (Some(scheme), Some(host)) = (dst.scheme_str(), dst.host()) else {
+        return dst;
+    };
+    let port = if scheme == "http" { 80 } else { 443 };
+    let path = dst.path_and_query().map_or("/", |p| p.as_str());
+    format!("{scheme}://{host}:{port}{path}")
+        .parse()
+        .unwrap_or(dst)
 }
 
 /// A connection, marked when it goes to an HTTP proxy (hyper then writes
@@ -390,9 +406,9 @@ impl Write for Conn {
     }
 }
 
-/// Reads an answer's body to its end, keeping at most `cap` bytes (the
-/// rest is read and dropped only until `cap` is reached: the body is then
-/// abandoned). A body that breaks off keeps what came.
+/// An answer's body, its first `cap` bytes at most: reading stops once
+/// `cap` bytes are in (the rest is never read), and a body that breaks off
+/// keeps what came before the break.
 pub async fn read_capped(response: Response, cap: usize) -> Vec<u8> {
     let mut body = response.into_body();
     let mut kept = Vec::new();
@@ -565,6 +581,21 @@ mod tests {
             .unwrap();
         assert_eq!(answer.version(), http::Version::HTTP_2);
         assert_eq!(text(answer).await, "HTTP/2.0:/x");
+    }
+
+    #[test]
+    fn a_tunnel_names_the_schemes_port_when_the_url_leaves_it_out() {
+        let port = |u: &str| with_port(u.parse().unwrap()).to_string();
+        assert_eq!(
+            port("http://vllm.invalid/v1/x"),
+            "http://vllm.invalid:80/v1/x"
+        );
+        assert_eq!(port("https://api.invalid/v1"), "https://api.invalid:443/v1");
+        assert_eq!(
+            port("http://vllm.invalid:8000/v1"),
+            "http://vllm.invalid:8000/v1"
+        );
+        assert_eq!(port("http://[::1]/v1"), "http://[::1]:80/v1");
     }
 
     #[test]
