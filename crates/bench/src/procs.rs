@@ -599,7 +599,12 @@ impl Counters {
             allocations: value("switchyard_process_allocations_total ")
                 .zip(value("switchyard_process_allocated_bytes_total ")),
             actor_calls: calls,
-            actor_casts: actor("planned"),
+            // An older build counted its plans' casts to the router (and not
+            // its outcome reports); this one counts the reports.
+            actor_casts: match (actor("planned"), actor("report")) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+            },
             gate_permits: actor("gate"),
         }
     }
@@ -617,6 +622,8 @@ mod counters_tests {
                     switchyard_actor_calls_total{actor=\"router\",message=\"withdraw_retry\"} 1\n\
                     switchyard_actor_calls_total{actor=\"provider\",message=\"admit\"} 2\n\
                     switchyard_actor_calls_total{actor=\"provider\",message=\"gate\"} 3\n";
+        let now = "switchyard_actor_calls_total{actor=\"provider\",message=\"report\"} 4\n";
+        assert_eq!(Counters::read(now).actor_casts, Some(4));
         let c = Counters::read(text);
         assert_eq!(c.allocations, Some((10, 20)));
         assert_eq!(c.actor_calls, Some(3));

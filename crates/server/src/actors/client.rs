@@ -25,6 +25,19 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request waits for a restarting provider actor to reappear.
 const RESTART_GRACE: Duration = Duration::from_millis(500);
 
+/// How long a metrics scrape waits for the router to fold its tallies in.
+const FOLD_WAIT: Duration = Duration::from_secs(1);
+
+/// Has the router fold its routes' tallies in and waits (up to a second)
+/// until it has, so a metrics scrape counts every request answered before it.
+pub async fn fold_tallies(registry: &Registry) {
+    if let Some(router) = registry.router() {
+        let _ = router
+            .call(|reply| RouterMsg::Fold(Some(reply)), Some(FOLD_WAIT))
+            .await;
+    }
+}
+
 /// The answer to a request for a permit.
 pub enum Admission {
     Granted(ProviderEntry, Permit),
@@ -85,8 +98,7 @@ impl Actors {
         route: &str,
         plan: impl FnOnce(&RouteTable, Planner<'_>, Instant) -> Result<Plan, PlanError>,
     ) -> Result<Plan, RequestError> {
-        let (Some(table), Some(router)) = (self.registry.route_table(), self.registry.router())
-        else {
+        let (Some(table), true) = (self.registry.route_table(), self.registry.has_router()) else {
             return Err(RequestError::Unavailable(
                 "router actor is not running".into(),
             ));
@@ -96,9 +108,8 @@ impl Actors {
             metrics: &self.metrics,
         };
         let plan = plan(&table, at, Instant::now())?;
-        if let Some(name) = table.route_name(route) {
-            self.calls.planned.inc();
-            let _ = router.cast(RouterMsg::Planned(name));
+        if let Some(tally) = table.tally(route) {
+            tally.planned();
         }
         Ok(plan)
     }
@@ -119,13 +130,16 @@ impl Actors {
         )
     }
 
-    /// Tells the router a request of `route` was answered (its failover rate).
+    /// Tells the router a request of `route` was answered (its failover
+    /// rate), through the route's tally: no message.
     pub fn served(&self, route: &str, primary: bool) {
-        if let Some(router) = self.registry.router() {
-            let _ = router.cast(RouterMsg::Served {
-                route: route.to_string(),
-                primary,
-            });
+        if let Some(tally) = self
+            .registry
+            .route_table()
+            .as_deref()
+            .and_then(|t| t.tally(route))
+        {
+            tally.served(primary);
         }
     }
 

@@ -481,6 +481,8 @@ pub struct ProviderState {
     registry: Arc<Registry>,
     /// Control state per model name.
     models: HashMap<String, ModelState>,
+    /// `switchyard_actor_calls_total{actor="provider",message="report"}`.
+    reports: prometheus_client::metrics::counter::Counter,
 }
 
 impl ProviderState {
@@ -728,6 +730,7 @@ impl Actor for ProviderActor {
         }
         let state = ProviderState {
             runtime,
+            reports: args.metrics.actor_calls().report,
             metrics: args.metrics,
             registry: args.registry,
             models,
@@ -762,6 +765,7 @@ impl Actor for ProviderActor {
                 let _ = reply.send(answer);
             }
             ProviderMsg::Report(report) => {
+                state.reports.inc();
                 let model = report.model.clone();
                 if let Some(t) = state.report(report, now) {
                     state.on_transition(&model, &t);

@@ -50,6 +50,11 @@ impl Registry {
         self.router.read().ok()?.clone()
     }
 
+    /// A router actor runs (without cloning its handle).
+    pub fn has_router(&self) -> bool {
+        self.router.read().is_ok_and(|r| r.is_some())
+    }
+
     pub(crate) fn set_provider(&self, id: &str, entry: ProviderEntry) {
         if let Ok(mut m) = self.providers.write() {
             m.insert(id.to_string(), entry);

@@ -3,13 +3,16 @@
 //! start and on every reload); a request plans itself from the published
 //! table ([`RouteTable::plan`]) with no message — capable targets only (fail
 //! closed), skipping tripped or cooling targets, sorted by health band, then
-//! priority, then weighted chance — and tells the router with one cast
-//! (`Planned`, the budget's deposit). The router grants or refuses each
-//! retry and failover against the budget. It decides; it never touches a
-//! response byte, and it reads provider state from their published snapshots.
+//! priority, then weighted chance — and counts itself in its route's
+//! [`RouteTally`] (the budget's deposit; an answer counts there too, for the
+//! failover window): no message. The router folds the tallies in before it
+//! reads the budget or the window (every message, a metrics scrape) and
+//! every [`FOLD_EVERY`], and grants or refuses each retry and failover
+//! against the budget. It decides; it never touches a response byte, and it
+//! reads provider state from their published snapshots.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +20,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rand::Rng;
 use tokio::time::Instant;
 
+use super::fold_every;
 use super::provider::Unavailable;
 use super::registry::Registry;
 pub use crate::chat::Needs;
@@ -170,16 +174,14 @@ impl From<PlanError> for crate::error::RequestError {
 }
 
 pub enum RouterMsg {
-    /// A request planned itself from the published table: the route's
-    /// budget takes its deposit.
-    Planned(Arc<str>),
+    /// Fold the routes' tallies in now (a timer's tick, or a metrics scrape
+    /// that waits for the reply). Every other message folds them first too.
+    Fold(Option<RpcReplyPort<()>>),
     /// May this request make one more attempt (a retry or a failover)?
     WithdrawRetry {
         route: String,
         reply: RpcReplyPort<bool>,
     },
-    /// A request was answered; `primary` if by the route's first target.
-    Served { route: String, primary: bool },
     /// Every route's state, for the admin surfaces.
     Status(RpcReplyPort<Vec<RouteStatus>>),
     /// A new, validated config: rebuild and publish the route table (the
@@ -203,7 +205,8 @@ pub struct RouteStatus {
 
 /// One route of the published table: its targets and policies.
 struct RouteEntry {
-    name: Arc<str>,
+    /// Where its requests count themselves (the router's counters hold it too).
+    tally: Arc<RouteTally>,
     targets: Vec<TargetInfo>,
     ladder: Vec<Rung>,
     cache_ttl: Duration,
@@ -225,11 +228,57 @@ struct RouteEntry {
     traffic: Traffic,
 }
 
+/// How often the router folds its routes' tallies in when nothing else
+/// does: a deposit's or an answer's time is its fold's, at most this late
+/// (the budget's slots are a tenth of its ttl, 1 s by default).
+pub const FOLD_EVERY: Duration = Duration::from_millis(100);
+
+/// What one route's requests tell the router, counted without a message:
+/// plans (each a first attempt, the retry budget's deposit) and answers (by
+/// the route's first target or not, the failover window). The router takes
+/// the counts when it folds them in; a reload keeps a route's tally, so a
+/// request planned from the old table still counts.
+#[derive(Debug, Default)]
+pub struct RouteTally {
+    planned: AtomicU64,
+    served_primary: AtomicU64,
+    served_failover: AtomicU64,
+}
+
+impl RouteTally {
+    /// A request planned itself (a first attempt).
+    pub fn planned(&self) {
+        self.planned.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request was answered; `primary` if by the route's first target.
+    pub fn served(&self, primary: bool) {
+        let count = if primary {
+            &self.served_primary
+        } else {
+            &self.served_failover
+        };
+        count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts since the last take: (planned, served by the primary,
+    /// served by another target).
+    fn take(&self) -> (u64, u64, u64) {
+        (
+            self.planned.swap(0, Ordering::Relaxed),
+            self.served_primary.swap(0, Ordering::Relaxed),
+            self.served_failover.swap(0, Ordering::Relaxed),
+        )
+    }
+}
+
 /// What the router keeps of one route between requests.
 struct RouteCounters {
     budget: RetryBudget,
     /// Requests answered in the last minute, and how many by a non-primary target.
     served: ShareWindow,
+    /// What requests counted since the last fold.
+    tally: Arc<RouteTally>,
 }
 
 /// The route table as the router last published it: what a request needs
@@ -322,6 +371,35 @@ pub struct RouterState {
 }
 
 impl RouterState {
+    /// Folds every route's tally in: its plans become the budget's
+    /// deposits, its answers the failover window's events, both as of
+    /// `now`; the gauges of a route that counted anything are set.
+    fn fold(&mut self, now: Instant) {
+        for (route, c) in &mut self.counters {
+            let (planned, primary, failover) = c.tally.take();
+            if planned == 0 && primary == 0 && failover == 0 {
+                continue;
+            }
+            let labels = RouteLabels {
+                route: route.clone(),
+            };
+            if planned > 0 {
+                c.budget.deposit_many(planned, now);
+                self.metrics
+                    .retry_budget_remaining
+                    .get_or_create(&labels)
+                    .set(c.budget.remaining(now));
+            }
+            if primary + failover > 0 {
+                c.served.record_many(primary + failover, failover, now);
+                self.metrics
+                    .failover_rate
+                    .get_or_create(&labels)
+                    .set(c.served.share(now));
+            }
+        }
+    }
+
     /// Builds the table of `config`, publishes it, and keeps the counters
     /// of the routes it still has (new routes start fresh).
     fn install(&mut self, config: &Config, now: Instant) {
@@ -333,7 +411,7 @@ impl RouterState {
         }
         self.counters = fresh;
         self.table = Arc::new(RouteTable {
-            routes: build_routes(config),
+            routes: build_routes(config, &self.counters),
         });
         self.registry.set_route_table(self.table.clone());
     }
@@ -351,13 +429,17 @@ fn build_counters(
             let counters = RouteCounters {
                 budget: RetryBudget::new(budget, now),
                 served: ShareWindow::new(Duration::from_secs(60), now),
+                tally: Arc::default(),
             };
             (r.name.clone(), counters)
         })
         .collect()
 }
 
-fn build_routes(config: &Config) -> HashMap<String, RouteEntry> {
+fn build_routes(
+    config: &Config,
+    counters: &HashMap<String, RouteCounters>,
+) -> HashMap<String, RouteEntry> {
     config
         .routes
         .iter()
@@ -394,7 +476,10 @@ fn build_routes(config: &Config) -> HashMap<String, RouteEntry> {
                 })
                 .collect();
             let entry = RouteEntry {
-                name: Arc::from(r.name.as_str()),
+                tally: counters
+                    .get(&r.name)
+                    .map(|c| c.tally.clone())
+                    .unwrap_or_default(),
                 targets,
                 ladder: r.ladder.clone(),
                 cache_ttl: r.cache_ttl,
@@ -526,9 +611,9 @@ impl RouteTable {
         self.plan_for(at, &mut rand::rng(), route, Purpose::Embeddings, pin, now)
     }
 
-    /// The name the route's budget knows it by.
-    pub fn route_name(&self, route: &str) -> Option<Arc<str>> {
-        self.routes.get(route).map(|e| e.name.clone())
+    /// Where `route`'s requests count themselves for the router.
+    pub fn tally(&self, route: &str) -> Option<&RouteTally> {
+        self.routes.get(route).map(|e| &*e.tally)
     }
 
     fn plan_for(
@@ -704,6 +789,15 @@ impl Actor for RouterActor {
         Ok(state)
     }
 
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        _state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        fold_every(myself, FOLD_EVERY, || RouterMsg::Fold(None));
+        Ok(())
+    }
+
     async fn handle(
         &self,
         _myself: ActorRef<Self::Msg>,
@@ -711,17 +805,12 @@ impl Actor for RouterActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         let now = Instant::now();
+        // What requests counted since the last message is older than it.
+        state.fold(now);
         match message {
-            RouterMsg::Planned(route) => {
-                if let Some(counters) = state.counters.get_mut(&*route) {
-                    counters.budget.deposit(now);
-                    state
-                        .metrics
-                        .retry_budget_remaining
-                        .get_or_create(&RouteLabels {
-                            route: route.to_string(),
-                        })
-                        .set(counters.budget.remaining(now));
+            RouterMsg::Fold(reply) => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(());
                 }
             }
             RouterMsg::WithdrawRetry { route, reply } => {
@@ -740,17 +829,6 @@ impl Actor for RouterActor {
                     None => false,
                 };
                 let _ = reply.send(granted);
-            }
-            RouterMsg::Served { route, primary } => {
-                if let Some(entry) = state.counters.get_mut(&route) {
-                    entry.served.record(!primary, now);
-                    let rate = entry.served.share(now);
-                    state
-                        .metrics
-                        .failover_rate
-                        .get_or_create(&RouteLabels { route })
-                        .set(rate);
-                }
             }
             RouterMsg::Status(reply) => {
                 let validations = state.registry.validations();
@@ -871,7 +949,7 @@ require_validated = true
         fn of(config: &Config) -> Self {
             Fixture {
                 table: RouteTable {
-                    routes: build_routes(config),
+                    routes: build_routes(config, &HashMap::new()),
                 },
                 registry: Arc::new(Registry::default()),
                 metrics: Arc::new(Metrics::new()),
@@ -1146,5 +1224,124 @@ targets = ["a/chat-model"]
             .plan("embed", &Needs::default(), None, Instant::now())
             .unwrap();
         assert_eq!(p.candidates.len(), 4);
+    }
+
+    /// The router actor alone, on `config` with a budget of `ratio` per
+    /// plan and no floor, as requests see it.
+    async fn router_with_budget(ratio: f64) -> (ActorRef<RouterMsg>, Arc<Registry>, Arc<Metrics>) {
+        let config = config_with_ratio(ratio);
+        let (registry, metrics) = (Arc::new(Registry::default()), Arc::new(Metrics::new()));
+        let args = RouterArgs {
+            config: Arc::new(config),
+            registry: registry.clone(),
+            metrics: metrics.clone(),
+        };
+        let (router, _) = Actor::spawn(None, RouterActor, args).await.unwrap();
+        registry.set_router(router.clone());
+        (router, registry, metrics)
+    }
+
+    async fn withdraw(router: &ActorRef<RouterMsg>, route: &str) -> bool {
+        let msg = |reply| RouterMsg::WithdrawRetry {
+            route: route.to_string(),
+            reply,
+        };
+        router.call(msg, None).await.unwrap().unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn plans_counted_in_the_tally_are_the_budget_before_any_withdrawal() {
+        let (router, registry, _) = router_with_budget(0.5).await;
+        let table = registry.route_table().unwrap();
+        let tally = table.tally("chat").unwrap();
+        for _ in 0..4 {
+            tally.planned();
+        }
+        // No tick has passed (the clock is paused): the withdrawal folds them.
+        let granted: Vec<bool> = [
+            withdraw(&router, "chat").await,
+            withdraw(&router, "chat").await,
+            withdraw(&router, "chat").await,
+        ]
+        .into();
+        assert_eq!(granted, [true, true, false], "4 plans at 0.5 pay 2 retries");
+        assert!(
+            !withdraw(&router, "spread").await,
+            "another route's plans are its own"
+        );
+        router.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_counted_in_the_tally_are_the_failover_rate_a_scrape_and_status_see() {
+        let (router, registry, metrics) = router_with_budget(0.1).await;
+        let tally = registry.route_table().unwrap();
+        let tally = tally.tally("chat").unwrap();
+        tally.served(true);
+        for _ in 0..3 {
+            tally.served(false);
+        }
+        crate::actors::client::fold_tallies(&registry).await;
+        let text = metrics.render();
+        assert!(
+            text.contains("switchyard_failover_rate{route=\"chat\"} 0.75"),
+            "{text}"
+        );
+        let status = router.call(RouterMsg::Status, None).await.unwrap().unwrap();
+        let chat = status.iter().find(|r| r.name == "chat").unwrap();
+        assert_eq!(chat.failover_rate, 0.75);
+        router.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_tick_folds_a_quiet_routers_tallies_in() {
+        let (router, registry, metrics) = router_with_budget(0.5).await;
+        registry
+            .route_table()
+            .unwrap()
+            .tally("chat")
+            .unwrap()
+            .planned();
+        tokio::task::yield_now().await;
+        assert!(
+            !metrics
+                .render()
+                .contains("switchyard_retry_budget_remaining{route=\"chat\"}"),
+            "nothing has folded it yet"
+        );
+        tokio::time::sleep(FOLD_EVERY + Duration::from_millis(1)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            metrics
+                .render()
+                .contains("switchyard_retry_budget_remaining{route=\"chat\"} 0.5"),
+            "{}",
+            metrics.render()
+        );
+        router.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reload_keeps_a_routes_tally_for_requests_planned_from_the_old_table() {
+        let (router, registry, _) = router_with_budget(0.5).await;
+        let old = registry.route_table().unwrap();
+        let reload = |reply| RouterMsg::Reload(Arc::new(config_with_ratio(0.5)), reply);
+        router.call(reload, None).await.unwrap().unwrap();
+        let new = registry.route_table().unwrap();
+        assert!(!Arc::ptr_eq(&old, &new), "a new table is published");
+        old.tally("chat").unwrap().planned();
+        new.tally("chat").unwrap().planned();
+        assert!(withdraw(&router, "chat").await, "both plans count: 2 x 0.5");
+        assert!(!withdraw(&router, "chat").await);
+        router.stop(None);
+    }
+
+    fn config_with_ratio(ratio: f64) -> Config {
+        let mut config = config();
+        config.retry_budget.ratio = ratio;
+        config.retry_budget.min_per_sec = 0.0;
+        config
     }
 }

@@ -58,6 +58,9 @@ async fn status(State(s): State<AdminState>) -> impl IntoResponse {
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
     // In-flight gauges are read from the semaphores at scrape time, with
     // the ceilings they count against.
+    // The routes' tallies first: the failover rate and retry budget count
+    // every request answered before the scrape.
+    crate::actors::client::fold_tallies(&s.registry).await;
     s.metrics.ready.set(i64::from(is_ready(&s)));
     let workers = tokio::runtime::Handle::current().metrics().num_workers();
     s.metrics

@@ -70,7 +70,14 @@ impl RetryBudget {
 
     /// A first attempt happened: earn `ratio` of a retry.
     pub fn deposit(&mut self, now: Instant) {
-        *self.slots.current(now) += self.deposit_units;
+        self.deposit_many(1, now);
+    }
+
+    /// `n` first attempts happened: earn `ratio` of a retry for each.
+    pub fn deposit_many(&mut self, n: u64, now: Instant) {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        let slot = self.slots.current(now);
+        *slot = slot.saturating_add(self.deposit_units.saturating_mul(n));
     }
 
     /// Spend one retry or failover if the budget allows it.
@@ -107,6 +114,20 @@ mod tests {
             ttl: Duration::from_millis(ttl_ms),
         };
         RetryBudget::new(&config, Instant::now())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn many_deposits_at_once_are_as_many_one_by_one() {
+        let (mut one_by_one, mut at_once) = (budget(10_000, 0.0, 0.25), budget(10_000, 0.0, 0.25));
+        let now = Instant::now();
+        for _ in 0..7 {
+            one_by_one.deposit(now);
+        }
+        at_once.deposit_many(7, now);
+        assert_eq!(one_by_one, at_once);
+        assert_eq!(at_once.remaining(now), 1.75);
+        at_once.deposit_many(u64::MAX, now);
+        assert!(at_once.remaining(now) > 1.0e12, "saturates, never wraps");
     }
 
     async fn wait_ms(ms: u64) {

@@ -24,9 +24,14 @@ impl ShareWindow {
 
     /// Records one event.
     pub fn record(&mut self, hit: bool, now: Instant) {
+        self.record_many(1, u64::from(hit), now);
+    }
+
+    /// Records `events` events at once, `hits` of them hits (`hits <= events`).
+    pub fn record_many(&mut self, events: u64, hits: u64, now: Instant) {
         let b = self.buckets.current(now);
-        b.0 += 1;
-        b.1 += u64::from(hit);
+        b.0 += events;
+        b.1 += hits.min(events);
     }
 
     /// Hits as a share of events in the window (0 when there were none).
@@ -61,5 +66,9 @@ mod tests {
         let later = t0 + Duration::from_secs(61);
         w.record(false, later);
         assert_eq!(w.share(later), 0.0, "the old events aged out");
+        w.record_many(4, 3, later);
+        assert_eq!(w.share(later), 0.6, "3 hits of 5 events");
+        w.record_many(1, 9, later);
+        assert_eq!(w.share(later), 4.0 / 6.0, "hits never exceed events");
     }
 }

@@ -97,14 +97,14 @@ pub struct ActorCallLabels {
 }
 
 /// The request path's asks of the actors, each series resolved once:
-/// `switchyard_actor_calls_total` (`planned` is a cast, `withdraw_retry`
-/// and `admit` calls; `gate` counts provider permits taken straight from
-/// the semaphores, with no message; the bench divides each by the requests
+/// `switchyard_actor_calls_total` (`withdraw_retry` and `admit` are calls,
+/// `report` a cast; `gate` counts provider permits taken straight from the
+/// semaphores, with no message; the bench divides each by the requests
 /// served).
 #[derive(Clone, Debug)]
 pub struct ActorCalls {
-    /// Casts: a plan made from the router's published table.
-    pub planned: Counter,
+    /// Casts: an attempt's outcome, as its provider actor received it.
+    pub report: Counter,
     pub withdraw_retry: Counter,
     pub admit: Counter,
     pub gate: Counter,
@@ -469,7 +469,7 @@ impl Metrics {
         let actor_calls = Family::<ActorCallLabels, Counter>::default();
         registry.register(
             "switchyard_actor_calls",
-            "What requests asked of the actors: router planned (a cast: a plan made from the published table), router withdraw_retry and provider admit (calls), and provider gate (a permit taken from the semaphores while the provider's gate was open, no message)",
+            "What requests asked of the actors: router withdraw_retry and provider admit (calls), provider report (a cast: an attempt's outcome, counted where the actor receives it), and provider gate (a permit taken from the semaphores while the provider's gate was open, no message). A plan and an answer are counted in their route's tally, no message, and are not here",
             actor_calls.clone(),
         );
         let hedges = Family::<RouteOutcomeLabels, Counter>::default();
@@ -632,7 +632,7 @@ impl Metrics {
                 .clone()
         };
         ActorCalls {
-            planned: series("router", "planned"),
+            report: series("provider", "report"),
             withdraw_retry: series("router", "withdraw_retry"),
             admit: series("provider", "admit"),
             gate: series("provider", "gate"),
