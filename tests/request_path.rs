@@ -253,7 +253,10 @@ async fn meaningful_evidence_demotes_a_flaky_primary_visibly_and_keeps_a_trickle
 /// is hyper's server: 200). A provider with `http2_prior_knowledge` and
 /// `max_concurrency = 300` gets three connections, so 300 slow streams are
 /// all upstream at once instead of 100 of them waiting, unseen, inside the
-/// client for a free stream.
+/// client for a free stream. And requests share a connection up to its
+/// share of 100 before the next one is used: one after another, five go
+/// over one connection; 300 at once go 100 to each of three (the mock logs
+/// each request's client address).
 #[tokio::test]
 async fn an_h2c_provider_spreads_its_streams_over_connections_past_a_servers_stream_cap() {
     const STREAMS: u64 = 300;
@@ -264,13 +267,18 @@ async fn an_h2c_provider_spreads_its_streams_over_connections_past_a_servers_str
         1,
     );
     // What is tested is where the streams go, not how fast 300 of them
-    // start: on a slow or busy machine (a debug build, two cores shared
-    // with the mock) the last headers took more than the helper's 5 s.
-    let h2c = h2c.replace(
-        "first_token_timeout = \"5s\"",
-        "first_token_timeout = \"60s\"",
-    );
+    // start or flow: on a slow or busy machine (a debug build, two cores
+    // shared with the mock) the last headers took more than the helper's
+    // 5 s, and under other load a stream's tokens paused past its 5 s idle
+    // timeout.
+    let h2c = h2c
+        .replace(
+            "first_token_timeout = \"5s\"",
+            "first_token_timeout = \"60s\"",
+        )
+        .replace("idle_timeout = \"5s\"", "idle_timeout = \"60s\"");
     assert!(h2c.contains("first_token_timeout = \"60s\""));
+    assert!(h2c.contains("idle_timeout = \"60s\""));
     assert!(h2c.contains("http2_prior_knowledge"));
     let config = format!(
         "[server]\nhttp_listen = \"127.0.0.1:0\"\n{h2c}{}",
@@ -279,6 +287,28 @@ async fn an_h2c_provider_spreads_its_streams_over_connections_past_a_servers_str
     let sy = Switchyard::start(&config).await;
     let url = format!("{}/v1/chat/completions", sy.http_url());
     let http = reqwest::Client::new();
+    for _ in 0..5 {
+        let r = http
+            .post(&url)
+            .json(&json!({"model": "chat", "max_tokens": 2,
+                "messages": [{"role": "user", "content": "Say hello."}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    let one_by_one: std::collections::BTreeSet<String> = mock
+        .requests()
+        .await
+        .iter()
+        .map(|r| r["peer"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        one_by_one.len(),
+        1,
+        "requests one after another share a connection: {one_by_one:?}"
+    );
     let streams: Vec<_> = (0..STREAMS)
         .map(|_| {
             let (http, url) = (http.clone(), url.clone());
@@ -315,6 +345,18 @@ async fn an_h2c_provider_spreads_its_streams_over_connections_past_a_servers_str
         log.iter().all(|r| r["http_version"] == "HTTP/2.0"),
         "{:?}",
         log[0]
+    );
+    let mut per_connection: std::collections::BTreeMap<&str, u64> = Default::default();
+    // The log is in arrival order: the five above come first.
+    for r in log.iter().skip(5) {
+        *per_connection
+            .entry(r["peer"].as_str().unwrap())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        per_connection.values().copied().collect::<Vec<_>>(),
+        [100, 100, 100],
+        "each connection carries its share of 100 streams: {per_connection:?}"
     );
     for s in streams {
         s.abort();

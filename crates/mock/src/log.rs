@@ -78,6 +78,10 @@ pub struct RequestRecord {
     /// for a client speaking HTTP/2 with prior knowledge (h2c).
     #[serde(default)]
     pub http_version: String,
+    /// The client's address (`127.0.0.1:54321`): requests with the same
+    /// one came over the same connection.
+    #[serde(default)]
+    pub peer: String,
 }
 
 impl Default for RequestRecord {
@@ -109,6 +113,7 @@ impl Default for RequestRecord {
             first_token_ms: None,
             hung_up_ms: None,
             http_version: String::new(),
+            peer: String::new(),
         }
     }
 }

@@ -38,6 +38,8 @@ pub(crate) enum Step {
 pub(crate) struct ConnCtl {
     /// Close with SO_LINGER 0 (RST) when the connection is dropped.
     pub reset: AtomicBool,
+    /// The client's address: which connection a request came over.
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 /// Steps of a streaming (SSE) answer under `fault`.

@@ -304,8 +304,8 @@ pub(crate) async fn accept_loop(
                 }
             }
             accepted = l.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let conn = serve_conn(stream, router.clone(), cancel.clone(), close_tx.subscribe());
+                Ok((stream, peer)) => {
+                    let conn = serve_conn(stream, peer, router.clone(), cancel.clone(), close_tx.subscribe());
                     tokio::spawn(conn);
                 }
                 Err(e) => {
@@ -320,12 +320,16 @@ pub(crate) async fn accept_loop(
 /// Serves one connection; drops it hard on `cancel`, gracefully on `close`.
 async fn serve_conn(
     stream: TcpStream,
+    peer: SocketAddr,
     router: Router,
     cancel: CancellationToken,
     mut close: watch::Receiver<u64>,
 ) {
     let _ = stream.set_nodelay(true);
-    let ctl = Arc::new(ConnCtl::default());
+    let ctl = Arc::new(ConnCtl {
+        peer: Some(peer),
+        ..ConnCtl::default()
+    });
     let io = TokioIo::new(ConnIo {
         inner: stream,
         ctl: Arc::clone(&ctl),
@@ -667,6 +671,12 @@ pub(super) fn new_record(
         client_hung_up: false,
         over_capacity: false,
         http_version: format!("{:?}", parts.version),
+        peer: parts
+            .extensions
+            .get::<Arc<ConnCtl>>()
+            .and_then(|c| c.peer)
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
         ..RequestRecord::default()
     }
 }

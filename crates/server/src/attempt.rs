@@ -20,6 +20,7 @@ use crate::sink::{ClientGone, EventSink};
 use crate::upstream::client::{json_body, read_capped, Error, Response};
 use crate::upstream::endpoint::{Endpoint, Secret};
 use crate::upstream::keys::Lease;
+use crate::upstream::pool::StreamSlot;
 use crate::upstream::wire::{Body, Call, Refused, Wire};
 use crate::upstream::{classify, ratelimit, ChatRequest, Completion, Dropped};
 
@@ -299,12 +300,13 @@ async fn run_inner(input: &AttemptInput<'_>, sink: &mut impl Out, meta: &mut Met
         Ok(bearer) => bearer,
         Err(end) => return end,
     };
-    // The key's lease lives as long as the stream.
-    let (response, _lease) = match send(input, wire, bearer.as_ref(), sink, meta, first_limit).await
-    {
-        Ok(sent) => sent,
-        Err(end) => return end,
-    };
+    // The key's lease and the request's place on its connection live as
+    // long as the stream.
+    let (response, _lease, _slot) =
+        match send(input, wire, bearer.as_ref(), sink, meta, first_limit).await {
+            Ok(sent) => sent,
+            Err(end) => return end,
+        };
     // Anthropic and Gemini are always streamed (Anthropic's SDKs refuse long
     // non-streamed calls); the non-streaming path is OpenAI's.
     let end = if input.chat.stream || wire.quirks().always_streamed {
@@ -329,10 +331,12 @@ async fn google_token(
     let Some(auth) = &rt.vertex else {
         return Ok(None);
     };
+    let slot = rt.http.take();
     let token = tokio::select! {
         _ = sink.closed() => return Err(AttemptEnd::ClientGone),
-        t = auth.token(rt.http.pick(), first_limit) => t,
+        t = auth.token(slot.client(), first_limit) => t,
     };
+    drop(slot);
     match token {
         Ok(t) => Ok(Some(t)),
         Err(f) => Err(AttemptEnd::Failed(passed_on(f, rt, meta))),
@@ -341,14 +345,14 @@ async fn google_token(
 
 /// Sends until an upstream answers 2xx: with several keys, a key-local
 /// refusal moves the call to another key. `Err` is how the attempt ended.
-async fn send(
-    input: &AttemptInput<'_>,
+async fn send<'a>(
+    input: &AttemptInput<'a>,
     wire: &dyn Wire,
     bearer: Option<&Secret>,
     sink: &mut impl Out,
     meta: &mut Meta,
     first_limit: Instant,
-) -> Result<(Response, Option<Lease>), AttemptEnd> {
+) -> Result<(Response, Option<Lease>, StreamSlot<'a>), AttemptEnd> {
     let rt = input.endpoint;
     let mut tried = Vec::new();
     // The soonest reset of a key whose window had no room.
@@ -385,7 +389,7 @@ async fn send(
                 }
             }
         }
-        let response = send_once(input, wire, bearer, key, sink, first_limit).await?;
+        let (response, slot) = send_once(input, wire, bearer, key, sink, first_limit).await?;
         let reported = ratelimit::reported(response.headers(), 0, std::time::SystemTime::now());
         if !reported.is_empty() {
             meta.reported.push((name.to_string(), reported));
@@ -395,7 +399,7 @@ async fn send(
             if let (Some(l), Some(pool)) = (&lease, &rt.keys) {
                 meta.key = Some(pool.keys[l.index].name.clone());
             }
-            return Ok((response, lease));
+            return Ok((response, lease, slot));
         }
         let failure = match failed_response(wire, response, sink, first_limit).await {
             Ok(end) => return Err(end),
@@ -417,24 +421,24 @@ async fn send(
 }
 
 /// One request with one key, up to its response headers.
-async fn send_once(
-    input: &AttemptInput<'_>,
+/// The request's place on its connection comes back with the answer.
+async fn send_once<'a>(
+    input: &AttemptInput<'a>,
     wire: &dyn Wire,
     bearer: Option<&Secret>,
     key: Option<&Secret>,
     sink: &mut impl Out,
     first_limit: Instant,
-) -> Result<Response, AttemptEnd> {
+) -> Result<(Response, StreamSlot<'a>), AttemptEnd> {
     let mut dropped = Dropped::default();
     let request =
         build_request(input, wire, bearer, key, &mut dropped).map_err(AttemptEnd::Failed)?;
     if !dropped.is_empty() {
         sink.set_dropped(dropped.into_names());
     }
-    let sending = input
-        .endpoint
-        .http
-        .pick()
+    let slot = input.endpoint.http.take();
+    let sending = slot
+        .client()
         .post(&request.url, request.headers, request.body);
     let response = tokio::select! {
         _ = sink.closed() => return Err(AttemptEnd::ClientGone),
@@ -447,7 +451,7 @@ async fn send_once(
             "no response headers before the first-token timeout",
         ))),
         Ok(Err(e)) => Err(AttemptEnd::Failed(classify::classify_transport(&e))),
-        Ok(Ok(r)) => Ok(r),
+        Ok(Ok(r)) => Ok((r, slot)),
     }
 }
 

@@ -216,9 +216,10 @@ async fn send(endpoint: &Endpoint, body: &Value, max_body: usize) -> Result<Vec<
         _ => endpoint.api_key.as_ref().map(|k| k.expose()),
     };
     let url = format!("{}/embeddings", endpoint.base_url.trim_end_matches('/'));
-    let request = endpoint
-        .http
-        .pick()
+    // Counted on its connection until the answer is read.
+    let slot = endpoint.http.take();
+    let request = slot
+        .client()
         .post_json(&url, openai::auth_headers(key), body);
     let response = tokio::time::timeout(endpoint.first_token_timeout, request)
         .await
