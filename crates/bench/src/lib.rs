@@ -42,9 +42,9 @@ pub struct BenchArgs {
     /// `peers` (LiteLLM proxy and Portkey gateway side by side with Switchyard)
     /// is NOT part of `all`: it installs them with scripts/install-peers.sh into
     /// $SWITCHYARD_PEERS_DIR (default ~/.cache/switchyard-peers) when missing;
-    /// with `--peer-bin` it also measures that Rust gateway (agentgateway).
-    /// SWITCHYARD_PEERS (comma-separated: litellm, portkey, agentgateway)
-    /// narrows the peers run (Switchyard always runs).
+    /// with `--peer-bin` it also measures that Rust gateway (Busbar or
+    /// agentgateway). SWITCHYARD_PEERS (comma-separated: litellm, portkey,
+    /// agentgateway, busbar) narrows the peers run (Switchyard always runs).
     /// `h2load` (nghttp2's load generator instead of this crate's, gRPC
     /// frames encoded from the proto; needs `h2load` on PATH) is NOT part of `all`.
     #[arg(long, default_value = "all")]
@@ -65,11 +65,13 @@ pub struct BenchArgs {
     /// before/after figures share the machine's conditions.
     #[arg(long, value_name = "PATH")]
     pub baseline: Option<PathBuf>,
-    /// A Rust peer gateway binary (agentgateway, built by
-    /// scripts/build-peer-agentgateway.sh) that `peers` also starts and
-    /// measures like Switchyard, in the same run: the same OpenAI requests
-    /// at 1,000 and 3,000 per second and closed loop, CPU per request and
-    /// added latency. `SWITCHYARD_PEERS=agentgateway` skips LiteLLM and Portkey.
+    /// A Rust peer gateway binary (Busbar, built by
+    /// scripts/build-peer-busbar.sh, when its file name contains `busbar`;
+    /// else agentgateway, built by scripts/build-peer-agentgateway.sh) that
+    /// `peers` also starts and measures like Switchyard, in the same run:
+    /// the same OpenAI requests at 1,000 and 3,000 per second and closed
+    /// loop, CPU per request and added latency. `SWITCHYARD_PEERS=busbar`
+    /// (or `agentgateway`) skips LiteLLM and Portkey.
     #[arg(long, value_name = "PATH")]
     pub peer_bin: Option<PathBuf>,
 }

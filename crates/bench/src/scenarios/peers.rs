@@ -4,12 +4,14 @@
 //! documented fallback + retry config. Overhead vs direct, closed-loop maximum,
 //! CPU and peak RSS of each process tree, and the blackout.
 //!
-//! With `--peer-bin PATH` a Rust peer, agentgateway (built from source by
-//! `scripts/build-peer-agentgateway.sh`, never by the bench), runs too, right
-//! after Switchyard, with the same requests; the two Rust gateways also get
-//! 1,000 and 3,000 requests/s (the Python and Node peers cannot sustain them).
-//! `SWITCHYARD_PEERS` (comma-separated `litellm`, `portkey`, `agentgateway`)
-//! narrows which peers run; Switchyard always does.
+//! With `--peer-bin PATH` a Rust peer runs too: Busbar when the file name
+//! contains `busbar` (built from source by `scripts/build-peer-busbar.sh`),
+//! else agentgateway (`scripts/build-peer-agentgateway.sh`); the bench never
+//! builds either. It runs right after Switchyard, with the same requests;
+//! the two Rust gateways also get 1,000 and 3,000 requests/s (the Python and
+//! Node peers cannot sustain them). `SWITCHYARD_PEERS` (comma-separated
+//! `litellm`, `portkey`, `agentgateway`, `busbar`) narrows which peers run;
+//! Switchyard always does.
 //! `SWITCHYARD_PEERS_UPSTREAM=h2c` has Switchyard and Busbar reach the mocks
 //! over HTTP/2 with prior knowledge (`http2_prior_knowledge`,
 //! `advanced.upstream_h2_prior_knowledge`) instead of HTTP/1.1;
