@@ -269,6 +269,33 @@ async fn tool_calls_stream_as_openai_deltas() {
     assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
 }
 
+/// The door answers `POST /v1/chat/completions` before its path router;
+/// another method on that path is still the router's (405), a query string
+/// leaves the path what it is, and the answer is JSON written once.
+#[tokio::test]
+async fn completions_go_straight_to_their_handler_and_other_methods_do_not() {
+    let f = front("", &[]).await;
+    let r = f
+        .http
+        .get(format!("{}/v1/chat/completions", f.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    let r = f
+        .http
+        .post(format!("{}/v1/chat/completions?trace=1", f.url))
+        .json(&hello(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "content-type"), "application/json");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], expected_text());
+    assert_eq!(f.a.requests().await.len(), 1, "the GET reached no upstream");
+}
+
 #[tokio::test]
 async fn unknown_model_is_404_openai_error_and_no_upstream_call() {
     let f = front("", &[]).await;

@@ -224,7 +224,9 @@ pub async fn start(config: Config, config_path: Option<PathBuf>) -> Result<Runni
     let admin = tokio::spawn({
         let (metrics, stop) = (core.metrics.clone(), stop.clone());
         let bounds = bounds("admin", caps.admin);
-        async move { listener::serve_http(listeners.admin, admin_router, bounds, &metrics, stop).await }
+        async move {
+            listener::serve_http(listeners.admin, admin_router.into(), bounds, &metrics, stop).await
+        }
     });
     let http = listeners.http.map(|http| {
         let state = HttpState::new(core.intake.clone(), auth, reloader.clone())
@@ -516,6 +518,7 @@ async fn serve_grpc(
         .layer(crate::api::grpc_limits::TooLargeLayer {
             limit: config.limits.max_request_bytes,
             max_metadata: config.limits.max_metadata_bytes,
+            direct: router.clone(),
         })
         .add_service(health_service)
         .add_service(reflection)

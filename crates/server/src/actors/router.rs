@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rand::Rng;
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::fold_every;
@@ -38,8 +39,9 @@ use crate::telemetry::metrics::{Metrics, RouteLabels, RouteTargetLabels};
 /// One target the request may be sent to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
-    pub provider: String,
-    pub model: String,
+    /// Shared with the route table: a plan clones no string.
+    pub provider: Arc<str>,
+    pub model: Arc<str>,
     /// The route's first target: its traffic is the provider's own.
     pub primary: bool,
     /// Position in the route's fallback order.
@@ -65,7 +67,7 @@ impl Candidate {
 /// The ordered candidates for one request and the route's policies.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
-    pub route: String,
+    pub route: Arc<str>,
     pub candidates: Vec<Candidate>,
     pub default_max_tokens: Option<u32>,
     pub service_tier: Option<String>,
@@ -75,7 +77,7 @@ pub struct Plan {
     /// What the request does when its caller hangs up (unset: by key).
     pub on_caller_gone: Option<OnCallerGone>,
     pub side_effects: bool,
-    pub ladder: Vec<Rung>,
+    pub ladder: Arc<[Rung]>,
     pub cache_ttl: Duration,
     pub serve_fresh_within: Option<Duration>,
     pub max_tokens_limit: Option<u32>,
@@ -122,10 +124,7 @@ impl Plan {
     /// Each candidate's provider, in the plan's order (the decision table's
     /// `View::providers`).
     pub fn providers(&self) -> Vec<&str> {
-        self.candidates
-            .iter()
-            .map(|c| c.provider.as_str())
-            .collect()
+        self.candidates.iter().map(|c| &*c.provider).collect()
     }
 
     /// The route's part of the next-step decision.
@@ -205,10 +204,11 @@ pub struct RouteStatus {
 
 /// One route of the published table: its targets and policies.
 struct RouteEntry {
+    name: Arc<str>,
     /// Where its requests count themselves (the router's counters hold it too).
     tally: Arc<RouteTally>,
     targets: Vec<TargetInfo>,
-    ladder: Vec<Rung>,
+    ladder: Arc<[Rung]>,
     cache_ttl: Duration,
     serve_fresh_within: Option<Duration>,
     max_tokens_limit: Option<u32>,
@@ -288,8 +288,8 @@ pub struct RouteTable {
 }
 
 struct TargetInfo {
-    provider: String,
-    model: String,
+    provider: Arc<str>,
+    model: Arc<str>,
     capabilities: Vec<Capability>,
     /// The provider's `stream_unary`.
     stream_unary: bool,
@@ -462,8 +462,8 @@ fn build_routes(
                     let p = &config.providers[at.provider];
                     let m = &p.models[at.model];
                     TargetInfo {
-                        provider: p.id.clone(),
-                        model: m.name.clone(),
+                        provider: p.id.as_str().into(),
+                        model: m.name.as_str().into(),
                         capabilities: m.capabilities.clone(),
                         stream_unary: p.stream_unary,
                         context_tokens: m.context_tokens,
@@ -476,12 +476,13 @@ fn build_routes(
                 })
                 .collect();
             let entry = RouteEntry {
+                name: r.name.as_str().into(),
                 tally: counters
                     .get(&r.name)
                     .map(|c| c.tally.clone())
                     .unwrap_or_default(),
                 targets,
-                ladder: r.ladder.clone(),
+                ladder: r.ladder.as_slice().into(),
                 cache_ttl: r.cache_ttl,
                 serve_fresh_within: r.serve_fresh_within,
                 max_tokens_limit: r.max_tokens_limit,
@@ -532,11 +533,11 @@ impl Health {
 /// The evidence rule: health may reorder a route only when every target
 /// compared has enough calls in its window; otherwise the operator's order
 /// holds (every band 0) and the breakers alone protect.
-fn bands(live: &[Health]) -> Vec<u32> {
+fn bands(live: &[Health]) -> SmallVec<[u32; INLINE_TARGETS]> {
     if live.len() > 1 && live.iter().all(|h| h.evidence) {
         live.iter().map(|h| band(h.score)).collect()
     } else {
-        vec![0; live.len()]
+        smallvec::smallvec![0; live.len()]
     }
 }
 
@@ -557,8 +558,8 @@ fn observe_demotion(route: &str, t: &TargetInfo, demoted: bool, metrics: &Metric
         .target_demoted
         .get_or_create(&RouteTargetLabels {
             route: route.to_string(),
-            provider: t.provider.clone(),
-            model: t.model.clone(),
+            provider: t.provider.to_string(),
+            model: t.model.to_string(),
         })
         .set(i64::from(demoted));
 }
@@ -566,18 +567,27 @@ fn observe_demotion(route: &str, t: &TargetInfo, demoted: bool, metrics: &Metric
 /// An embeddings plan's targets: numbered among the route's `embeddings`
 /// targets (the first is the primary), and kept to the first one's family
 /// unless the route allows `any` (a pinned call names its one target).
-fn embedding_targets(
-    capable: Vec<(usize, &TargetInfo)>,
-    failover: FamilyFailover,
-) -> Vec<(usize, &TargetInfo)> {
-    let family = capable.first().map(|(_, t)| t.family.clone());
+fn embedding_targets(capable: Targets<'_>, failover: FamilyFailover) -> Targets<'_> {
+    let family = capable.first().map(|&(_, t)| t.family.as_str());
     capable
         .into_iter()
         .enumerate()
         .map(|(position, (_, t))| (position, t))
-        .filter(|(_, t)| failover == FamilyFailover::Any || Some(&t.family) == family.as_ref())
+        .filter(|(_, t)| failover == FamilyFailover::Any || Some(t.family.as_str()) == family)
         .collect()
 }
+
+/// A route's targets while a plan is ranked: routes have a handful, so the
+/// lists a plan builds live on the stack (measured: five allocations a
+/// request fewer).
+const INLINE_TARGETS: usize = 4;
+
+/// Targets by their position in the route.
+type Targets<'a> = SmallVec<[(usize, &'a TargetInfo); INLINE_TARGETS]>;
+
+/// Candidates by their rank: downshift last, then health band, priority
+/// and the weighted random key.
+type Ranked = SmallVec<[((bool, u32, u32, f64), Candidate); INLINE_TARGETS]>;
 
 /// Reads the published table and the providers' snapshots: a plan with no message.
 pub struct Planner<'a> {
@@ -631,7 +641,7 @@ impl RouteTable {
             .ok_or_else(|| PlanError::UnknownRoute(route.to_string()))?;
         let validations =
             (entry.require_validated && pin.is_none()).then(|| at.registry.validations());
-        let capable: Vec<(usize, &TargetInfo)> = entry
+        let capable: Targets<'_> = entry
             .targets
             .iter()
             .enumerate()
@@ -680,12 +690,12 @@ impl RouteTable {
             });
         }
         let mut soonest: Option<Duration> = None;
-        let mut live: Vec<(usize, &TargetInfo, Health)> = Vec::new();
+        let mut live: SmallVec<[(usize, &TargetInfo, Health); INLINE_TARGETS]> = SmallVec::new();
         for (position, t) in capable {
             let read =
                 |s: &super::provider::ProviderSnapshot| match s.unavailable_for(&t.model, now) {
                     Some(u) => Err(u),
-                    None => Ok(s.models.get(&t.model).map_or(Health::UNKNOWN, |m| Health {
+                    None => Ok(s.models.get(&*t.model).map_or(Health::UNKNOWN, |m| Health {
                         score: m.score,
                         evidence: m.evidence,
                     })),
@@ -703,9 +713,14 @@ impl RouteTable {
             };
             live.push((position, t, health));
         }
-        let bands = bands(&live.iter().map(|(_, _, h)| *h).collect::<Vec<_>>());
+        let bands = bands(
+            &live
+                .iter()
+                .map(|(_, _, h)| *h)
+                .collect::<SmallVec<[_; INLINE_TARGETS]>>(),
+        );
         let best = bands.iter().copied().min().unwrap_or(0);
-        let mut ranked: Vec<((bool, u32, u32, f64), Candidate)> = Vec::new();
+        let mut ranked: Ranked = SmallVec::new();
         for ((position, t, _), band) in live.into_iter().zip(bands) {
             let demoted = band > best;
             if pin.is_none() {
@@ -744,7 +759,7 @@ impl RouteTable {
                 .then(a.3.total_cmp(&b.3))
         });
         Ok(Plan {
-            route: route.to_string(),
+            route: entry.name.clone(),
             candidates: ranked.into_iter().map(|(_, c)| c).collect(),
             default_max_tokens: entry.default_max_tokens,
             service_tier: entry.service_tier.clone(),
@@ -1096,7 +1111,7 @@ require_validated = true
             let p = s
                 .plan("spread", &Needs::default(), None, Instant::now())
                 .unwrap();
-            if p.candidates[0].model == "big" {
+            if &*p.candidates[0].model == "big" {
                 first_big += 1;
             }
         }
@@ -1108,12 +1123,16 @@ require_validated = true
     fn sparse_evidence_keeps_the_route_order() {
         let h = |score, evidence| Health { score, evidence };
         // The primary failed 2 of 4: no evidence, no reordering.
-        assert_eq!(bands(&[h(0.5, false), h(1.0, false)]), [0, 0]);
+        assert_eq!(bands(&[h(0.5, false), h(1.0, false)]).as_slice(), [0, 0]);
         // Only one side has evidence: still the operator's order.
-        assert_eq!(bands(&[h(0.3, true), h(1.0, false)]), [0, 0]);
+        assert_eq!(bands(&[h(0.3, true), h(1.0, false)]).as_slice(), [0, 0]);
         // Both have evidence: the bands apply.
-        assert_eq!(bands(&[h(0.3, true), h(1.0, true)]), [3, 0]);
-        assert_eq!(bands(&[h(0.3, true)]), [0], "alone: nothing to compare");
+        assert_eq!(bands(&[h(0.3, true), h(1.0, true)]).as_slice(), [3, 0]);
+        assert_eq!(
+            bands(&[h(0.3, true)]).as_slice(),
+            [0],
+            "alone: nothing to compare"
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ use serde_json::json;
 use crate::api::auth::Authenticator;
 use crate::api::convert;
 use crate::api::intake::{Arrival, Door, Intake};
+use crate::api::listener::{Direct, Dispatch, Routes};
 use crate::error::RequestError;
 use crate::proto;
 use crate::reload::Reloader;
@@ -168,7 +169,7 @@ impl HttpState {
                 tenant,
                 request_id: Some(request_id.to_string()),
                 deadline: None,
-                trace: Some(tonic::metadata::MetadataMap::from_headers(headers.clone())),
+                trace: crate::telemetry::tracing::trace_context(headers),
                 buffered: !stream,
                 pin,
             })
@@ -261,15 +262,42 @@ pub fn started_unix() -> u64 {
     })
 }
 
-/// Both doors, the Batch API and the Responses API, on one listener.
-pub fn router(state: Arc<HttpState>) -> axum::Router {
+/// Both doors, the Batch API and the Responses API, on one listener; the
+/// doors' completions answered before the path router ([`Completions`]).
+pub fn router(state: Arc<HttpState>) -> Routes {
     started_unix();
-    crate::api::openai::routes()
+    let router = crate::api::openai::routes()
         .merge(crate::api::anthropic::routes())
         .fallback(crate::api::openai::not_found)
         .with_state(state.clone())
         .merge(crate::api::batch::routes(state.clone()))
-        .merge(crate::api::responses::routes(state))
+        .merge(crate::api::responses::routes(state.clone()));
+    Routes {
+        router,
+        direct: Some(Arc::new(Completions(state))),
+    }
+}
+
+/// `POST /v1/chat/completions` and `POST /v1/messages`, straight to their
+/// handlers (the router has the same two routes, for every other method).
+struct Completions(Arc<HttpState>);
+
+impl Direct for Completions {
+    fn call(&self, request: axum::extract::Request) -> Dispatch {
+        if request.method() != axum::http::Method::POST {
+            return Dispatch::Router(request);
+        }
+        let state = axum::extract::State(self.0.clone());
+        match request.uri().path() {
+            "/v1/chat/completions" => Dispatch::Answer(Box::pin(
+                crate::api::openai::chat_completions(state, request),
+            )),
+            "/v1/messages" => {
+                Dispatch::Answer(Box::pin(crate::api::anthropic::messages(state, request)))
+            }
+            _ => Dispatch::Router(request),
+        }
+    }
 }
 
 /// The caller's `x-request-id`, when it is sane.
@@ -310,7 +338,7 @@ impl Served {
 
     pub fn of_finished(f: &crate::sink::Finished) -> Self {
         Served {
-            by: format!("{}/{}", f.provider, f.model),
+            by: [&f.provider, "/", &f.model].concat(),
             tier: f.tier.as_str(),
             attempts: f.attempts,
             dropped: f.dropped.clone(),
@@ -325,8 +353,14 @@ impl Served {
 pub fn served_headers(h: &mut HeaderMap, served: Option<&Served>, request_id: &str) {
     if let Some(s) = served {
         insert(h, "x-switchyard-served-by", &s.by);
-        insert(h, "x-switchyard-tier", s.tier);
-        insert(h, "x-switchyard-attempts", &s.attempts.to_string());
+        h.insert(
+            HeaderName::from_static("x-switchyard-tier"),
+            HeaderValue::from_static(s.tier),
+        );
+        h.insert(
+            HeaderName::from_static("x-switchyard-attempts"),
+            HeaderValue::from(s.attempts),
+        );
         dropped_header(h, &s.dropped);
         if let Some(token) = &s.resume_token {
             insert(h, "x-switchyard-resume-token", token);
@@ -481,6 +515,27 @@ pub fn retry_after(h: &mut HeaderMap, delay: Option<std::time::Duration>) {
 }
 
 /// Sets a header when the value is a valid header value.
+/// Room for a short completion's JSON: the answer is written once, where
+/// axum's `Json` starts at 128 bytes and grows (measured: four allocations
+/// for a 16-token answer).
+const JSON_ANSWER_BYTES: usize = 1024;
+
+/// A 200 with `value` as its JSON body.
+pub fn json_answer<T: serde::Serialize>(value: &T) -> Response {
+    let mut body = Vec::with_capacity(JSON_ANSWER_BYTES);
+    match serde_json::to_writer(&mut body, value) {
+        Ok(()) => {
+            let mut r = Response::new(Body::from(body));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
 pub fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
     if let Ok(v) = HeaderValue::from_str(value) {
         headers.insert(HeaderName::from_static(name), v);

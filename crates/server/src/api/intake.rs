@@ -139,11 +139,12 @@ impl Intake {
 
     /// A fresh request id.
     pub fn request_id(&self) -> String {
-        format!(
-            "sy-{}-{}",
-            self.id_prefix,
-            self.next_id.fetch_add(1, Ordering::Relaxed)
-        )
+        use std::fmt::Write;
+        // Sized once: `format!` grows its string (two allocations).
+        let mut id = String::with_capacity(self.id_prefix.len() + 24);
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let _ = write!(id, "sy-{}-{n}", self.id_prefix);
+        id
     }
 
     /// Validates and admits a request: the spec, the tenant's slot and the span.

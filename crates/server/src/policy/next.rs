@@ -16,7 +16,7 @@ use crate::policy::outcome::{Failure, OutcomeClass};
 /// The route's part of the decision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RoutePolicy {
-    pub route: String,
+    pub route: std::sync::Arc<str>,
     /// Upstream attempts per request, all targets together.
     pub max_attempts: u32,
     pub mid_stream: MidStreamPolicy,
@@ -228,7 +228,7 @@ pub fn next(tried: &mut Tried, outcome: Outcome, view: &View<'_>, rng: &mut impl
         }
         Outcome::NoBudget => {
             return Next::Stop(RequestError::RetryBudgetExhausted {
-                route: view.policy.route.clone(),
+                route: view.policy.route.to_string(),
                 last: tried
                     .last
                     .clone()
@@ -447,16 +447,16 @@ fn exhausted(tried: &Tried, view: &View<'_>) -> Next {
             }
         }
         None if tried.limited.is_some() => RequestError::RateLimited {
-            route: policy.route.clone(),
+            route: policy.route.to_string(),
             retry_in: tried.limited.unwrap_or_default(),
         },
         None if tried.saturated => RequestError::Saturated {
-            route: policy.route.clone(),
+            route: policy.route.to_string(),
         },
         None => match tried.below_p95 {
             Some(p95_ttft) => RequestError::DeadlineTooShort { p95_ttft },
             None => RequestError::NoHealthyTarget {
-                route: policy.route.clone(),
+                route: policy.route.to_string(),
                 retry_in: tried.refused_retry_in.or(policy.unavailable_for),
             },
         },

@@ -85,7 +85,7 @@ pub(crate) fn begin(
     let task = tokio::spawn(embed_question(
         actors.clone(),
         metrics.clone(),
-        plan.route.clone(),
+        plan.route.to_string(),
         cfg.clone(),
         q.question,
         started + FILL_WAIT,
@@ -96,7 +96,7 @@ pub(crate) fn begin(
             .min(d.saturating_duration_since(started) / 2)
     });
     Some(Pending {
-        route: plan.route.clone(),
+        route: plan.route.to_string(),
         cfg,
         scope: q.scope,
         lookup_until: started + budget,

@@ -61,7 +61,7 @@ impl Tasks {
         (1..=n).map(|k| (failed + k) % n).find_map(|idx| {
             let c = &plan.candidates[idx];
             let entry = self.actors.provider(&c.provider)?;
-            let model = entry.runtime.models.iter().find(|m| m.name == c.model)?;
+            let model = entry.runtime.models.iter().find(|m| *m.name == *c.model)?;
             let target = Target {
                 kind: entry.runtime.kind,
                 model: &c.model,

@@ -202,8 +202,8 @@ fn embedded(
 ) -> Embedded {
     Embedded {
         vectors: vectors.vectors,
-        provider: c.provider.clone(),
-        model: c.model.clone(),
+        provider: c.provider.to_string(),
+        model: c.model.to_string(),
         tier: c.tier(),
         attempts,
         input_tokens,

@@ -157,7 +157,7 @@ impl Tasks {
             candidate: &call.plan.candidates[done.idx],
             ..*call
         };
-        chat.model = c.candidate.model.clone();
+        chat.model = c.candidate.model.to_string();
         let won = out.hedged.then_some(done.attempt);
         self.conclude(
             &c,
@@ -193,7 +193,7 @@ impl Tasks {
         first: Turn<'f>,
         hedge: Hedge,
     ) -> Hedged<'f> {
-        let route = call.plan.route.as_str();
+        let route = &*call.plan.route;
         let max_extra = call.plan.traffic.hedge.map_or(1, |h| h.max_extra);
         let first_idx = tried.current().unwrap_or_default();
         let first_attempt = tried.attempts();
@@ -306,7 +306,7 @@ impl Tasks {
     ) -> Option<Turn<'f>> {
         let candidate = &call.plan.candidates[to];
         let mut hedge_chat = chat.clone();
-        hedge_chat.model = candidate.model.clone();
+        hedge_chat.model = candidate.model.to_string();
         hedge_chat.stream = candidate.streamed(call.buffered);
         let ask = Ask {
             spec: call.spec,
@@ -430,7 +430,7 @@ fn start<'f>(
         let candidate = &call.plan.candidates[idx];
         let c = Call { candidate, ..call };
         let mut chat = chat.clone();
-        chat.model = candidate.model.clone();
+        chat.model = candidate.model.to_string();
         chat.stream = candidate.streamed(call.buffered);
         chat.service_tier = call
             .plan

@@ -234,7 +234,7 @@ impl Tasks {
         tracing::info!(
             request_id = %spec.request_id,
             %reason,
-            continues_on = on.as_ref().map(|(i, _)| plan.candidates[*i].provider.as_str()),
+            continues_on = on.as_ref().map(|(i, _)| &*plan.candidates[*i].provider),
             "the stream failed after output: continuing it"
         );
         walk.carried += sink.attempt_chars().div_ceil(4) as u32;
@@ -260,7 +260,7 @@ impl Tasks {
         carried: u32,
     ) -> Result<Outcome, RequestError> {
         let candidate = call.candidate;
-        chat.model = candidate.model.clone();
+        chat.model = candidate.model.to_string();
         chat.stream = candidate.streamed(call.buffered);
         let prefer = call.affinity.and_then(|a| {
             affinity::key_for(a.warm.as_ref(), &candidate.provider, &candidate.model)
@@ -498,7 +498,7 @@ impl Tasks {
             self.metrics
                 .key_events
                 .get_or_create(&crate::telemetry::metrics::KeyLabels {
-                    provider: call.candidate.provider.clone(),
+                    provider: call.candidate.provider.to_string(),
                     key: key.clone(),
                     event,
                 })
@@ -560,8 +560,8 @@ impl Tasks {
                 finish_reason: completion.finish_reason,
                 usage,
                 usage_estimated,
-                provider: candidate.provider.clone(),
-                model: candidate.model.clone(),
+                provider: candidate.provider.to_string(),
+                model: candidate.model.to_string(),
                 tier: candidate.tier(),
                 attempts: served.attempts,
                 request_id: call.spec.request_id.clone(),
@@ -619,13 +619,13 @@ impl Tasks {
         self.metrics
             .cache_affinity
             .get_or_create(&crate::telemetry::metrics::AffinityLabels {
-                route: call.plan.route.clone(),
+                route: call.plan.route.to_string(),
                 result: verdict.as_str(),
             })
             .inc();
         let warm = Warm {
-            provider: c.provider.clone(),
-            model: c.model.clone(),
+            provider: c.provider.to_string(),
+            model: c.model.to_string(),
             key,
         };
         self.affinity
@@ -637,7 +637,7 @@ impl Tasks {
     pub(super) fn p95_ttft(&self, c: &Candidate) -> Option<Duration> {
         let entry = self.actors.provider(&c.provider)?;
         entry.runtime.with_snapshot(|snapshot| {
-            let t = snapshot.models.get(&c.model)?;
+            let t = snapshot.models.get(&*c.model)?;
             (t.calls >= MIN_TTFT_SAMPLES)
                 .then_some(t.p95_ttft)
                 .flatten()
@@ -670,8 +670,8 @@ impl Tasks {
                     .prompt_cache_tokens
                     .get_or_create(&crate::telemetry::metrics::PromptCacheLabels {
                         route: route.to_string(),
-                        provider: c.provider.clone(),
-                        model: c.model.clone(),
+                        provider: c.provider.to_string(),
+                        model: c.model.to_string(),
                         kind,
                     })
                     .inc_by(u64::from(n));
@@ -686,8 +686,8 @@ impl Tasks {
                 .cost_usd
                 .get_or_create(&crate::telemetry::metrics::RouteTargetLabels {
                     route: route.to_string(),
-                    provider: c.provider.clone(),
-                    model: c.model.clone(),
+                    provider: c.provider.to_string(),
+                    model: c.model.to_string(),
                 })
                 .inc_by(usd);
         }
@@ -700,7 +700,7 @@ impl Tasks {
 
     /// Counts an answer served by a live target and tells the router (its
     /// failover rate).
-    pub(super) fn served(&self, route: &str, c: &Candidate, tier: Tier) {
+    pub(super) fn served(&self, route: &Arc<str>, c: &Candidate, tier: Tier) {
         self.count_served(route, tier, &c.provider);
         self.actors.served(route, c.position == 0);
     }
@@ -716,8 +716,8 @@ pub(super) fn begin(call: &Call<'_>, attempt: u32, sink: &mut EventSink) {
             c.prefill.seam(),
         ),
         None => sink.begin_attempt(Started {
-            provider: candidate.provider.clone(),
-            model: candidate.model.clone(),
+            provider: candidate.provider.to_string(),
+            model: candidate.model.to_string(),
             attempt,
             tier: candidate.tier(),
             request_id: call.spec.request_id.clone(),

@@ -493,13 +493,13 @@ impl Tasks {
     }
 
     /// Counts an answered request by route, tier and who answered.
-    fn count_served(&self, route: &str, tier: Tier, provider: &str) {
+    fn count_served(&self, route: &Arc<str>, tier: Tier, provider: &Arc<str>) {
         self.metrics
             .served
             .get_or_create(&ServedLabels {
-                route: route.to_string(),
+                route: route.clone(),
                 tier: tier.as_str(),
-                provider: provider.to_string(),
+                provider: provider.clone(),
             })
             .inc();
     }

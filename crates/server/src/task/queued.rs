@@ -39,7 +39,7 @@ impl Tasks {
     ) -> Result<bool, RequestError> {
         let job = self.enqueue(spec).await?;
         tracing::warn!(request_id = %spec.request_id, route = %plan.route, error = %e, "no live answer; queued");
-        self.count_served(&plan.route, Tier::Queued, "queue");
+        self.count_served(&plan.route, Tier::Queued, &"queue".into());
         let _ = sink.queued(job).await;
         Ok(true)
     }

@@ -258,11 +258,11 @@ impl Tasks {
         &self,
         sink: &mut EventSink,
         spec: &RequestSpec,
-        route: &str,
+        route: &std::sync::Arc<str>,
         stored: Stored<'_>,
         attempts: u32,
     ) {
-        self.count_served(route, stored.tier, stored.tier.as_str());
+        self.count_served(route, stored.tier, &stored.tier.as_str().into());
         if stored.tier == Tier::SemanticCache {
             self.count_deflected(route, stored.events);
         }

@@ -159,7 +159,7 @@ impl Tasks {
                 .and_then(|(p, m)| {
                     plan.candidates
                         .iter()
-                        .position(|c| c.provider == p && c.model == m)
+                        .position(|c| *c.provider == *p && *c.model == *m)
                 })
                 .unwrap_or(0);
             if plan.candidates.is_empty() {

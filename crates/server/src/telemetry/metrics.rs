@@ -112,9 +112,10 @@ pub struct ActorCalls {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServedLabels {
-    pub route: String,
+    /// Shared with the plan: counting an answer copies no string.
+    pub route: std::sync::Arc<str>,
     pub tier: &'static str,
-    pub provider: String,
+    pub provider: std::sync::Arc<str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -144,6 +144,20 @@ impl Extractor for MetadataExtractor<'_> {
     }
 }
 
+/// The W3C trace context an HTTP caller sent (`traceparent`, with its
+/// `tracestate`), the only headers [`continue_trace`] reads; `None` without
+/// a `traceparent` (copying every header of every request cost two
+/// allocations).
+pub fn trace_context(headers: &http::HeaderMap) -> Option<tonic::metadata::MetadataMap> {
+    let parent = headers.get("traceparent")?;
+    let mut context = http::HeaderMap::with_capacity(2);
+    context.insert("traceparent", parent.clone());
+    if let Some(state) = headers.get("tracestate") {
+        context.insert("tracestate", state.clone());
+    }
+    Some(tonic::metadata::MetadataMap::from_headers(context))
+}
+
 /// Makes `span` a child of the caller's trace, if the metadata carries one.
 pub fn continue_trace(span: &tracing::Span, metadata: &tonic::metadata::MetadataMap) {
     let parent = TraceContextPropagator::new().extract(&MetadataExtractor(metadata));
@@ -151,8 +165,24 @@ pub fn continue_trace(span: &tracing::Span, metadata: &tonic::metadata::Metadata
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trace_context_keeps_the_w3c_headers_only_and_needs_a_traceparent() {
+        let mut h = http::HeaderMap::new();
+        h.insert("authorization", "Bearer secret".parse().unwrap());
+        h.insert("tracestate", "k=v".parse().unwrap());
+        assert!(trace_context(&h).is_none(), "tracestate alone is no trace");
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        h.insert("traceparent", parent.parse().unwrap());
+        let m = trace_context(&h).unwrap().into_headers();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m["traceparent"], parent);
+        assert_eq!(m["tracestate"], "k=v");
+        assert!(m.get("authorization").is_none());
+    }
 
     #[test]
     fn without_an_exporter_spans_are_never_created_and_events_are_logged() {

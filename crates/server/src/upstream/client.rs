@@ -361,8 +361,17 @@ impl Conn {
 }
 
 impl Connection for Conn {
+    /// Whether the connection is proxied and speaks h2, and nothing else:
+    /// the TCP stream's own answer carries its socket addresses, which
+    /// hyper-util then copies into every response's extensions (measured:
+    /// three allocations a request that nothing here reads).
     fn connected(&self) -> Connected {
-        self.io.connected().proxy(self.proxied)
+        let connected = Connected::new().proxy(self.proxied);
+        if self.io.connected().is_negotiated_h2() {
+            connected.negotiated_h2()
+        } else {
+            connected
+        }
     }
 }
 

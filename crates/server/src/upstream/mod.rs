@@ -18,6 +18,7 @@ pub(crate) mod fuzz;
 pub mod gemini;
 pub mod keys;
 pub mod openai;
+mod openai_body;
 mod openai_frame;
 pub mod pool;
 pub mod ratelimit;

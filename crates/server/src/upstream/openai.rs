@@ -9,17 +9,14 @@ use std::collections::BTreeMap;
 
 use http::header::AUTHORIZATION;
 use http::{HeaderMap, HeaderValue};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
-use crate::chat::{MediaSource, Part, PartKind, ToolChoice};
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::upstream::classify::{classify_error_object, in_body};
+pub use crate::upstream::openai_body::{body_bytes, build_body};
 use crate::upstream::sse::SseEvent;
 use crate::upstream::wire::{Auth, Call, Quirks, Wire, WireRequest};
-use crate::upstream::{
-    ChatMessage, ChatRequest, Chunk, Completion, Dialect, Dropped, FinishReason, StreamDecoder,
-    Usage,
-};
+use crate::upstream::{Chunk, Completion, Dialect, Dropped, FinishReason, StreamDecoder, Usage};
 
 /// OpenAI Chat Completions (`kind = "openai"`; vLLM, llama.cpp, Ollama).
 pub struct OpenAiWire;
@@ -47,10 +44,10 @@ impl Wire for OpenAiWire {
     }
 
     fn request(&self, call: &Call<'_>, dropped: &mut Dropped) -> Result<WireRequest, Failure> {
-        Ok(WireRequest::json(
+        Ok(WireRequest::json_bytes(
             endpoint(&call.endpoint.base_url),
             auth_headers(call.key),
-            build_body(call.chat, dropped),
+            body_bytes(call.chat, dropped),
         ))
     }
 
@@ -65,105 +62,7 @@ impl Wire for OpenAiWire {
 
 /// The chat completions URL under `base_url` (e.g. `https://api.openai.com/v1`).
 pub fn endpoint(base_url: &str) -> String {
-    format!("{}/chat/completions", base_url.trim_end_matches('/'))
-}
-
-/// The JSON request body. Streaming asks for the usage chunk (`include_usage`).
-/// What the Chat Completions wire cannot carry is noted in `dropped`: cache
-/// markers (OpenAI caches on its own), signed reasoning, `is_error`,
-/// document URLs, media in tool results, and another dialect's passthrough.
-pub fn build_body(req: &ChatRequest, dropped: &mut Dropped) -> Value {
-    let mut body = Map::new();
-    body.insert("model".into(), json!(req.model));
-    let messages = req
-        .messages
-        .iter()
-        .map(|m| message_json(m, dropped))
-        .collect();
-    body.insert("messages".into(), Value::Array(messages));
-    let passthrough = req.passthrough_for(Dialect::Openai);
-    if let Some(n) = req.max_tokens {
-        // Reasoning models take only `max_completion_tokens`; a caller of
-        // this dialect who wrote it gets it (compatible servers that predate
-        // it keep `max_tokens`).
-        let spelled = passthrough.is_some_and(|p| p.fields.contains_key("max_completion_tokens"));
-        let key = if req.reasoning.is_some() || spelled {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
-        };
-        body.insert(key.into(), json!(n));
-    }
-    if let Some(t) = req.temperature.and_then(f32_json) {
-        body.insert("temperature".into(), t);
-    }
-    if let Some(p) = req.top_p.and_then(f32_json) {
-        body.insert("top_p".into(), p);
-    }
-    if !req.stop.is_empty() {
-        body.insert("stop".into(), json!(req.stop));
-    }
-    if !req.tools.is_empty() {
-        let tools = req.tools.iter().map(|t| {
-            let mut function = Map::new();
-            function.insert("name".into(), json!(t.name));
-            function.insert("description".into(), json!(t.description));
-            function.insert("parameters".into(), t.parameters.clone());
-            match (&t.extra, passthrough.is_some()) {
-                (Some(extra), true) => merge_absent(&mut function, extra),
-                (Some(_), false) => dropped.note("tools.extra"),
-                (None, _) => {}
-            }
-            if t.cache.is_some() {
-                dropped.note("cache_control");
-            }
-            json!({"type": "function", "function": function})
-        });
-        body.insert("tools".into(), Value::Array(tools.collect()));
-        match &req.tool_choice {
-            ToolChoice::Auto => {}
-            ToolChoice::Any => {
-                body.insert("tool_choice".into(), json!("required"));
-            }
-            ToolChoice::Tool(name) => {
-                body.insert(
-                    "tool_choice".into(),
-                    json!({"type": "function", "function": {"name": name}}),
-                );
-            }
-        }
-    }
-    if let Some(schema) = &req.json_schema {
-        let mut js = Map::new();
-        js.insert("name".into(), json!(schema.name));
-        js.insert("schema".into(), schema.schema.clone());
-        js.insert("strict".into(), json!(schema.strict));
-        if let Some(d) = &schema.description {
-            js.insert("description".into(), json!(d));
-        }
-        body.insert(
-            "response_format".into(),
-            json!({"type": "json_schema", "json_schema": js}),
-        );
-    } else if req.json_mode {
-        body.insert("response_format".into(), json!({"type": "json_object"}));
-    }
-    if let Some(effort) = req.reasoning.as_ref().and_then(effort_of) {
-        body.insert("reasoning_effort".into(), json!(effort));
-    }
-    if let Some(tier) = &req.service_tier {
-        body.insert("service_tier".into(), json!(tier));
-    }
-    if req.stream {
-        body.insert("stream".into(), json!(true));
-        body.insert("stream_options".into(), json!({"include_usage": true}));
-    }
-    match (passthrough, req.passthrough.as_deref()) {
-        (Some(p), _) => merge_absent(&mut body, &p.fields),
-        (None, Some(other)) => dropped.passthrough(other),
-        (None, None) => {}
-    }
-    Value::Object(body)
+    [base_url.trim_end_matches('/'), "/chat/completions"].concat()
 }
 
 /// OpenAI's `reasoning_effort` for a reasoning ask: the effort as asked, or
@@ -200,107 +99,6 @@ pub(crate) fn data_url(media_type: &str, data: &[u8]) -> String {
         "data:{media_type};base64,{}",
         base64::engine::general_purpose::STANDARD.encode(data)
     )
-}
-
-/// One content part in Chat Completions' shape; `None` for what it cannot carry.
-fn part_json(p: &Part, role: &str, dropped: &mut Dropped) -> Option<Value> {
-    if p.cache.is_some() {
-        dropped.note("cache_control");
-    }
-    match &p.kind {
-        PartKind::Text(t) => Some(json!({"type": "text", "text": t})),
-        PartKind::Image(_) | PartKind::Document(_) if role == "tool" => {
-            dropped.note("tool_result_media");
-            None
-        }
-        PartKind::Image(img) => {
-            let url = match &img.source {
-                MediaSource::Url(u) => u.clone(),
-                MediaSource::Data(d) => data_url(&img.media_type, d),
-            };
-            let mut image_url = Map::new();
-            image_url.insert("url".into(), json!(url));
-            if let Some(d) = &img.detail {
-                image_url.insert("detail".into(), json!(d));
-            }
-            Some(json!({"type": "image_url", "image_url": image_url}))
-        }
-        PartKind::Document(doc) => match (&doc.source, doc.media_type.as_str()) {
-            (MediaSource::Data(d), "application/pdf") => {
-                let filename = doc
-                    .filename
-                    .clone()
-                    .or_else(|| doc.title.clone().map(|t| format!("{t}.pdf")))
-                    .unwrap_or_else(|| "document.pdf".into());
-                Some(json!({"type": "file", "file": {
-                    "file_data": data_url("application/pdf", d), "filename": filename}}))
-            }
-            // A text document is its text (Chat files are PDF only).
-            (MediaSource::Data(d), _) => {
-                let text = String::from_utf8_lossy(d);
-                let text = match &doc.title {
-                    Some(t) => format!("{t}\n\n{text}"),
-                    None => text.into_owned(),
-                };
-                Some(json!({"type": "text", "text": text}))
-            }
-            (MediaSource::Url(_), _) => {
-                dropped.note("document_url");
-                None
-            }
-        },
-        PartKind::Reasoning(_) => {
-            dropped.note("reasoning");
-            None
-        }
-    }
-}
-
-fn message_json(m: &ChatMessage, dropped: &mut Dropped) -> Value {
-    let mut o = Map::new();
-    o.insert("role".into(), json!(m.role));
-    let content = if m.parts.is_empty() {
-        json!(m.content)
-    } else {
-        let parts: Vec<Value> = m
-            .parts
-            .iter()
-            .filter_map(|p| part_json(p, &m.role, dropped))
-            .collect();
-        // System and tool messages take text only: one string keeps them
-        // acceptable to every compatible server.
-        let text_only = parts.iter().all(|p| p["type"] == "text");
-        if text_only && m.role != "user" {
-            json!(parts
-                .iter()
-                .filter_map(|p| p["text"].as_str())
-                .collect::<Vec<_>>()
-                .join("\n"))
-        } else {
-            Value::Array(parts)
-        }
-    };
-    if m.is_error {
-        dropped.note("is_error");
-    }
-    if m.cache.is_some() {
-        dropped.note("cache_control");
-    }
-    if m.tool_calls.is_empty() {
-        o.insert("content".into(), content);
-    } else {
-        let empty = content.as_str() == Some("") || content.as_array().is_some_and(Vec::is_empty);
-        o.insert("content".into(), if empty { Value::Null } else { content });
-        let calls = m.tool_calls.iter().map(|c| {
-            json!({"id": c.id, "type": "function",
-                   "function": {"name": c.name, "arguments": c.arguments}})
-        });
-        o.insert("tool_calls".into(), Value::Array(calls.collect()));
-    }
-    if let Some(id) = &m.tool_call_id {
-        o.insert("tool_call_id".into(), json!(id));
-    }
-    Value::Object(o)
 }
 
 /// An `f32` as the JSON number a human wrote (`0.7`, not `0.699999988`); `None` if not finite.
@@ -964,8 +762,10 @@ fn message_chunks(message: &Value) -> (Vec<Chunk>, bool, Vec<String>) {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+    use crate::chat::ToolChoice;
     use crate::upstream::sse::transcript::{run_all, text_of};
-    use crate::upstream::{ToolCall, ToolSpec};
+    use crate::upstream::{ChatMessage, ChatRequest, ToolCall, ToolSpec};
+    use serde_json::json;
 
     macro_rules! fixture {
         ($name:literal) => {
@@ -1010,6 +810,13 @@ mod tests {
         assert_eq!(body["seed"], 7);
         assert_eq!(body["prompt_cache_key"], "session-1");
         assert!(d.is_empty(), "{d:?}");
+        // The bytes on the wire are that body, each name once: a
+        // passthrough field the adapter wrote is not written again.
+        let bytes = body_bytes(&req, &mut Dropped::default());
+        let text = std::str::from_utf8(&bytes).unwrap();
+        assert_eq!(serde_json::from_slice::<Value>(&bytes).unwrap(), body);
+        assert_eq!(text.matches("max_completion_tokens").count(), 1, "{text}");
+        assert_eq!(text.matches("\"seed\"").count(), 1, "{text}");
         let mut d = Dropped::default();
         let a = crate::upstream::anthropic::build_body(
             &req,
@@ -1142,6 +949,8 @@ mod tests {
             "stream_options": {"include_usage": true}
         });
         assert_eq!(build_body(&req, &mut Dropped::default()), want);
+        let bytes = body_bytes(&req, &mut Dropped::default());
+        assert_eq!(serde_json::from_slice::<Value>(&bytes).unwrap(), want);
     }
 
     #[test]

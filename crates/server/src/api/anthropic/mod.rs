@@ -46,7 +46,7 @@ fn authenticate(s: &HttpState, headers: &HeaderMap) -> Result<Option<String>, Re
     }
 }
 
-async fn messages(State(s): State<Arc<HttpState>>, request: Request) -> Response {
+pub(crate) async fn messages(State(s): State<Arc<HttpState>>, request: Request) -> Response {
     let request_id = s.request_id(request.headers());
     match serve(&s, request, &request_id).await {
         Ok(r) => r,
@@ -88,7 +88,7 @@ async fn serve(
     match door::assemble(&mut rx).await {
         Ok(door::Unary::Queued(q)) => Ok(door::queued(&q, request_id)),
         Ok(door::Unary::Answer(done, served)) => {
-            let mut r = axum::Json(response::message(&ids, done)).into_response();
+            let mut r = door::json_answer(&response::message(&ids, done));
             headers(r.headers_mut(), served.as_ref(), request_id);
             Ok(r)
         }

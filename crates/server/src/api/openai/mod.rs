@@ -72,7 +72,10 @@ pub(crate) fn completion_json(
 
 // ---- handlers -------------------------------------------------------------
 
-async fn chat_completions(State(s): State<Arc<HttpState>>, request: Request) -> Response {
+pub(crate) async fn chat_completions(
+    State(s): State<Arc<HttpState>>,
+    request: Request,
+) -> Response {
     let request_id = s.request_id(request.headers());
     match chat(&s, request, &request_id).await {
         Ok(r) => r,
@@ -110,7 +113,7 @@ async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Respo
         match door::assemble(&mut rx).await {
             Ok(door::Unary::Queued(q)) => Ok(door::queued(&q, request_id)),
             Ok(door::Unary::Answer(done, served)) => {
-                let mut r = axum::Json(Completion::new(&ids, &done)).into_response();
+                let mut r = door::json_answer(&Completion::new(&ids, &done));
                 served_headers(r.headers_mut(), served.as_ref(), request_id);
                 Ok(r)
             }

@@ -280,7 +280,7 @@ impl ResponsesApi {
                 tenant: Some(tenant.clone()),
                 request_id: Some(request_id.to_string()),
                 deadline: None,
-                trace: Some(tonic::metadata::MetadataMap::from_headers(headers.clone())),
+                trace: crate::telemetry::tracing::trace_context(headers),
                 buffered: true,
                 pin: None,
             })
