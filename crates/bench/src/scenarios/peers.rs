@@ -416,7 +416,10 @@ fn switchyard_config(
     )
     .replacen(
         "[server]\n",
-        &format!("[server]\nhttp_listen = \"127.0.0.1:{port}\"\n"),
+        // Connections up to the load generator's in-flight cap, as the
+        // overhead scenario has them (the peer has no cap): an overload
+        // shows as latency, not as the quietest connection closed.
+        &format!("[server]\nhttp_listen = \"127.0.0.1:{port}\"\nhttp_max_connections = 6000\n"),
         1,
     )
 }

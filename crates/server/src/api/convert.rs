@@ -350,29 +350,30 @@ fn started(s: Started) -> proto::Started {
     }
 }
 
-fn finished(f: &Finished) -> proto::Finished {
+/// Moved, not copied: the event is spent.
+fn finished(f: Finished) -> proto::Finished {
     proto::Finished {
         finish_reason: finish_reason(f.finish_reason) as i32,
         usage: Some(content::usage_proto(&f.usage, f.usage_estimated)),
         served_by: Some(proto::ServedBy {
-            provider: f.provider.clone(),
-            model: f.model.clone(),
+            provider: f.provider,
+            model: f.model,
         }),
         tier: tier(f.tier) as i32,
         attempts: f.attempts,
-        request_id: f.request_id.clone(),
-        upstream_request_id: f.upstream_request_id.clone().unwrap_or_default(),
+        request_id: f.request_id,
+        upstream_request_id: f.upstream_request_id.unwrap_or_default(),
         cache_age_ms: f.cache_age.map_or(0, |a| a.as_millis() as u64),
         cache_similarity: f.cache_similarity.unwrap_or(0.0),
         replayed: f.replayed,
         cost_usd: f.cost_usd,
-        service_tier: f.service_tier.clone().unwrap_or_default(),
+        service_tier: f.service_tier.unwrap_or_default(),
         reasoning: f
             .reasoning
             .iter()
             .map(content::reasoning_block_proto)
             .collect(),
-        dropped: f.dropped.clone(),
+        dropped: f.dropped,
         resumable: f.resumable,
         hedged: f.hedged,
         won_attempt: f.won_attempt,
@@ -409,7 +410,7 @@ pub fn event(seq: u64, e: Event) -> proto::CompletionEvent {
             reason,
             failed_attempt,
         }),
-        Event::Finished(f) => E::Finished(finished(&f)),
+        Event::Finished(f) => E::Finished(finished(*f)),
         Event::Queued(q) => E::Job(job(&q.record, q.position, q.eta)),
         Event::Moved {
             resume_token,
@@ -478,7 +479,7 @@ impl Assembler {
                 None
             }
             Event::Finished(f) => {
-                let fin = finished(&f);
+                let fin = finished(*f);
                 Some(proto::CompletionResponse {
                     text: std::mem::take(&mut self.text),
                     tool_calls: std::mem::take(&mut self.calls),

@@ -79,7 +79,7 @@ async fn serve(
         .await
         .map_err(refused)?;
     let ids = response::Ids {
-        id: format!("msg_{request_id}"),
+        id: ["msg_", request_id].concat(),
         model,
     };
     if parsed.stream {

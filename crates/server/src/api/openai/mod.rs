@@ -103,7 +103,7 @@ async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Respo
         .await
         .map_err(refused)?;
     let ids = Ids {
-        id: format!("chatcmpl-{request_id}"),
+        id: ["chatcmpl-", request_id].concat(),
         created: now_secs(),
         model: parsed_model,
     };
