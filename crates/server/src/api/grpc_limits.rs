@@ -6,7 +6,9 @@
 //! this layer rewrites that one answer to RESOURCE_EXHAUSTED
 //! (REQUEST_TOO_LARGE, with ErrorInfo), as gRPC's status-code guide says for
 //! "message larger than configured max". Either way the connection and its
-//! other streams are untouched.
+//! other streams are untouched. The layer is also where the Router
+//! service's calls leave tonic's path router for the service itself
+//! ([`TooLargeLayer::direct`]), past the same limits.
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -8,7 +8,8 @@
 //! request in flight for `connection_idle_timeout` is closed, however many
 //! bytes it trickles), and a shutdown bounded by the drain timeout plus a
 //! 2 s grace. The gRPC listener gets the cap and the first-bytes timeout
-//! through [`capped`].
+//! through [`capped`]. An HTTP listener serves [`Routes`]: its path router,
+//! and the hot calls a [`Direct`] answers before it.
 
 mod fds;
 mod gate;

@@ -53,8 +53,8 @@ impl StreamSlot<'_> {
 
 impl Drop for StreamSlot<'_> {
     fn drop(&mut self) {
-        if let Some(n) = self.pool.counted().then(|| &self.pool.streams[self.index]) {
-            n.fetch_sub(1, Ordering::Relaxed);
+        if self.pool.counted() {
+            self.pool.streams[self.index].fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
