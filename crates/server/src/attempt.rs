@@ -394,7 +394,7 @@ async fn send<'a>(
         if !reported.is_empty() {
             meta.reported.push((name.to_string(), reported));
         }
-        meta.upstream_request_id = request_id(response.headers()).map(|id| rt.upstream_id(&id));
+        meta.upstream_request_id = request_id(response.headers()).map(|id| rt.upstream_id(id));
         if response.status().is_success() {
             if let (Some(l), Some(pool)) = (&lease, &rt.keys) {
                 meta.key = Some(pool.keys[l.index].name.clone());
@@ -536,10 +536,10 @@ struct Outgoing {
     body: bytes::Bytes,
 }
 
-fn request_id(headers: &http::HeaderMap) -> Option<String> {
+fn request_id(headers: &http::HeaderMap) -> Option<&str> {
     ["x-request-id", "request-id"]
         .iter()
-        .find_map(|h| headers.get(*h)?.to_str().ok().map(str::to_string))
+        .find_map(|h| headers.get(*h)?.to_str().ok())
 }
 
 async fn stream_body(

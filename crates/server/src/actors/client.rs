@@ -158,7 +158,7 @@ impl Actors {
     pub async fn take_permit(
         &self,
         provider: &str,
-        model: &str,
+        model: &Arc<str>,
         traffic: TrafficClass,
         deadline: Instant,
     ) -> Admission {
@@ -180,7 +180,7 @@ impl Actors {
                 return Admission::Unreachable;
             }
             let msg = |reply| ProviderMsg::Admit {
-                model: model.to_string(),
+                model: model.clone(),
                 class: traffic,
                 reply,
             };

@@ -218,10 +218,10 @@ impl ProviderRuntime {
     pub fn admit_through_gate(
         &self,
         actor: &ActorRef<ProviderMsg>,
-        model: &str,
+        model: &Arc<str>,
         class: TrafficClass,
     ) -> Option<Permit> {
-        let gate = self.gates.get(model)?;
+        let gate = self.gates.get(&**model)?;
         let generation = gate.open()?;
         // A stopped incarnation's successor publishes its own gate.
         if actor.get_status() != ractor::ActorStatus::Running {
@@ -234,7 +234,7 @@ impl ProviderRuntime {
         }
         Some(
             Permit::new(total, failover, class, Ticket::through_gate(generation))
-                .home(actor.clone(), model.to_string()),
+                .home(actor.clone(), model.clone()),
         )
     }
 
@@ -264,7 +264,7 @@ pub struct Permit {
     pub class: TrafficClass,
     ticket: Option<Ticket>,
     /// The admitting incarnation and the model, once handed out.
-    home: Option<(ActorRef<ProviderMsg>, String)>,
+    home: Option<(ActorRef<ProviderMsg>, Arc<str>)>,
     /// The attempt went upstream: a drop before its report still counts it.
     sent: bool,
     reported: bool,
@@ -289,7 +289,7 @@ impl Permit {
     }
 
     /// Where the outcome (or the drop) is reported.
-    fn home(mut self, actor: ActorRef<ProviderMsg>, model: String) -> Self {
+    fn home(mut self, actor: ActorRef<ProviderMsg>, model: Arc<str>) -> Self {
         self.home = Some((actor, model));
         self
     }
@@ -410,7 +410,8 @@ impl Outcome {
 /// One attempt's outcome as its provider actor receives it, once per permit.
 #[derive(Debug)]
 pub struct OutcomeReport {
-    pub model: String,
+    /// Shared with the plan's candidate: no copy per attempt.
+    pub model: Arc<str>,
     pub ticket: Option<Ticket>,
     pub outcome: Outcome,
     pub traffic: TrafficClass,
@@ -429,7 +430,7 @@ pub enum BreakerOverride {
 pub enum ProviderMsg {
     /// Ask for a permit for one attempt.
     Admit {
-        model: String,
+        model: Arc<str>,
         class: TrafficClass,
         reply: RpcReplyPort<Result<Permit, Refusal>>,
     },
@@ -550,7 +551,7 @@ impl ProviderState {
                 OutcomeClass::Cancelled.as_str(),
             );
         }
-        let m = self.models.get_mut(&r.model)?;
+        let m = self.models.get_mut(&*r.model)?;
         m.health.record(
             Sample {
                 class: r.outcome.class,
@@ -577,7 +578,7 @@ impl ProviderState {
                 .cooldowns
                 .get_or_create(&RefusalLabels {
                     provider: self.runtime.id.clone(),
-                    model: r.model.clone(),
+                    model: r.model.to_string(),
                     reason: kind,
                 })
                 .inc();
@@ -589,7 +590,7 @@ impl ProviderState {
                 .cooldowns
                 .get_or_create(&RefusalLabels {
                     provider: self.runtime.id.clone(),
-                    model: r.model.clone(),
+                    model: r.model.to_string(),
                     reason: "auth",
                 })
                 .inc();
@@ -774,7 +775,7 @@ impl Actor for ProviderActor {
                         if let Some(recovery) = state.registry.recovery() {
                             let _ = recovery.cast(RecoveryMsg::BreakerClosed {
                                 provider: state.runtime.id.clone(),
-                                model,
+                                model: model.to_string(),
                             });
                         }
                     }
@@ -908,7 +909,7 @@ async fn synthetic_probe(
     let class = result.end.class();
     tracing::info!(provider = %runtime.id, model, outcome = %class, "synthetic probe");
     OutcomeReport {
-        model: model.to_string(),
+        model: model.into(),
         ticket: Some(ticket),
         outcome: Outcome::of(&result, 0),
         traffic: TrafficClass::Own,

@@ -535,7 +535,9 @@ targets = ["a/m"]
         class: TrafficClass,
     ) -> Option<crate::actors::provider::Permit> {
         let entry = registry.provider("a").unwrap();
-        entry.runtime.admit_through_gate(&entry.actor, "m", class)
+        entry
+            .runtime
+            .admit_through_gate(&entry.actor, &"m".into(), class)
     }
 
     fn outcome(class: crate::policy::outcome::OutcomeClass) -> crate::actors::provider::Outcome {

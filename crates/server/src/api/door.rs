@@ -159,8 +159,14 @@ impl HttpState {
             _ => None,
         };
         request.resume_after_seq = after;
-        let (route, pin) = self.route_and_pin(&request.route)?;
-        request.route = route;
+        // A route's name (no `/`) is the route as sent, not copied.
+        let pin = if request.route.contains('/') {
+            let (route, pin) = self.route_and_pin(&request.route)?;
+            request.route = route;
+            pin
+        } else {
+            None
+        };
         let started = self
             .intake
             .start(Arrival {

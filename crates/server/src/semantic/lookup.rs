@@ -234,7 +234,7 @@ async fn embed_once(
     limit: Instant,
 ) -> Result<Vec<f32>, &'static str> {
     let admission = actors
-        .take_permit(provider_id, model, TrafficClass::Own, limit)
+        .take_permit(provider_id, &model.into(), TrafficClass::Own, limit)
         .await;
     let (entry, mut permit) = match admission {
         Admission::Granted(entry, permit) => (entry, permit),

@@ -79,28 +79,36 @@ impl Endpoint {
     /// or Vertex access token (whole, or its first 12 characters when an
     /// upstream echoes a shortened form) is replaced by `[redacted]`.
     pub fn redact(&self, text: &str) -> String {
+        self.redacted(text).into_owned()
+    }
+
+    /// [`Endpoint::redact`], copying `text` only when a secret is in it.
+    fn redacted<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+        let mut out = std::borrow::Cow::Borrowed(text);
+        let mut scrub = |key: &str| {
+            if key.is_empty() {
+                return;
+            }
+            if out.contains(key) {
+                out = out.replace(key, "[redacted]").into();
+            }
+            if let Some(prefix) = key.get(..12).filter(|_| key.len() > 16) {
+                if out.contains(prefix) {
+                    out = out.replace(prefix, "[redacted]").into();
+                }
+            }
+        };
         let aws = self
             .aws
             .iter()
             .flat_map(|a| std::iter::once(&a.secret_access_key).chain(a.session_token.as_ref()));
-        let mut out = text.to_string();
         let pool = self.keys.iter().flat_map(|p| p.secrets());
-        let vertex = self.vertex.iter().flat_map(|v| v.recent_tokens());
-        let secrets: Vec<Secret> = self
-            .api_key
-            .iter()
-            .chain(aws)
-            .chain(pool)
-            .cloned()
-            .chain(vertex)
-            .collect();
-        for key in secrets.iter().map(Secret::expose) {
-            if key.is_empty() {
-                continue;
-            }
-            out = out.replace(key, "[redacted]");
-            if let Some(prefix) = key.get(..12).filter(|_| key.len() > 16) {
-                out = out.replace(prefix, "[redacted]");
+        for key in self.api_key.iter().chain(aws).chain(pool) {
+            scrub(key.expose());
+        }
+        if let Some(vertex) = &self.vertex {
+            for token in vertex.recent_tokens() {
+                scrub(token.expose());
             }
         }
         out
@@ -109,7 +117,7 @@ impl Endpoint {
     /// An upstream request id as passed on: redacted, printable ASCII,
     /// at most 128 bytes.
     pub fn upstream_id(&self, id: &str) -> String {
-        self.redact(id)
+        self.redacted(id)
             .chars()
             .filter(|c| c.is_ascii_graphic())
             .take(MAX_UPSTREAM_ID)
@@ -244,4 +252,70 @@ fn google_auth(
     let auth = super::vertex::VertexAuth::from_file(std::path::Path::new(&path))
         .map_err(EndpointError::Vertex)?;
     Ok(std::sync::Arc::new(auth))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn endpoint(api_key: &str, aws_secret: &str) -> Endpoint {
+        Endpoint {
+            id: "p".into(),
+            kind: ProviderKind::Openai,
+            base_url: "http://h/v1/".into(),
+            api_key: Some(Secret::new(api_key.into())),
+            keys: None,
+            api_version: None,
+            region: None,
+            aws: Some(super::super::bedrock::AwsCredentials {
+                access_key_id: "AKID".into(),
+                secret_access_key: Secret::new(aws_secret.into()),
+                session_token: None,
+            }),
+            project: None,
+            vertex: None,
+            first_token_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+            limits: Default::default(),
+            max_retry_after: Duration::from_secs(1),
+            http: super::super::pool::HttpPool::single(super::super::client::Client::with_proxies(
+                Default::default(),
+                None,
+            )),
+        }
+    }
+
+    #[test]
+    fn every_secret_whole_or_by_its_first_12_characters_is_redacted_and_clean_text_is_kept() {
+        let e = endpoint("sk-live-0123456789abcdef", "aws-secret-value");
+        assert_eq!(
+            e.redact("bad key sk-live-0123456789abcdef, signed with aws-secret-value"),
+            "bad key [redacted], signed with [redacted]"
+        );
+        // An upstream that echoes a shortened key (the key is over 16 characters).
+        assert_eq!(
+            e.redact("key sk-live-0123... is invalid"),
+            "key [redacted]... is invalid"
+        );
+        assert_eq!(e.redact("rate limited"), "rate limited");
+        // A short key is redacted whole only.
+        let short = endpoint("short-key", "unused-aws-secret");
+        assert_eq!(
+            short.redact("short-key and short-k"),
+            "[redacted] and short-k"
+        );
+    }
+
+    #[test]
+    fn an_upstream_request_id_is_redacted_printable_and_at_most_128_bytes() {
+        let e = endpoint("sk-live-0123456789abcdef", "aws-secret-value");
+        assert_eq!(e.upstream_id("req_123"), "req_123");
+        assert_eq!(
+            e.upstream_id("req sk-live-0123456789abcdef\n"),
+            "req[redacted]"
+        );
+        assert_eq!(e.upstream_id("é-req\u{7f}"), "-req");
+        assert_eq!(e.upstream_id(&"x".repeat(300)).len(), MAX_UPSTREAM_ID);
+    }
 }

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use super::error::OpenAiError;
-use super::request::{in_message, parse, read, to_proto, Content, InMessage};
+use super::request::{in_message, parse, read, to_proto, ChatBody, Content, InMessage};
 use crate::api::convert::request_spec;
 use crate::api::errors::MAX_MESSAGE;
 use crate::config::LimitsConfig;
@@ -274,20 +274,8 @@ fn body() -> impl Strategy<Value = Value> {
     )
 }
 
-const TOP_KEYS: &[&str] = &[
-    "model",
-    "messages",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "stop",
-    "tools",
-    "tool_choice",
-    "response_format",
-    "stream",
-    "stream_options",
-    "n",
-];
+/// Every top-level field the door models, each a candidate for a random value.
+const TOP_KEYS: &[&str] = &super::request::MODELLED;
 
 /// A valid body, with at most one top-level value replaced by any JSON.
 fn valid_body() -> impl Strategy<Value = Value> {
@@ -369,6 +357,22 @@ proptest! {
         check(&bytes, true)?;
     }
 
+    /// The top level read by name (`parse`) decides every body as reading
+    /// it into a JSON map and taking each modelled field out did.
+    #[test]
+    fn fuzz_openai_top_level_by_name_agrees_with_a_map(
+        bytes in prop_oneof![
+            3 => prop_oneof![valid_body(), body()]
+                .prop_map(|b| serde_json::to_vec(&b).unwrap_or_default()),
+            2 => prop_oneof![valid_body(), body()]
+                .prop_map(|b| serde_json::to_vec(&b).unwrap_or_default())
+                .prop_flat_map(mutated),
+            1 => vec(any::<u8>(), 0..64),
+        ],
+    ) {
+        prop_assert_eq!(decided(parse(&bytes)), decided(parse_by_map(&bytes)));
+    }
+
     #[test]
     fn fuzz_openai_request_mutated_bytes(
         bytes in prop_oneof![
@@ -380,6 +384,86 @@ proptest! {
     ) {
         check(&bytes, false)?;
     }
+}
+
+/// What the door makes of a body, comparable: the request, its stream
+/// flags, or the refusal's message and parameter.
+fn decided(
+    body: Result<ChatBody, OpenAiError>,
+) -> Result<(String, bool, bool), (String, Option<String>)> {
+    body.and_then(to_proto)
+        .map(|p| (format!("{:?}", p.request), p.stream, p.include_usage))
+        .map_err(|e| (e.message, e.param))
+}
+
+/// The top level as the door read it before `parse` matched names: into
+/// a JSON map, each modelled field then taken out in order.
+fn parse_by_map(body: &[u8]) -> Result<ChatBody, OpenAiError> {
+    use serde_json::Map;
+    let mut map: Map<String, Value> = crate::api::door::read_json(body).map_err(|e| {
+        let path = e.path().to_string();
+        let param = (path != ".").then_some(path);
+        OpenAiError::invalid(format!("invalid JSON body: {}", e.inner()), param)
+    })?;
+    fn take<T: serde::de::DeserializeOwned>(
+        map: &mut Map<String, Value>,
+        key: &str,
+    ) -> Result<Option<T>, OpenAiError> {
+        match map.remove(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => read(v, key).map(Some),
+        }
+    }
+    fn take_values(
+        map: &mut Map<String, Value>,
+        key: &str,
+    ) -> Result<Option<Vec<Value>>, OpenAiError> {
+        match map.remove(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Array(items)) => Ok(Some(items)),
+            Some(v) => read(v, key).map(Some),
+        }
+    }
+    Ok(ChatBody {
+        model: take(&mut map, "model")?,
+        messages: take_values(&mut map, "messages")?,
+        max_tokens: take(&mut map, "max_tokens")?,
+        max_completion_tokens: take(&mut map, "max_completion_tokens")?,
+        temperature: take(&mut map, "temperature")?,
+        top_p: take(&mut map, "top_p")?,
+        stop: take(&mut map, "stop")?,
+        tools: take_values(&mut map, "tools")?,
+        tool_choice: map.remove("tool_choice").filter(|v| !v.is_null()),
+        response_format: take(&mut map, "response_format")?,
+        reasoning_effort: take(&mut map, "reasoning_effort")?,
+        stream: take(&mut map, "stream")?,
+        stream_options: take(&mut map, "stream_options")?,
+        n: take(&mut map, "n")?,
+        rest: map,
+    })
+}
+
+#[test]
+fn the_top_level_by_name_keeps_a_repeated_fields_last_value_and_refuses_what_a_map_refuses() {
+    for body in [
+        &br#"{"model":"a","model":"chat","messages":[{"role":"user","content":"hi"}],"seed":1,"seed":2}"#[..],
+        br#"[1,2]"#,
+        br#"null"#,
+        br#""text""#,
+        br#"{"model":"chat","messages":[{"role":"user","content":"hi"}],"max_tokens":"x"}"#,
+        br#"{"model":"chat","messages":[{"role":"user","content":"hi"}],"max_tokens":-1}"#,
+        br#"{"model":"chat","mess\u0061ges":[{"role":"user","content":"hi"}],"x\u0079":1}"#,
+        br#"{"model":"chat","messages":[{"role":"user","content":"hi"}],"a":"#,
+    ] {
+        assert_eq!(decided(parse(body)), decided(parse_by_map(body)), "{}", String::from_utf8_lossy(body));
+    }
+    let request = decided(parse(
+        br#"{"model":"a","model":"chat","messages":[{"role":"user","content":"hi"}],"seed":1,"seed":2}"#,
+    ))
+    .map(|(request, _, _)| request)
+    .unwrap_or_default();
+    assert!(request.contains(r#"route: "chat""#), "{request}");
+    assert!(request.contains(r#"{\"seed\":2}"#), "{request}");
 }
 
 /// A message as both readings of it can be compared: its fields, or the
@@ -421,7 +505,7 @@ proptest! {
         m in prop_oneof![3 => message(), 1 => json_value(KEYS)],
     ) {
         let Value::Object(o) = m else { return Ok(()) };
-        let moved = reading(in_message(o.clone(), "messages[2]"));
+        let moved = reading(in_message(o.clone(), 2));
         let read_by_serde = reading(read(Value::Object(o), "messages[2]"));
         prop_assert_eq!(moved, read_by_serde);
     }

@@ -137,7 +137,9 @@ const REFUSED: [(&str, &str); 3] = [
 /// absent, `null` or a string) its fields are moved out, the text not
 /// copied; any other shape is read by serde, which names what is wrong,
 /// exactly as before (a fuzz test holds both readings alike).
-pub(super) fn in_message(mut o: Map<String, Value>, at: &str) -> Result<InMessage, OpenAiError> {
+/// `i` is the message's place, named only in a refusal.
+pub(super) fn in_message(mut o: Map<String, Value>, i: usize) -> Result<InMessage, OpenAiError> {
+    let at = || format!("messages[{i}]");
     let common = matches!(o.get("role"), Some(Value::String(_)))
         && matches!(
             o.get("content"),
@@ -148,11 +150,11 @@ pub(super) fn in_message(mut o: Map<String, Value>, at: &str) -> Result<InMessag
             None | Some(Value::Null | Value::String(_))
         );
     if !common {
-        return read(Value::Object(o), at);
+        return read(Value::Object(o), &at());
     }
     let tool_calls = match o.remove("tool_calls") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(read(v, &format!("{at}.tool_calls"))?),
+        Some(v) => Some(read(v, &format!("{}.tool_calls", at()))?),
     };
     let string = |v: Option<Value>| match v {
         Some(Value::String(s)) => Some(s),
@@ -176,55 +178,142 @@ pub(super) fn in_message(mut o: Map<String, Value>, at: &str) -> Result<InMessag
 const MAX_DROPPED: usize = 48;
 
 pub(super) fn parse(body: &[u8]) -> Result<ChatBody, OpenAiError> {
-    let mut map: Map<String, Value> = crate::api::door::read_json(body).map_err(|e| {
+    let TopLevel { modelled, rest } = crate::api::door::read_json(body).map_err(|e| {
         let path = e.path().to_string();
         let param = (path != ".").then_some(path);
         OpenAiError::invalid(format!("invalid JSON body: {}", e.inner()), param)
     })?;
+    let [model, messages, max_tokens, max_completion_tokens, temperature, top_p, stop, tools, tool_choice, response_format, reasoning_effort, stream, stream_options, n] =
+        modelled;
     Ok(ChatBody {
-        model: take(&mut map, "model")?,
-        messages: take_values(&mut map, "messages")?,
-        max_tokens: take(&mut map, "max_tokens")?,
-        max_completion_tokens: take(&mut map, "max_completion_tokens")?,
-        temperature: take(&mut map, "temperature")?,
-        top_p: take(&mut map, "top_p")?,
-        stop: take(&mut map, "stop")?,
-        tools: take_values(&mut map, "tools")?,
-        tool_choice: take_value(&mut map, "tool_choice"),
-        response_format: take(&mut map, "response_format")?,
-        reasoning_effort: take(&mut map, "reasoning_effort")?,
-        stream: take(&mut map, "stream")?,
-        stream_options: take(&mut map, "stream_options")?,
-        n: take(&mut map, "n")?,
-        rest: map,
+        model: field(model, "model")?,
+        messages: values(messages, "messages")?,
+        max_tokens: field(max_tokens, "max_tokens")?,
+        max_completion_tokens: field(max_completion_tokens, "max_completion_tokens")?,
+        temperature: field(temperature, "temperature")?,
+        top_p: field(top_p, "top_p")?,
+        stop: field(stop, "stop")?,
+        tools: values(tools, "tools")?,
+        tool_choice: tool_choice.filter(|v| !v.is_null()),
+        response_format: field(response_format, "response_format")?,
+        reasoning_effort: field(reasoning_effort, "reasoning_effort")?,
+        stream: field(stream, "stream")?,
+        stream_options: field(stream_options, "stream_options")?,
+        n: field(n, "n")?,
+        rest,
     })
 }
 
-/// Removes `key` and reads it as `T` (`null` is absent); a type error names
-/// the path below `key`.
-fn take<T: DeserializeOwned>(
-    map: &mut Map<String, Value>,
-    key: &str,
-) -> Result<Option<T>, OpenAiError> {
-    match map.remove(key) {
+/// The top-level fields [`ChatBody`] models, in the order [`parse`] reads
+/// (and refuses) them.
+pub(super) const MODELLED: [&str; 14] = [
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "reasoning_effort",
+    "stream",
+    "stream_options",
+    "n",
+];
+
+/// The body's top level as sent, read without a map of the modelled fields
+/// (their names are matched, not copied): their values by place in
+/// [`MODELLED`], every other field in `rest`. A repeated name keeps its
+/// last value, as a JSON map does; anything but an object is refused as a
+/// map refuses it.
+#[derive(Default)]
+struct TopLevel {
+    modelled: [Option<Value>; MODELLED.len()],
+    rest: Map<String, Value>,
+}
+
+/// A top-level field's name: its place in [`MODELLED`], or itself.
+enum Name {
+    Modelled(usize),
+    Other(String),
+}
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = Name;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, k: &str) -> Result<Name, E> {
+                Ok(match MODELLED.iter().position(|m| *m == k) {
+                    Some(i) => Name::Modelled(i),
+                    None => Name::Other(k.to_owned()),
+                })
+            }
+            fn visit_string<E: serde::de::Error>(self, k: String) -> Result<Name, E> {
+                Ok(match MODELLED.iter().position(|m| *m == k) {
+                    Some(i) => Name::Modelled(i),
+                    None => Name::Other(k),
+                })
+            }
+        }
+        d.deserialize_str(Visit)
+    }
+}
+
+impl<'de> Deserialize<'de> for TopLevel {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = TopLevel;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map")
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<TopLevel, E> {
+                Ok(TopLevel::default())
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<TopLevel, A::Error> {
+                let mut top = TopLevel::default();
+                while let Some(name) = map.next_key::<Name>()? {
+                    let value: Value = map.next_value()?;
+                    match name {
+                        Name::Modelled(i) => top.modelled[i] = Some(value),
+                        Name::Other(k) => {
+                            top.rest.insert(k, value);
+                        }
+                    }
+                }
+                Ok(top)
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// A modelled field read as `T` (`null` is absent); a type error names the
+/// path below `key`.
+fn field<T: DeserializeOwned>(v: Option<Value>, key: &str) -> Result<Option<T>, OpenAiError> {
+    match v {
         None | Some(Value::Null) => Ok(None),
         Some(v) => read(v, key).map(Some),
     }
 }
 
-/// Removes `key`, an array, and moves its items out (`take` would rebuild
-/// each item's tree); anything else is read as `take` reads it.
-fn take_values(map: &mut Map<String, Value>, key: &str) -> Result<Option<Vec<Value>>, OpenAiError> {
-    match map.remove(key) {
+/// A modelled array whose items are moved out (`field` would rebuild each
+/// item's tree); anything else is read as `field` reads it.
+fn values(v: Option<Value>, key: &str) -> Result<Option<Vec<Value>>, OpenAiError> {
+    match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(items)) => Ok(Some(items)),
         Some(v) => read(v, key).map(Some),
     }
-}
-
-/// Removes `key`, any JSON (`null` is absent), moved as it is.
-fn take_value(map: &mut Map<String, Value>, key: &str) -> Option<Value> {
-    map.remove(key).filter(|v| !v.is_null())
 }
 
 /// Reads `v` as `T`; a refusal names `at` and the path below it.
@@ -505,10 +594,13 @@ fn messages(
     const KNOWN: [&str; 4] = ["role", "content", "tool_calls", "tool_call_id"];
     let mut messages = Vec::with_capacity(input.len());
     for (i, v) in input.into_iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let o = object_at(v, &at, "a message object")?;
+        // The message's place is written out only for a refusal.
+        let Value::Object(o) = v else {
+            let at = format!("messages[{i}]");
+            return Err(bad(&at, format!("{at}: must be a message object")));
+        };
         note_unknown(&o, &KNOWN, "messages[]", dropped);
-        let m = in_message(o, &at)?;
+        let m = in_message(o, i)?;
         let role = match m.role.as_str() {
             "developer" => "system".to_string(),
             _ => m.role,
