@@ -68,7 +68,7 @@ pub struct TargetSnapshot {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProviderSnapshot {
     pub at: Instant,
-    pub models: HashMap<String, TargetSnapshot>,
+    pub models: HashMap<Arc<str>, TargetSnapshot>,
 }
 
 impl ProviderSnapshot {
@@ -481,7 +481,10 @@ pub struct ProviderState {
     metrics: Arc<Metrics>,
     registry: Arc<Registry>,
     /// Control state per model name.
-    models: HashMap<String, ModelState>,
+    models: HashMap<Arc<str>, ModelState>,
+    /// The map of the snapshot published before the last one, cleared and
+    /// filled by the next publish (one after every message: no allocation).
+    spare: HashMap<Arc<str>, TargetSnapshot>,
     /// `switchyard_actor_calls_total{actor="provider",message="report"}`.
     reports: prometheus_client::metrics::counter::Counter,
 }
@@ -640,48 +643,48 @@ impl ProviderState {
     }
 
     /// Publishes the snapshot and the breaker-state gauges.
-    fn publish(&self, now: Instant) {
-        let models = self
-            .models
-            .iter()
-            .map(|(name, m)| {
-                let breaker = m.breaker.state(now);
-                let gauge = match breaker.phase() {
-                    Phase::Closed | Phase::ForcedClosed => 0,
-                    Phase::HalfOpen => 1,
-                    Phase::Open | Phase::ForcedOpen => 2,
+    fn publish(&mut self, now: Instant) {
+        let mut models = std::mem::take(&mut self.spare);
+        models.clear();
+        models.extend(self.models.iter().map(|(name, m)| {
+            let breaker = m.breaker.state(now);
+            let gauge = match breaker.phase() {
+                Phase::Closed | Phase::ForcedClosed => 0,
+                Phase::HalfOpen => 1,
+                Phase::Open | Phase::ForcedOpen => 2,
+            };
+            m.breaker_gauge.set(gauge);
+            let (cooldown_until, cooldown_reason) =
+                match (m.auth_until.filter(|u| *u > now), m.cooldown.active(now)) {
+                    (Some(u), _) => (Some(u), Some("auth")),
+                    (None, Some(left)) => (
+                        Some(now + left),
+                        m.cooldown.kind(now).map(CooldownKind::as_str),
+                    ),
+                    (None, None) => (None, None),
                 };
-                m.breaker_gauge.set(gauge);
-                let (cooldown_until, cooldown_reason) =
-                    match (m.auth_until.filter(|u| *u > now), m.cooldown.active(now)) {
-                        (Some(u), _) => (Some(u), Some("auth")),
-                        (None, Some(left)) => (
-                            Some(now + left),
-                            m.cooldown.kind(now).map(CooldownKind::as_str),
-                        ),
-                        (None, None) => (None, None),
-                    };
-                let cooling = cooldown_until.is_some_and(|u| u > now);
-                if let Some(gate) = self.runtime.gates.get(name) {
-                    gate.set(m.breaker.gate().filter(|_| !cooling));
-                }
-                let snapshot = TargetSnapshot {
-                    breaker,
-                    score: m.health.score(now),
-                    success_rate: m.health.success_rate(now),
-                    p95_ttft: m.health.p95_ttft(now),
-                    calls: m.health.calls(now),
-                    evidence: m.health.has_evidence(now),
-                    cooldown_until,
-                    cooldown_reason,
-                    failover_share: m.traffic.share(now),
-                };
-                (name.clone(), snapshot)
-            })
-            .collect();
-        self.runtime
+            let cooling = cooldown_until.is_some_and(|u| u > now);
+            if let Some(gate) = self.runtime.gates.get(&**name) {
+                gate.set(m.breaker.gate().filter(|_| !cooling));
+            }
+            let snapshot = TargetSnapshot {
+                breaker,
+                score: m.health.score(now),
+                success_rate: m.health.success_rate(now),
+                p95_ttft: m.health.p95_ttft(now),
+                calls: m.health.calls(now),
+                evidence: m.health.has_evidence(now),
+                cooldown_until,
+                cooldown_reason,
+                failover_share: m.traffic.share(now),
+            };
+            (name.clone(), snapshot)
+        }));
+        let published = self
+            .runtime
             .snapshot
             .send_replace(ProviderSnapshot { at: now, models });
+        self.spare = published.models;
     }
 }
 
@@ -723,22 +726,23 @@ impl Actor for ProviderActor {
                         })
                         .clone(),
                 };
-                (m.name.clone(), state)
+                (Arc::from(m.name.as_str()), state)
             })
             .collect();
         if restarted {
             tracing::warn!(provider = %runtime.id, "provider actor restarted: its breakers start half-open");
         }
-        let state = ProviderState {
+        let mut state = ProviderState {
             runtime,
             reports: args.metrics.actor_calls().report,
             metrics: args.metrics,
             registry: args.registry,
             models,
+            spare: HashMap::new(),
         };
         if restarted && state.runtime.config.synthetic_probes {
             for name in state.models.keys() {
-                let _ = myself.cast(ProviderMsg::ProbeDue(name.clone()));
+                let _ = myself.cast(ProviderMsg::ProbeDue(name.to_string()));
             }
         }
         state.publish(now);
@@ -787,7 +791,7 @@ impl Actor for ProviderActor {
                 reason,
                 reply,
             } => {
-                let answer = match state.models.get_mut(&model) {
+                let answer = match state.models.get_mut(model.as_str()) {
                     None => Err(format!(
                         "provider `{}` has no model `{model}`",
                         state.runtime.id

@@ -123,7 +123,7 @@ impl Plan {
 
     /// Each candidate's provider, in the plan's order (the decision table's
     /// `View::providers`).
-    pub fn providers(&self) -> Vec<&str> {
+    pub fn providers(&self) -> SmallVec<[&str; INLINE_TARGETS]> {
         self.candidates.iter().map(|c| &*c.provider).collect()
     }
 
@@ -580,7 +580,7 @@ fn embedding_targets(capable: Targets<'_>, failover: FamilyFailover) -> Targets<
 /// A route's targets while a plan is ranked: routes have a handful, so the
 /// lists a plan builds live on the stack (measured: five allocations a
 /// request fewer).
-const INLINE_TARGETS: usize = 4;
+pub(crate) const INLINE_TARGETS: usize = 4;
 
 /// Targets by their position in the route.
 type Targets<'a> = SmallVec<[(usize, &'a TargetInfo); INLINE_TARGETS]>;

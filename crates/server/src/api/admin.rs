@@ -99,7 +99,7 @@ pub async fn collect(registry: &Registry, limits: &KeyLimits) -> StatusView {
     for p in registry.providers() {
         let snapshot = p.runtime.snapshot();
         for model in &p.runtime.models {
-            let Some(t) = snapshot.models.get(&model.name) else {
+            let Some(t) = snapshot.models.get(model.name.as_str()) else {
                 continue;
             };
             let since = now.saturating_duration_since(snapshot.at);

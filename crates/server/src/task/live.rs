@@ -19,7 +19,7 @@ use super::Tasks;
 use crate::actors::client::Admission;
 use crate::actors::provider::{self, Permit, Refusal, TrafficClass};
 use crate::actors::registry::ProviderEntry;
-use crate::actors::router::{Candidate, Plan, Traffic};
+use crate::actors::router::{Candidate, Plan, Traffic, INLINE_TARGETS};
 use crate::attempt::{self, AttemptEnd, AttemptInput, AttemptResult};
 use crate::chat::{ChatRequest, Completion, Usage};
 use crate::error::RequestError;
@@ -120,7 +120,7 @@ impl Tasks {
             let policy = plan.policy();
             let providers = plan.providers();
             // Read once per request: the targets' p95 barely moves within one.
-            let p95: Vec<Option<Duration>> =
+            let p95: smallvec::SmallVec<[Option<Duration>; INLINE_TARGETS]> =
                 plan.candidates.iter().map(|c| self.p95_ttft(c)).collect();
             let mut tried = Tried::new(plan.candidates.len());
             let mut walk = Walk::default();

@@ -114,34 +114,37 @@ pub struct Parts {
 const OVERRUN_GRACE: Duration = Duration::from_secs(5);
 
 /// What a request task has reached, for `Tasks::run`.
+#[derive(Default)]
 struct Progress {
     /// The route is known to exist: only then may it label a metric.
     planned: AtomicBool,
-    /// The whole request's deadline, once computed.
-    deadline: tokio::sync::watch::Sender<Option<Instant>>,
-}
-
-impl Default for Progress {
-    fn default() -> Self {
-        Progress {
-            planned: AtomicBool::new(false),
-            deadline: tokio::sync::watch::Sender::new(None),
-        }
-    }
+    /// The whole request's deadline, once computed (a lock and a wake-up
+    /// held in the task itself: a watch channel allocated one per request).
+    deadline: std::sync::Mutex<Option<Instant>>,
+    deadline_known: tokio::sync::Notify,
 }
 
 impl Progress {
+    /// The whole request's deadline is known.
+    fn set_deadline(&self, deadline: Instant) {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = Some(deadline);
+        self.deadline_known.notify_waiters();
+    }
+
     /// Resolves `OVERRUN_GRACE` after the deadline (never before it is known).
     async fn overrun(&self) {
-        let mut rx = self.deadline.subscribe();
-        let deadline = match rx.wait_for(Option::is_some).await {
-            Ok(d) => *d,
-            Err(_) => None,
+        let deadline = loop {
+            // Registered before the deadline is read: a deadline set in
+            // between still wakes this wait.
+            let known = self.deadline_known.notified();
+            tokio::pin!(known);
+            known.as_mut().enable();
+            if let Some(d) = *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) {
+                break d;
+            }
+            known.await;
         };
-        match deadline {
-            Some(d) => tokio::time::sleep_until(d + OVERRUN_GRACE).await,
-            None => std::future::pending().await,
-        }
+        tokio::time::sleep_until(deadline + OVERRUN_GRACE).await;
     }
 }
 
@@ -397,7 +400,7 @@ impl Tasks {
             crate::policy::clock::after(Instant::now(), within)
         });
         sink.set_deadline(deadline);
-        progress.deadline.send_replace(Some(deadline));
+        progress.set_deadline(deadline);
         let bill = self.reserve(spec, &plan, deadline).await?;
         let affinity = self.affinity_place(spec, &mut plan).await;
         Ok(Some(Prepared {
@@ -588,7 +591,7 @@ mod tests {
                 .is_err()
         );
         let deadline = Instant::now() + Duration::from_secs(3);
-        progress.deadline.send_replace(Some(deadline));
+        progress.set_deadline(deadline);
         let start = Instant::now();
         progress.overrun().await;
         assert_eq!(start.elapsed(), Duration::from_secs(3) + OVERRUN_GRACE);
