@@ -118,8 +118,8 @@ const OVERRUN_GRACE: Duration = Duration::from_secs(5);
 struct Progress {
     /// The route is known to exist: only then may it label a metric.
     planned: AtomicBool,
-    /// The whole request's deadline, once computed (a lock and a wake-up
-    /// held in the task itself: a watch channel allocated one per request).
+    /// The whole request's deadline, once computed, and its announcement:
+    /// both live in the task (a watch channel allocated per request).
     deadline: std::sync::Mutex<Option<Instant>>,
     deadline_known: tokio::sync::Notify,
 }
