@@ -248,16 +248,11 @@ impl<'de> Deserialize<'de> for Name {
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a string")
             }
+            // An escaped name (decoded into a `String`) comes here too.
             fn visit_str<E: serde::de::Error>(self, k: &str) -> Result<Name, E> {
                 Ok(match MODELLED.iter().position(|m| *m == k) {
                     Some(i) => Name::Modelled(i),
                     None => Name::Other(k.to_owned()),
-                })
-            }
-            fn visit_string<E: serde::de::Error>(self, k: String) -> Result<Name, E> {
-                Ok(match MODELLED.iter().position(|m| *m == k) {
-                    Some(i) => Name::Modelled(i),
-                    None => Name::Other(k),
                 })
             }
         }
