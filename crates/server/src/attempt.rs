@@ -643,7 +643,7 @@ enum Step {
 /// before it are decoded and forwarded (as they would have been had the
 /// bytes arrived in smaller pieces).
 async fn read_step(
-    read: Option<Result<bytes::Bytes, hyper::Error>>,
+    read: Option<Result<bytes::Bytes, crate::upstream::client::BodyError>>,
     parser: &mut Box<dyn crate::upstream::wire::Framer>,
     decoder: &mut Box<dyn crate::upstream::StreamDecoder>,
     events: &mut Vec<crate::upstream::sse::SseEvent>,
@@ -653,7 +653,7 @@ async fn read_step(
 ) -> Step {
     let (eof, too_large) = match read {
         Some(Err(e)) => {
-            let mut f = classify::classify_transport(&Error::Body(e));
+            let mut f = classify::classify_transport(&Error::from(e));
             if f.class == OutcomeClass::Connect || f.class == OutcomeClass::Timeout {
                 f.class = OutcomeClass::Truncated;
             }

@@ -1,9 +1,11 @@
 //! The HTTP client a provider's requests go out on: hyper's pooled client
 //! (hyper-util's `legacy::Client`) over rustls, without reqwest's
 //! per-request layers (its URL parsed three times, its retry and redirect
-//! policies, its `Pending` future). A request is a URI parsed once, its
-//! headers and its body's bytes; the answer is hyper's own response, its
-//! body read as it arrives.
+//! policies, its `Pending` future), and, for the provider's own origin when
+//! it speaks HTTP/2, a connection of its own ([`H2Conn`]) on which the
+//! attempt's task opens the stream and reads the answer itself. A request
+//! is a URI parsed once, its headers and its body's bytes; the answer is
+//! its head and its body ([`Body`]) read as it arrives.
 //!
 //! Owns connecting: TCP with the provider's connect timeout, `TCP_NODELAY`
 //! and keep-alive probes; TLS with the webpki roots, ALPN offering HTTP/2
@@ -35,8 +37,10 @@ use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
+use super::h2_conn::{H2Conn, Sent};
+
 /// An upstream's answer: its status, headers, and body as it arrives.
-pub type Response = http::Response<hyper::body::Incoming>;
+pub type Response = http::Response<Body>;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -49,9 +53,28 @@ pub enum Error {
     /// No answer: connecting, the TLS handshake, or sending failed.
     #[error("{}", chain(.0))]
     Send(#[from] hyper_util::client::legacy::Error),
+    /// No connection of our own could be opened (refused, unresolvable,
+    /// the TLS or HTTP/2 handshake failed).
+    #[error("{}", chain(.0.as_ref()))]
+    Connect(BoxError),
+    /// An HTTP/2 stream of our own failed before its answer's head.
+    #[error("{}", chain(.0))]
+    Stream(h2::Error),
     /// The answer's body broke off.
     #[error("{}", chain(.0))]
-    Body(#[from] hyper::Error),
+    Body(hyper::Error),
+    /// The answer's body broke off, on a stream of our own.
+    #[error("{}", chain(.0))]
+    BodyStream(h2::Error),
+}
+
+impl From<BodyError> for Error {
+    fn from(e: BodyError) -> Self {
+        match e {
+            BodyError::Hyper(e) => Error::Body(e),
+            BodyError::H2(e) => Error::BodyStream(e),
+        }
+    }
 }
 
 /// An error and its causes, `: `-separated.
@@ -69,7 +92,13 @@ fn chain(err: &(dyn std::error::Error + 'static)) -> String {
 impl Error {
     /// A connect or read that ran out of time (a source error says so).
     pub fn is_timeout(&self) -> bool {
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        let mut source: Option<&(dyn std::error::Error + 'static)> = match self {
+            Error::Url(_) => None,
+            Error::Send(e) => Some(e),
+            Error::Connect(e) => Some(e.as_ref()),
+            Error::Stream(e) | Error::BodyStream(e) => Some(e),
+            Error::Body(e) => Some(e),
+        };
         while let Some(err) = source {
             if let Some(h) = err.downcast_ref::<hyper::Error>() {
                 if h.is_timeout() {
@@ -88,12 +117,55 @@ impl Error {
 
     /// No connection could be made (refused, unresolvable, the handshake failed).
     pub fn is_connect(&self) -> bool {
-        matches!(self, Error::Send(e) if e.is_connect())
+        match self {
+            Error::Send(e) => e.is_connect(),
+            Error::Connect(_) => true,
+            _ => false,
+        }
     }
 
     /// The answer's body broke off after its headers.
     pub fn is_body(&self) -> bool {
-        matches!(self, Error::Body(_))
+        matches!(self, Error::Body(_) | Error::BodyStream(_))
+    }
+}
+
+/// How an answer's body broke off.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error(transparent)]
+    Hyper(hyper::Error),
+    #[error(transparent)]
+    H2(h2::Error),
+}
+
+/// An answer's body: from hyper's client, or from an HTTP/2 stream of our
+/// own ([`H2Conn`]).
+#[derive(Debug)]
+pub enum Body {
+    Hyper(hyper::body::Incoming),
+    H2(h2::RecvStream),
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BodyError>>> {
+        match self.get_mut() {
+            Body::Hyper(body) => Pin::new(body).poll_frame(cx).map_err(BodyError::Hyper),
+            Body::H2(stream) => super::h2_conn::poll_frame(stream, cx).map_err(BodyError::H2),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Hyper(body) => body.is_end_stream(),
+            Body::H2(stream) => stream.is_end_stream(),
+        }
     }
 }
 
@@ -122,6 +194,10 @@ pub struct Client {
     /// The proxy rules plain `http` requests are forwarded by (none for
     /// h2c, which is tunnelled).
     forwarding: Option<Arc<Matcher>>,
+    /// How [`H2Conn`] connects: as the pool does.
+    connector: Connector,
+    /// The HTTP/2 connection to the provider's origin ([`Client::with_origin`]).
+    h2: Option<Arc<H2Conn>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -137,6 +213,16 @@ impl Client {
     /// A client sending through `proxies` ([`proxies_from_env`], or `None`:
     /// straight to every upstream).
     pub fn with_proxies(options: Options, proxies: Option<Arc<Matcher>>) -> Self {
+        Self::trusting(options, proxies, tls_config())
+    }
+
+    /// A client whose TLS trusts `tls`'s roots (the webpki roots, outside
+    /// tests).
+    pub(super) fn trusting(
+        options: Options,
+        proxies: Option<Arc<Matcher>>,
+        tls: &'static rustls::ClientConfig,
+    ) -> Self {
         let mut tcp = HttpConnector::new();
         tcp.enforce_http(false);
         tcp.set_connect_timeout(Some(options.connect_timeout));
@@ -146,7 +232,7 @@ impl Client {
         tcp.set_keepalive_retries(Some(3));
         let connector = Connector {
             direct: HttpsConnectorBuilder::new()
-                .with_tls_config(tls_config().clone())
+                .with_tls_config(tls.clone())
                 .https_or_http()
                 .enable_http1()
                 .enable_http2()
@@ -154,8 +240,10 @@ impl Client {
             tcp,
             proxies: proxies.clone(),
             h2c: options.http2_prior_knowledge,
+            tls,
         };
         let mut builder = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
+        let h2_connector = connector.clone();
         builder
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
@@ -164,7 +252,38 @@ impl Client {
         Client {
             inner: builder.build(connector),
             forwarding: proxies.filter(|_| !options.http2_prior_knowledge),
+            connector: h2_connector,
+            h2: None,
         }
+    }
+
+    /// This client, sending requests to `base_url`'s origin on an HTTP/2
+    /// connection of its own ([`H2Conn`]) when that origin speaks HTTP/2:
+    /// `https` (as ALPN decides) or h2c by prior knowledge. Other origins,
+    /// and an `https` one that chooses HTTP/1.1, go through hyper's pool.
+    pub fn with_origin(mut self, base_url: &str) -> Self {
+        let Ok(uri) = base_url.parse::<Uri>() else {
+            return self;
+        };
+        let h2 = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => self.connector.h2c(),
+            _ => false,
+        };
+        if let (true, Some(scheme), Some(authority)) = (h2, uri.scheme(), uri.authority()) {
+            self.h2 = Some(Arc::new(H2Conn::new(
+                self.connector.clone(),
+                scheme.clone(),
+                authority.clone(),
+            )));
+        }
+        self
+    }
+
+    /// Its HTTP/2 connection, if it has one.
+    #[cfg(test)]
+    pub(super) fn h2_conn(&self) -> Option<&H2Conn> {
+        self.h2.as_deref()
     }
 
     /// POSTs `body` to `url` with `headers` (`accept: */*` when none is
@@ -182,11 +301,19 @@ impl Client {
         if let Some(auth) = self.absolute_form_auth(&uri) {
             headers.entry(PROXY_AUTHORIZATION).or_insert(auth);
         }
-        let mut request = http::Request::new(Full::new(body));
+        let mut request = http::Request::new(());
         *request.method_mut() = Method::POST;
         *request.uri_mut() = uri;
         *request.headers_mut() = headers;
-        Ok(self.inner.request(request).await?)
+        let (request, body) = match self.h2.as_ref().filter(|h2| h2.serves(request.uri())) {
+            Some(h2) => match h2.send(request, body).await? {
+                Sent::Answer(answer) => return Ok(answer.map(Body::H2)),
+                Sent::Http1(request, body) => (request, body),
+            },
+            None => (request, body),
+        };
+        let request = request.map(|()| Full::new(body));
+        Ok(self.inner.request(request).await?.map(Body::Hyper))
     }
 
     /// POSTs `body` as JSON (see [`json_body`]).
@@ -281,15 +408,23 @@ fn tls_config() -> &'static rustls::ClientConfig {
 /// takes the request in absolute form, as the proxy rules say for the
 /// destination.
 #[derive(Clone)]
-struct Connector {
+pub(super) struct Connector {
     direct: HttpsConnector<HttpConnector>,
     tcp: HttpConnector,
     proxies: Option<Arc<Matcher>>,
     /// Speaks HTTP/2 by prior knowledge.
     h2c: bool,
+    tls: &'static rustls::ClientConfig,
 }
 
 type Io = MaybeHttpsStream<TokioIo<TcpStream>>;
+
+impl Connector {
+    /// Whether it speaks HTTP/2 by prior knowledge.
+    pub(super) fn h2c(&self) -> bool {
+        self.h2c
+    }
+}
 
 impl tower_service::Service<Uri> for Connector {
     type Response = Conn;
@@ -321,7 +456,7 @@ impl tower_service::Service<Uri> for Connector {
             tunnel = tunnel.with_auth(auth.clone());
         }
         let mut tls = HttpsConnectorBuilder::new()
-            .with_tls_config(tls_config().clone())
+            .with_tls_config(self.tls.clone())
             .https_or_http()
             .enable_http1()
             .enable_http2()
@@ -647,7 +782,7 @@ mod tests {
         let err = loop {
             match futures_util::StreamExt::next(&mut body).await {
                 Some(Ok(b)) => got.extend_from_slice(&b),
-                Some(Err(e)) => break Some(Error::Body(e)),
+                Some(Err(e)) => break Some(Error::from(e)),
                 None => break None,
             }
         };

@@ -16,6 +16,7 @@ pub mod endpoint;
 #[cfg(test)]
 pub(crate) mod fuzz;
 pub mod gemini;
+mod h2_conn;
 pub mod keys;
 pub mod openai;
 mod openai_body;

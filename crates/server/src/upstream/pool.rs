@@ -88,7 +88,7 @@ impl HttpPool {
             check_proxy(m, &cfg.base_url, cfg.http2_prior_knowledge)?;
         }
         let clients = (0..connections(cfg))
-            .map(|_| Client::with_proxies(options, proxies.clone()))
+            .map(|_| Client::with_proxies(options, proxies.clone()).with_origin(&cfg.base_url))
             .collect();
         Ok(Self::of(clients))
     }
