@@ -455,6 +455,16 @@ async fn send_once<'a>(
     }
 }
 
+/// The `x-switchyard-attempt` value: a static string for the first nine
+/// (allocating none), the number written out after.
+fn attempt_number(attempt: u32) -> http::HeaderValue {
+    const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    match DIGITS.get(attempt as usize) {
+        Some(digit) => http::HeaderValue::from_static(digit),
+        None => http::HeaderValue::from(attempt),
+    }
+}
+
 /// A non-2xx answer: its classified failure, or how the attempt ended
 /// anyway (the caller left; the wire read an answer, e.g. Azure's content
 /// filter).
@@ -516,7 +526,7 @@ fn build_request(
     let mut headers = request.headers;
     headers.insert(
         http::HeaderName::from_static("x-switchyard-attempt"),
-        http::HeaderValue::from(input.attempt),
+        attempt_number(input.attempt),
     );
     let body = match request.body {
         Body::Json(body) => json_body(&mut headers, &body),
@@ -736,5 +746,16 @@ async fn whole_body(
             Err(Forward::Cut(f)) => AttemptEnd::Failed(f),
         },
         Err(f) => AttemptEnd::Failed(f),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    #[test]
+    fn the_attempt_header_writes_every_number() {
+        for n in [0, 1, 2, 9, 10, 11, 99, u32::MAX] {
+            assert_eq!(super::attempt_number(n).to_str().unwrap(), n.to_string());
+        }
     }
 }

@@ -37,12 +37,12 @@ use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
-use super::h2_conn::{H2Conn, Sent};
+use super::h2_conn::{ConnectFailed, H2Conn, Sent};
 
 /// An upstream's answer: its status, headers, and body as it arrives.
 pub type Response = http::Response<Body>;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How a request to an upstream failed below HTTP.
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +95,10 @@ impl Error {
         let mut source: Option<&(dyn std::error::Error + 'static)> = match self {
             Error::Url(_) => None,
             Error::Send(e) => Some(e),
-            Error::Connect(e) => Some(e.as_ref()),
+            Error::Connect(e) => Some(
+                e.downcast_ref::<ConnectFailed>()
+                    .map_or(e.as_ref() as _, ConnectFailed::error),
+            ),
             Error::Stream(e) | Error::BodyStream(e) => Some(e),
             Error::Body(e) => Some(e),
         };

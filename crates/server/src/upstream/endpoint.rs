@@ -117,11 +117,15 @@ impl Endpoint {
     /// An upstream request id as passed on: redacted, printable ASCII,
     /// at most 128 bytes.
     pub fn upstream_id(&self, id: &str) -> String {
-        self.redacted(id)
-            .chars()
-            .filter(|c| c.is_ascii_graphic())
-            .take(MAX_UPSTREAM_ID)
-            .collect()
+        let redacted = self.redacted(id);
+        let mut kept = String::with_capacity(redacted.len().min(MAX_UPSTREAM_ID));
+        kept.extend(
+            redacted
+                .chars()
+                .filter(|c| c.is_ascii_graphic())
+                .take(MAX_UPSTREAM_ID),
+        );
+        kept
     }
 
     /// Builds the endpoint from config, reading the API key from its environment variable.

@@ -10,13 +10,15 @@
 //! Owns the connection's life: opened on first use through the client's
 //! connector (TCP, TLS with ALPN, proxies' tunnels), reopened when h2 says
 //! it is gone before a request is sent on it (the request is then sent on
-//! the new one: nothing of it went out), and let go after
+//! the new one: nothing of it went out), opened by one request at a time
+//! (those waiting on a connect that fails fail with its error, rather
+//! than each connect again after it), and let go after
 //! [`IDLE_TIMEOUT`] without a request, as hyper's pool did. An `https`
 //! upstream whose ALPN picks HTTP/1.1 is remembered as such, and its
 //! requests go back to hyper's pooled client.
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -29,7 +31,7 @@ use http_body::Frame;
 use hyper_util::client::legacy::connect::Connection;
 use hyper_util::rt::TokioIo;
 
-use super::client::{Connector, Error};
+use super::client::{BoxError, Connector, Error};
 
 /// How long a connection is kept without a request (hyper's pool: 60 s).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -41,11 +43,6 @@ const MAX_FRAME_SIZE: u32 = 16 * 1024;
 const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
 const MAX_SEND_BUFFER: usize = 1024 * 1024;
 const INITIAL_MAX_SEND_STREAMS: usize = 100;
-
-/// Whether the upstream speaks HTTP/2 (known once a connection is open).
-const UNKNOWN: u8 = 0;
-const HTTP2: u8 = 1;
-const HTTP1: u8 = 2;
 
 /// What [`H2Conn::send`] did with a request.
 pub enum Sent {
@@ -66,7 +63,11 @@ pub struct H2Conn {
     open: Mutex<Option<(SendRequest<Bytes>, Instant)>>,
     /// Held while connecting, so concurrent requests wait for one connection.
     connecting: tokio::sync::Mutex<()>,
-    speaks: AtomicU8,
+    /// Connects that failed, and the last one's error.
+    failures: AtomicU64,
+    failed: Mutex<Option<ConnectFailed>>,
+    /// ALPN chose HTTP/1.1: requests go to hyper's pool.
+    http1: AtomicBool,
 }
 
 impl std::fmt::Debug for H2Conn {
@@ -83,19 +84,16 @@ impl H2Conn {
             authority,
             open: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
-            speaks: AtomicU8::new(UNKNOWN),
+            failures: AtomicU64::new(0),
+            failed: Mutex::new(None),
+            http1: AtomicBool::new(false),
         }
-    }
-
-    /// Whether requests go to hyper's client instead (ALPN chose HTTP/1.1).
-    fn is_http1(&self) -> bool {
-        self.speaks.load(Ordering::Relaxed) == HTTP1
     }
 
     /// Whether a request to `uri` goes out here: its origin is this
     /// connection's, and that origin is not known to speak HTTP/1.1.
     pub fn serves(&self, uri: &Uri) -> bool {
-        !self.is_http1()
+        !self.http1.load(Ordering::Relaxed)
             && uri.scheme() == Some(&self.scheme)
             && uri.authority() == Some(&self.authority)
     }
@@ -177,28 +175,47 @@ impl H2Conn {
     /// A new connection (or the one a concurrent request just opened);
     /// `None` when the upstream speaks HTTP/1.1.
     async fn reopen(&self) -> Result<Option<SendRequest<Bytes>>, Error> {
+        let failures = self.failures.load(Ordering::Acquire);
         let _gate = self.connecting.lock().await;
         if let Some(sender) = self.current() {
             return Ok(Some(sender));
         }
-        if self.is_http1() {
+        if self.http1.load(Ordering::Relaxed) {
             return Ok(None);
         }
+        // Connecting failed while this request waited for it: it fails
+        // with that error now rather than connect again, after it, in turn
+        // (to a host that drops SYNs, each would wait out the timeout).
+        if self.failures.load(Ordering::Acquire) != failures {
+            let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(failed) = failed.as_ref() {
+                return Err(Error::Connect(Box::new(failed.clone())));
+            }
+        }
+        match self.connect().await {
+            Ok(sender) => Ok(sender),
+            Err(e) => {
+                let failed = ConnectFailed(Arc::new(e));
+                *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(failed.clone());
+                self.failures.fetch_add(1, Ordering::Release);
+                Err(Error::Connect(Box::new(failed)))
+            }
+        }
+    }
+
+    /// A new connection, its handle kept for the requests after; `None`
+    /// when ALPN chose HTTP/1.1.
+    async fn connect(&self) -> Result<Option<SendRequest<Bytes>>, BoxError> {
         let base = Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone())
             .path_and_query("/")
-            .build()
-            .map_err(|e| Error::Connect(Box::new(e)))?;
-        let conn = tower_service::Service::call(&mut self.connector.clone(), base)
-            .await
-            .map_err(Error::Connect)?;
-        let h2 = conn.connected().is_negotiated_h2() || self.connector.h2c();
-        if !h2 {
-            self.speaks.store(HTTP1, Ordering::Relaxed);
+            .build()?;
+        let conn = tower_service::Service::call(&mut self.connector.clone(), base).await?;
+        if !conn.connected().is_negotiated_h2() && !self.connector.h2c() {
+            self.http1.store(true, Ordering::Relaxed);
             return Ok(None);
         }
-        self.speaks.store(HTTP2, Ordering::Relaxed);
         let (sender, connection) = h2::client::Builder::new()
             .enable_push(false)
             .initial_window_size(STREAM_WINDOW)
@@ -208,8 +225,7 @@ impl H2Conn {
             .max_send_buffer_size(MAX_SEND_BUFFER)
             .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
             .handshake::<_, Bytes>(TokioIo::new(conn))
-            .await
-            .map_err(|e| Error::Connect(Box::new(e)))?;
+            .await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
@@ -218,6 +234,30 @@ impl H2Conn {
         *self.open.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((sender.clone(), Instant::now()));
         Ok(Some(sender))
+    }
+}
+
+/// A connect failure, shared by the requests that waited on it: it reads
+/// as the error itself, and its causes are the error's.
+#[derive(Debug, Clone)]
+pub struct ConnectFailed(Arc<BoxError>);
+
+impl ConnectFailed {
+    /// The error connecting failed with.
+    pub fn error(&self) -> &(dyn std::error::Error + 'static) {
+        self.0.as_ref().as_ref()
+    }
+}
+
+impl std::fmt::Display for ConnectFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for ConnectFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
     }
 }
 
@@ -619,5 +659,49 @@ mod tests {
         // The connection that learnt the upstream's ALPN, then hyper's one,
         // kept for the second request.
         assert_eq!(connections.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn requests_that_waited_on_a_failed_connect_share_its_error_rather_than_retry_it() {
+        // Takes TCP connections and closes them: every TLS handshake fails.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "https://localhost:{}",
+            listener.local_addr().unwrap().port()
+        );
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                drop(tcp);
+            }
+        });
+        let client = Client::with_proxies(Options::default(), None).with_origin(&url);
+        let to = format!("{url}/v1/messages");
+        let errors = futures_util::future::join_all(
+            (0..10).map(|_| client.post(&to, HeaderMap::new(), Bytes::new())),
+        )
+        .await;
+        for err in errors {
+            let err = err.unwrap_err();
+            assert!(err.is_connect() && !err.is_body(), "{err}");
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connect for ten requests"
+        );
+        // A request after the failure connects again.
+        let err = client
+            .post(
+                &format!("{url}/v1/messages"),
+                HeaderMap::new(),
+                Bytes::new(),
+            )
+            .await
+            .unwrap_err();
+        assert!(err.is_connect(), "{err}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }
