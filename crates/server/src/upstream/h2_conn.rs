@@ -59,8 +59,10 @@ pub struct H2Conn {
     /// The origin it connects to.
     scheme: Scheme,
     authority: Authority,
-    /// The connection's handle while open, and when it last took a request.
-    open: Mutex<Option<(SendRequest<Bytes>, Instant)>>,
+    /// The connection's handle while open, when it last took a request,
+    /// and its number (the connections opened before it).
+    open: Mutex<Option<Open>>,
+    opened: AtomicU64,
     /// Held while connecting, so concurrent requests wait for one connection.
     connecting: tokio::sync::Mutex<()>,
     /// Connects that failed, and the last one's error.
@@ -83,6 +85,7 @@ impl H2Conn {
             scheme,
             authority,
             open: Mutex::new(None),
+            opened: AtomicU64::new(0),
             connecting: tokio::sync::Mutex::new(()),
             failures: AtomicU64::new(0),
             failed: Mutex::new(None),
@@ -109,12 +112,12 @@ impl H2Conn {
         }
         let mut reopened = false;
         let mut sender = loop {
-            let mut sender = match self.current() {
-                Some(sender) => sender,
+            let (mut sender, number) = match self.current() {
+                Some(current) => current,
                 None => match self.reopen().await? {
-                    Some(sender) => {
+                    Some(opened) => {
                         reopened = true;
-                        sender
+                        opened
                     }
                     None => return Ok(Sent::Http1(request, body)),
                 },
@@ -124,7 +127,7 @@ impl H2Conn {
             match std::future::poll_fn(|cx| sender.poll_ready(cx)).await {
                 Ok(()) => break sender,
                 Err(e) if reopened => return Err(Error::Stream(e)),
-                Err(_) => self.forget(),
+                Err(_) => self.forget(number),
             }
         };
         let end = body.is_empty();
@@ -138,13 +141,13 @@ impl H2Conn {
     /// The open connection's handle, unless it is idle past
     /// [`IDLE_TIMEOUT`] (then let go: requests in flight on it keep it
     /// until they end).
-    fn current(&self) -> Option<SendRequest<Bytes>> {
+    fn current(&self) -> Option<(SendRequest<Bytes>, u64)> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         match open.as_mut() {
-            Some((sender, used)) if now.duration_since(*used) < IDLE_TIMEOUT => {
-                *used = now;
-                Some(sender.clone())
+            Some(o) if now.duration_since(o.used) < IDLE_TIMEOUT => {
+                o.used = now;
+                Some((o.sender.clone(), o.number))
             }
             _ => {
                 *open = None;
@@ -157,7 +160,7 @@ impl H2Conn {
     #[cfg(test)]
     async fn closed(&self) {
         loop {
-            let Some(mut sender) = self.current() else {
+            let Some((mut sender, _)) = self.current() else {
                 return;
             };
             let ready = std::future::poll_fn(|cx| Poll::Ready(sender.poll_ready(cx))).await;
@@ -168,13 +171,17 @@ impl H2Conn {
         }
     }
 
-    fn forget(&self) {
-        *self.open.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    /// Lets connection `number` go, unless another has replaced it.
+    fn forget(&self, number: u64) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if open.as_ref().is_some_and(|o| o.number == number) {
+            *open = None;
+        }
     }
 
     /// A new connection (or the one a concurrent request just opened);
     /// `None` when the upstream speaks HTTP/1.1.
-    async fn reopen(&self) -> Result<Option<SendRequest<Bytes>>, Error> {
+    async fn reopen(&self) -> Result<Option<(SendRequest<Bytes>, u64)>, Error> {
         let failures = self.failures.load(Ordering::Acquire);
         let _gate = self.connecting.lock().await;
         if let Some(sender) = self.current() {
@@ -205,7 +212,7 @@ impl H2Conn {
 
     /// A new connection, its handle kept for the requests after; `None`
     /// when ALPN chose HTTP/1.1.
-    async fn connect(&self) -> Result<Option<SendRequest<Bytes>>, BoxError> {
+    async fn connect(&self) -> Result<Option<(SendRequest<Bytes>, u64)>, BoxError> {
         let base = Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone())
@@ -231,10 +238,21 @@ impl H2Conn {
                 tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
             }
         });
-        *self.open.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((sender.clone(), Instant::now()));
-        Ok(Some(sender))
+        let number = self.opened.fetch_add(1, Ordering::Relaxed);
+        *self.open.lock().unwrap_or_else(|p| p.into_inner()) = Some(Open {
+            sender: sender.clone(),
+            used: Instant::now(),
+            number,
+        });
+        Ok(Some((sender, number)))
     }
+}
+
+/// The open connection.
+struct Open {
+    sender: SendRequest<Bytes>,
+    used: Instant,
+    number: u64,
 }
 
 /// A connect failure, shared by the requests that waited on it: it reads
