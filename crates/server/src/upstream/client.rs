@@ -37,7 +37,7 @@ use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
-use super::h2_conn::{ConnectFailed, H2Conn, Sent};
+use super::h2_conn::{ConnectFailed, H2Conn};
 
 /// An upstream's answer: its status, headers, and body as it arrives.
 pub type Response = http::Response<Body>;
@@ -304,18 +304,20 @@ impl Client {
         if let Some(auth) = self.absolute_form_auth(&uri) {
             headers.entry(PROXY_AUTHORIZATION).or_insert(auth);
         }
-        let mut request = http::Request::new(());
-        *request.method_mut() = Method::POST;
-        *request.uri_mut() = uri;
-        *request.headers_mut() = headers;
-        let (request, body) = match self.h2.as_ref().filter(|h2| h2.serves(request.uri())) {
-            Some(h2) => match h2.send(request, body).await? {
-                Sent::Answer(answer) => return Ok(answer.map(Body::H2)),
-                Sent::Http1(request, body) => (request, body),
-            },
-            None => (request, body),
-        };
-        let request = request.map(|()| Full::new(body));
+        if let Some(h2) = self.h2.as_ref().filter(|h2| h2.serves(&uri)) {
+            let sender = match h2.ready() {
+                Some(sender) => Some(sender),
+                // Boxed: connecting (the connector's future, h2's
+                // handshake) is some 5 KB of state that every stream's
+                // future would otherwise hold for its whole life.
+                None => Box::pin(h2.open()).await?,
+            };
+            if let Some(sender) = sender {
+                let answer = H2Conn::start(sender, request(uri, headers), body)?;
+                return Ok(answer.await.map_err(Error::Stream)?.map(Body::H2));
+            }
+        }
+        let request = request(uri, headers).map(|()| Full::new(body));
         Ok(self.inner.request(request).await?.map(Body::Hyper))
     }
 
@@ -342,6 +344,15 @@ impl Client {
             .basic_auth()
             .cloned()
     }
+}
+
+/// A `POST` to `uri` with `headers`, its body to come.
+fn request(uri: Uri, headers: HeaderMap) -> http::Request<()> {
+    let mut request = http::Request::new(());
+    *request.method_mut() = Method::POST;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = headers;
+    request
 }
 
 /// `body` serialised, and `content-type: application/json` unless the

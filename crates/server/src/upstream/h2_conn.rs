@@ -44,15 +44,6 @@ const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
 const MAX_SEND_BUFFER: usize = 1024 * 1024;
 const INITIAL_MAX_SEND_STREAMS: usize = 100;
 
-/// What [`H2Conn::send`] did with a request.
-pub enum Sent {
-    /// The answer's head; its body arrives on the stream.
-    Answer(http::Response<h2::RecvStream>),
-    /// The upstream speaks HTTP/1.1 (ALPN said so): the request is handed
-    /// back, for hyper's pooled client.
-    Http1(http::Request<()>, Bytes),
-}
-
 /// The connection, opened when first needed.
 pub struct H2Conn {
     connector: Connector,
@@ -101,41 +92,44 @@ impl H2Conn {
             && uri.authority() == Some(&self.authority)
     }
 
-    /// Sends `request` (its URI absolute) with `body`, the whole of it; the
-    /// answer once its head is in.
-    pub async fn send(&self, mut request: http::Request<()>, body: Bytes) -> Result<Sent, Error> {
+    /// The open connection, ready for a request now: `None` when there
+    /// is none, or h2 says it is gone (a connection closed while idle:
+    /// nothing of the next request has gone out on it, which then goes
+    /// out on a new one).
+    pub fn ready(&self) -> Option<SendRequest<Bytes>> {
+        let (mut sender, number) = self.current()?;
+        // A clone with no stream pending open is never told to wait: this
+        // only reads whether the connection has failed.
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match sender.poll_ready(&mut cx) {
+            Poll::Ready(Ok(())) => Some(sender),
+            Poll::Ready(Err(_)) | Poll::Pending => {
+                self.forget(number);
+                None
+            }
+        }
+    }
+
+    /// Opens `request`'s stream on `sender` (its URI absolute) and hands
+    /// h2 the whole `body`; the answer's head is the future's. Nothing is
+    /// awaited here, so a stream's future holds only what this returns.
+    pub fn start(
+        mut sender: SendRequest<Bytes>,
+        mut request: http::Request<()>,
+        body: Bytes,
+    ) -> Result<h2::client::ResponseFuture, Error> {
         strip_connection_headers(request.headers_mut());
         if !request.headers().contains_key(CONTENT_LENGTH) {
             request
                 .headers_mut()
                 .insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
         }
-        let mut reopened = false;
-        let mut sender = loop {
-            let (mut sender, number) = match self.current() {
-                Some(current) => current,
-                None => match self.reopen().await? {
-                    Some(opened) => {
-                        reopened = true;
-                        opened
-                    }
-                    None => return Ok(Sent::Http1(request, body)),
-                },
-            };
-            // A connection closed while idle fails here, before anything of
-            // this request is sent: it goes out on a new one, once.
-            match std::future::poll_fn(|cx| sender.poll_ready(cx)).await {
-                Ok(()) => break sender,
-                Err(e) if reopened => return Err(Error::Stream(e)),
-                Err(_) => self.forget(number),
-            }
-        };
         let end = body.is_empty();
         let (answer, mut stream) = sender.send_request(request, end).map_err(Error::Stream)?;
         if !end {
             stream.send_data(body, true).map_err(Error::Stream)?;
         }
-        Ok(Sent::Answer(answer.await.map_err(Error::Stream)?))
+        Ok(answer)
     }
 
     /// The open connection's handle, unless it is idle past
@@ -179,12 +173,13 @@ impl H2Conn {
         }
     }
 
-    /// A new connection (or the one a concurrent request just opened);
-    /// `None` when the upstream speaks HTTP/1.1.
-    async fn reopen(&self) -> Result<Option<(SendRequest<Bytes>, u64)>, Error> {
+    /// A new connection (or the one a concurrent request has just
+    /// opened); `None` when ALPN chose HTTP/1.1, and the request goes to
+    /// hyper's pool.
+    pub async fn open(&self) -> Result<Option<SendRequest<Bytes>>, Error> {
         let failures = self.failures.load(Ordering::Acquire);
         let _gate = self.connecting.lock().await;
-        if let Some(sender) = self.current() {
+        if let Some(sender) = self.ready() {
             return Ok(Some(sender));
         }
         if self.http1.load(Ordering::Relaxed) {
@@ -212,7 +207,7 @@ impl H2Conn {
 
     /// A new connection, its handle kept for the requests after; `None`
     /// when ALPN chose HTTP/1.1.
-    async fn connect(&self) -> Result<Option<(SendRequest<Bytes>, u64)>, BoxError> {
+    async fn connect(&self) -> Result<Option<SendRequest<Bytes>>, BoxError> {
         let base = Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone())
@@ -244,7 +239,7 @@ impl H2Conn {
             used: Instant::now(),
             number,
         });
-        Ok(Some((sender, number)))
+        Ok(Some(sender))
     }
 }
 
