@@ -69,8 +69,9 @@ pub fn encode(item: &Item, reason: Reason) -> Result<Bytes, serde_json::Error> {
 
 /// The stored form of each of `items`, under its number: written one
 /// after another into this thread's buffer, copied out once, and each
-/// item's bytes a slice of that copy (two allocations a batch, not one an
-/// item).
+/// item's bytes a slice of that copy: two allocations a batch besides the
+/// list (the copy, and its sharing), not one an item; one for a batch of
+/// one.
 pub fn encode_batch(
     items: &[(u64, Item)],
     reason: Reason,
@@ -88,6 +89,12 @@ pub fn encode_batch(
         let all = Bytes::copy_from_slice(buf);
         if buf.capacity() > MAX_SCRATCH {
             *buf = Vec::new();
+        }
+        // One item (a slow stream's every token) is the copy itself: a
+        // slice would make the copy shared, one more allocation that every
+        // stored item would keep.
+        if let [(seq, _)] = items {
+            return Ok(vec![(*seq, all)]);
         }
         let mut start = 0;
         Ok(items
@@ -421,6 +428,8 @@ mod tests {
             assert_eq!(bytes, &encode(item, reason).unwrap());
         }
         assert!(encode_batch(&[], reason).unwrap().is_empty());
+        let one = encode_batch(&items[..1], reason).unwrap();
+        assert_eq!(one, [(4, encode(&items[0].1, reason).unwrap())]);
     }
 
     #[tokio::test]
