@@ -153,14 +153,7 @@ impl H2Conn {
     /// Once h2 says the open connection is gone (polled every few ms).
     #[cfg(test)]
     async fn closed(&self) {
-        loop {
-            let Some((mut sender, _)) = self.current() else {
-                return;
-            };
-            let ready = std::future::poll_fn(|cx| Poll::Ready(sender.poll_ready(cx))).await;
-            if let Poll::Ready(Err(_)) = ready {
-                return;
-            }
+        while self.ready().is_some() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
