@@ -1,8 +1,9 @@
 //! The request path against the real binary: the route order holds on sparse
 //! evidence, an always-failing primary trips its breaker (the outage alert)
 //! under light sequential traffic, the HTTP door enforces the tenant limits
-//! counted together with gRPC, and an oversized gRPC message is
-//! RESOURCE_EXHAUSTED with ErrorInfo.
+//! counted together with gRPC, an oversized gRPC message is
+//! RESOURCE_EXHAUSTED with ErrorInfo, and one gRPC connection carries more
+//! than 200 calls at once.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
+use switchyard::proto;
 use tonic::Code;
 
 #[tokio::test]
@@ -361,4 +363,65 @@ async fn an_h2c_provider_spreads_its_streams_over_connections_past_a_servers_str
     for s in streams {
         s.abort();
     }
+}
+
+/// The gRPC server puts no cap of its own on one connection's concurrent
+/// calls (hyper's HTTP/2 server would cap them at 200): 300 slow streams on
+/// one channel all get their first token before any of them ends.
+#[tokio::test]
+async fn one_grpc_connection_carries_300_streams_at_once() {
+    const CALLS: usize = 300;
+    let mock = Mock::start("openai", &[]).await;
+    // Each stream lasts at least 9 s: four tokens, 3 s apart.
+    mock.set_config(json!({"tokens": 4, "token_delay_ms": 3000}))
+        .await;
+    let config = provider("primary", "openai", &mock.base_url(), "gpt-4o-mini").replace(
+        "  [[providers.models]]",
+        "max_concurrency = 1000\nfailover_max_concurrency = 1000\n  [[providers.models]]",
+    ) + &route("chat", &["primary/gpt-4o-mini"]);
+    let sy = Switchyard::start(&config).await;
+    let client = proto::router_client::RouterClient::new(sy.channel().await);
+    let ended = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (first_tx, mut first_rx) = tokio::sync::mpsc::channel(CALLS);
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..CALLS {
+        let (mut client, ended, first_tx) = (client.clone(), ended.clone(), first_tx.clone());
+        calls.spawn(async move {
+            let mut s = client
+                .stream_completion(request("chat"))
+                .await
+                .unwrap()
+                .into_inner();
+            let mut seen = false;
+            while let Some(event) = s.message().await.unwrap() {
+                let delta = matches!(event.event, Some(proto::completion_event::Event::Delta(_)));
+                if delta && !seen {
+                    seen = true;
+                    let _ = first_tx
+                        .send(ended.load(std::sync::atomic::Ordering::SeqCst))
+                        .await;
+                }
+            }
+            ended.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
+    drop(first_tx);
+    let mut before_any_end = 0;
+    for n in 0..CALLS {
+        let ended_then = tokio::time::timeout(Duration::from_secs(60), first_rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only {n} of {CALLS} streams got a first token"))
+            .expect("every call reports its first token");
+        if ended_then == 0 {
+            before_any_end += 1;
+        }
+    }
+    assert_eq!(
+        before_any_end, CALLS,
+        "streams that began only after another ended"
+    );
+    while let Some(done) = calls.join_next().await {
+        done.unwrap();
+    }
+    assert_eq!(ended.load(std::sync::atomic::Ordering::SeqCst), CALLS);
 }

@@ -72,7 +72,7 @@ pub struct Running {
     stop: CancellationToken,
     ready: Arc<AtomicBool>,
     health: tonic_health::server::HealthReporter,
-    grpc: JoinHandle<Result<(), tonic::transport::Error>>,
+    grpc: JoinHandle<()>,
     admin: JoinHandle<()>,
     http: Option<JoinHandle<()>>,
 }
@@ -460,7 +460,7 @@ fn admin_access(config: &Config) -> Result<AdminAccess, StartError> {
     })
 }
 
-type GrpcTask = JoinHandle<Result<(), tonic::transport::Error>>;
+type GrpcTask = JoinHandle<()>;
 
 /// What server reflection describes: Switchyard's services, gRPC health,
 /// both reflection services, and the `google.rpc` error details
@@ -476,9 +476,10 @@ fn reflection_set() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
 }
 
-/// The gRPC server: health, reflection, Router (behind the caller auth
-/// interceptor) and Admin (behind the admin one), with the size-limit layer;
-/// TLS terminated here so certificates can be reloaded.
+/// The gRPC server (`api::grpc_server`): Router (the caller's token checked
+/// there), and by path health, reflection and Admin (behind the admin
+/// interceptor), all under the size limits; TLS terminated here so
+/// certificates can be reloaded.
 async fn serve_grpc(
     config: &Config,
     core: &Core,
@@ -488,11 +489,8 @@ async fn serve_grpc(
     (listener, max_connections): (TcpListener, usize),
     stop: CancellationToken,
 ) -> Result<(GrpcTask, tonic_health::server::HealthReporter), StartError> {
-    let router = tonic::service::interceptor::InterceptedService::new(
-        proto::router_server::RouterServer::new(RouterService::new(core.intake.clone()))
-            .max_decoding_message_size(config.limits.max_request_bytes),
-        move |req| auth.check(req),
-    );
+    let router = proto::router_server::RouterServer::new(RouterService::new(core.intake.clone()))
+        .max_decoding_message_size(config.limits.max_request_bytes);
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<proto::router_server::RouterServer<RouterService>>()
@@ -510,23 +508,17 @@ async fn serve_grpc(
         )),
         move |req| admin_access.check(req),
     );
-    let routes = tonic::transport::Server::builder()
-        // h2 accepts header blocks up to this; the limits layer answers a
-        // stream whose metadata is over `limits.max_metadata_bytes` with a
-        // status, so one bad call never costs the connection (GOAWAY).
-        .http2_max_header_list_size(Some(crate::api::grpc_limits::H2_MAX_HEADER_LIST))
-        .layer(crate::api::grpc_limits::TooLargeLayer {
-            limit: config.limits.max_request_bytes,
-            max_metadata: config.limits.max_metadata_bytes,
-            direct: router.clone(),
-        })
-        .add_service(health_service)
+    let others = tonic::service::Routes::new(health_service)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
-        .add_service(router)
         .add_service(admin_service);
-    let grpc_stop = stop.clone();
-    let shutdown = async move { grpc_stop.cancelled().await };
+    let service = crate::api::grpc_server::GrpcService::new(
+        router,
+        auth,
+        others,
+        config.limits.max_request_bytes,
+        config.limits.max_metadata_bytes,
+    );
     let accepted = listener::capped(
         listener,
         max_connections,
@@ -535,10 +527,11 @@ async fn serve_grpc(
         stop.clone(),
     );
     let task = match tls {
-        Some(tls) => tokio::spawn(
-            routes.serve_with_incoming_shutdown(tls::incoming(accepted, tls, stop), shutdown),
-        ),
-        None => tokio::spawn(routes.serve_with_incoming_shutdown(accepted, shutdown)),
+        Some(tls) => {
+            let incoming = tls::incoming(accepted, tls, stop.clone());
+            tokio::spawn(crate::api::grpc_server::serve(incoming, service, stop))
+        }
+        None => tokio::spawn(crate::api::grpc_server::serve(accepted, service, stop)),
     };
     Ok((task, health))
 }

@@ -350,18 +350,10 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Capped<IO> {
     }
 }
 
-impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected for Capped<IO> {
-    type ConnectInfo = IO::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
-    }
-}
-
-/// The gRPC listener's connections under the cap, as tonic takes them
+/// The gRPC listener's connections under the cap, as its server takes them
 /// (plain TCP; TLS wraps each after its handshake in `tls::incoming`). A
 /// connection that sends nothing within `first_bytes` (the header-read
-/// timeout) is closed before tonic ever sees it.
+/// timeout) is closed before the server ever sees it.
 pub fn capped(
     listener: TcpListener,
     max_connections: usize,

@@ -14,6 +14,7 @@ pub mod door;
 pub mod embeddings;
 pub mod errors;
 pub mod grpc_limits;
+pub mod grpc_server;
 pub mod intake;
 pub mod jobs;
 pub mod listener;
