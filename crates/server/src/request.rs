@@ -13,7 +13,7 @@ pub use crate::chat::Needs;
 /// A validated request, ready to route.
 #[derive(Debug, Clone)]
 pub struct RequestSpec {
-    pub request_id: String,
+    pub request_id: std::sync::Arc<str>,
     pub route: String,
     /// `model` is filled in per candidate.
     pub chat: ChatRequest,

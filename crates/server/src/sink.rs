@@ -51,11 +51,11 @@ impl Tier {
 /// Announces the attempt whose output follows.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Started {
-    pub provider: String,
-    pub model: String,
+    pub provider: Arc<str>,
+    pub model: Arc<str>,
     pub attempt: u32,
     pub tier: Tier,
-    pub request_id: String,
+    pub request_id: Arc<str>,
     /// What the target's wire could not carry and was left out.
     #[serde(default)]
     pub dropped: Vec<String>,
@@ -70,11 +70,11 @@ pub struct Finished {
     pub finish_reason: FinishReason,
     pub usage: Usage,
     pub usage_estimated: bool,
-    pub provider: String,
-    pub model: String,
+    pub provider: Arc<str>,
+    pub model: Arc<str>,
     pub tier: Tier,
     pub attempts: u32,
-    pub request_id: String,
+    pub request_id: Arc<str>,
     pub upstream_request_id: Option<String>,
     /// Replayed from an idempotency record, not generated now.
     pub replayed: bool,

@@ -27,14 +27,14 @@ pub fn stored_request(limits: LimitsConfig) -> crate::task::Decode {
             RequestError::Unavailable(format!("the stream's stored request is unreadable: {e}"))
         })?;
         let id: u64 = rand::random();
-        request_spec(req, format!("sy-takeover-{id:016x}"), None, &limits)
+        request_spec(req, format!("sy-takeover-{id:016x}").into(), None, &limits)
     })
 }
 
 /// Validates a request and turns it into a routable spec.
 pub fn request_spec(
     req: proto::CompletionRequest,
-    request_id: String,
+    request_id: std::sync::Arc<str>,
     deadline: Option<Instant>,
     limits: &LimitsConfig,
 ) -> Result<RequestSpec, RequestError> {
@@ -340,28 +340,29 @@ pub fn finish_reason(f: FinishReason) -> proto::FinishReason {
 
 fn started(s: Started) -> proto::Started {
     proto::Started {
-        provider: s.provider,
-        model: s.model,
+        provider: s.provider.to_string(),
+        model: s.model.to_string(),
         attempt: s.attempt,
         tier: tier(s.tier) as i32,
-        request_id: s.request_id,
+        request_id: s.request_id.to_string(),
         dropped: s.dropped,
         resume_token: s.resume_token.unwrap_or_default(),
     }
 }
 
-/// Moved, not copied: the event is spent.
+/// Moved, not copied, but for the names the event shares with the request
+/// (the proto's strings are owned).
 fn finished(f: Finished) -> proto::Finished {
     proto::Finished {
         finish_reason: finish_reason(f.finish_reason) as i32,
         usage: Some(content::usage_proto(&f.usage, f.usage_estimated)),
         served_by: Some(proto::ServedBy {
-            provider: f.provider,
-            model: f.model,
+            provider: f.provider.to_string(),
+            model: f.model.to_string(),
         }),
         tier: tier(f.tier) as i32,
         attempts: f.attempts,
-        request_id: f.request_id,
+        request_id: f.request_id.to_string(),
         upstream_request_id: f.upstream_request_id.unwrap_or_default(),
         cache_age_ms: f.cache_age.map_or(0, |a| a.as_millis() as u64),
         cache_similarity: f.cache_similarity.unwrap_or(0.0),

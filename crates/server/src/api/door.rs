@@ -54,7 +54,7 @@ impl HttpState {
     }
 
     /// The caller's `x-request-id` when it is sane, else a fresh one.
-    pub fn request_id(&self, headers: &HeaderMap) -> String {
+    pub fn request_id(&self, headers: &HeaderMap) -> Arc<str> {
         caller_request_id(headers).unwrap_or_else(|| self.intake.request_id())
     }
 
@@ -138,7 +138,7 @@ impl HttpState {
         door: Door,
         mut request: proto::CompletionRequest,
         tenant: Option<String>,
-        request_id: &str,
+        request_id: &Arc<str>,
         headers: &HeaderMap,
         stream: bool,
     ) -> Result<Events, RequestError> {
@@ -173,7 +173,7 @@ impl HttpState {
                 door,
                 request,
                 tenant,
-                request_id: Some(request_id.to_string()),
+                request_id: Some(request_id.clone()),
                 deadline: None,
                 trace: crate::telemetry::tracing::trace_context(headers),
                 buffered: !stream,
@@ -307,7 +307,7 @@ impl Direct for Completions {
 }
 
 /// The caller's `x-request-id`, when it is sane.
-fn caller_request_id(headers: &HeaderMap) -> Option<String> {
+fn caller_request_id(headers: &HeaderMap) -> Option<Arc<str>> {
     let theirs = headers
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
@@ -317,7 +317,7 @@ fn caller_request_id(headers: &HeaderMap) -> Option<String> {
                 && v.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
         });
-    theirs.map(str::to_string)
+    theirs.map(Arc::from)
 }
 
 /// Which attempt served, for the response headers.

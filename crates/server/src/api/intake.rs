@@ -59,7 +59,7 @@ pub struct Arrival {
     /// The authenticated tenant (`None` in open auth mode).
     pub tenant: Option<String>,
     /// An id the caller supplied and the door accepted, else one is made.
-    pub request_id: Option<String>,
+    pub request_id: Option<Arc<str>>,
     /// The caller's deadline (less the reply margin), when it set one.
     pub deadline: Option<Instant>,
     /// Headers or metadata carrying a W3C `traceparent`.
@@ -72,7 +72,7 @@ pub struct Arrival {
 
 /// A started request task, seen from its door.
 pub struct Started {
-    pub request_id: String,
+    pub request_id: std::sync::Arc<str>,
     pub rx: Events,
     /// The caller's deadline, when it sent one.
     pub deadline: Option<Instant>,
@@ -137,14 +137,21 @@ impl Intake {
         self.tasks.jobs()
     }
 
-    /// A fresh request id.
-    pub fn request_id(&self) -> String {
-        use std::fmt::Write;
-        // Sized once: `format!` grows its string (two allocations).
-        let mut id = String::with_capacity(self.id_prefix.len() + 24);
+    /// A fresh request id, shared by the request's events and its door.
+    pub fn request_id(&self) -> Arc<str> {
+        use std::io::Write;
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let _ = write!(id, "sy-{}-{n}", self.id_prefix);
-        id
+        // Written on the stack and copied once (a `String` turned into an
+        // `Arc<str>` would be a second allocation).
+        let mut buf = [0u8; 64];
+        let mut rest = &mut buf[..];
+        if write!(rest, "sy-{}-{n}", self.id_prefix).is_ok() {
+            let len = 64 - rest.len();
+            if let Ok(id) = std::str::from_utf8(&buf[..len]) {
+                return Arc::from(id);
+            }
+        }
+        Arc::from(format!("sy-{}-{n}", self.id_prefix))
     }
 
     /// Validates and admits a request: the spec, the tenant's slot and the span.

@@ -131,7 +131,7 @@ async fn start(intake: &Intake, job: &JobRecord) -> Result<Events, RequestError>
             door: Door::Job,
             request,
             tenant: Some(job.tenant.clone()),
-            request_id: Some(format!("{}-{}", job.id, job.attempts)),
+            request_id: Some(format!("{}-{}", job.id, job.attempts).into()),
             deadline: None,
             trace: None,
             buffered: true,

@@ -288,14 +288,14 @@ impl proto::router_server::Router for RouterService {
         let tenant = caller(&request);
         let (metadata, _, request) = request.into_parts();
         let id = self.intake.request_id();
-        let spec =
-            super::embeddings::spec(request, id.clone(), deadline).map_err(|e| to_status(&e))?;
+        let spec = super::embeddings::spec(request, id.to_string(), deadline)
+            .map_err(|e| to_status(&e))?;
         let served = self
             .intake
             .embed(Door::Grpc, spec, tenant, Some(&metadata))
             .await
             .map_err(|e| to_status(&e))?;
-        let response = super::embeddings::response(served, id.clone());
+        let response = super::embeddings::response(served, id.to_string());
         Ok(with_request_id(Response::new(response), &id))
     }
 

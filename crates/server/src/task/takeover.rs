@@ -125,7 +125,9 @@ impl Tasks {
             }
             for entry in batch.events.iter().filter(|e| e.seq <= last_seq) {
                 match decode(&entry.event) {
-                    Ok(Event::Started(s)) => held.serving = Some((s.provider, s.model)),
+                    Ok(Event::Started(s)) => {
+                        held.serving = Some((s.provider.to_string(), s.model.to_string()))
+                    }
                     Ok(Event::Continued(c)) => held.serving = Some((c.provider, c.model)),
                     Ok(Event::Reset { .. }) => {
                         held.text.clear();

@@ -57,7 +57,7 @@ pub(crate) async fn messages(State(s): State<Arc<HttpState>>, request: Request) 
 async fn serve(
     s: &HttpState,
     request: Request,
-    request_id: &str,
+    request_id: &Arc<str>,
 ) -> Result<Response, AnthropicError> {
     let (parts, body) = request.into_parts();
     let refused = |e: RequestError| AnthropicError::from_request(&e);

@@ -331,7 +331,7 @@ impl BatchApi {
                 door: Door::Batch,
                 request,
                 tenant: Some(batch.tenant.clone()),
-                request_id: Some(format!("{}-{n}", batch.id)),
+                request_id: Some(format!("{}-{n}", batch.id).into()),
                 deadline: None,
                 trace: None,
                 buffered: true,

@@ -83,7 +83,11 @@ pub(crate) async fn chat_completions(
     }
 }
 
-async fn chat(s: &HttpState, request: Request, request_id: &str) -> Result<Response, OpenAiError> {
+async fn chat(
+    s: &HttpState,
+    request: Request,
+    request_id: &Arc<str>,
+) -> Result<Response, OpenAiError> {
     let (parts, body) = request.into_parts();
     let refused = |e: RequestError| OpenAiError::from_request(&e);
     s.check_metadata(&parts.headers).map_err(refused)?;

@@ -104,7 +104,7 @@ impl ResponsesApi {
         let result = match checked {
             Ok(tenant) => {
                 let tenant = tenant.unwrap_or_else(|| "default".into());
-                f(self.clone(), tenant, request, request_id.clone()).await
+                f(self.clone(), tenant, request, request_id.to_string()).await
             }
             Err(e) => Err(OpenAiError::from_request(&e)),
         };
@@ -224,7 +224,7 @@ impl ResponsesApi {
                 Door::Responses,
                 request,
                 Some(tenant.clone()),
-                request_id,
+                &Arc::from(request_id),
                 headers,
                 ask.stream,
             )
@@ -278,7 +278,7 @@ impl ResponsesApi {
                 door: Door::Responses,
                 request,
                 tenant: Some(tenant.clone()),
-                request_id: Some(request_id.to_string()),
+                request_id: Some(Arc::from(request_id)),
                 deadline: None,
                 trace: crate::telemetry::tracing::trace_context(headers),
                 buffered: true,
