@@ -455,9 +455,10 @@ async fn send_once<'a>(
     }
 }
 
-/// The `x-switchyard-attempt` value: a static string for the first nine
-/// (allocating none), the number written out after.
-fn attempt_number(attempt: u32) -> http::HeaderValue {
+/// A small count as a header value (`x-switchyard-attempt`,
+/// `x-switchyard-attempts`): a static string for 0-9 (allocating none), the
+/// number written out after.
+pub(crate) fn attempt_number(attempt: u32) -> http::HeaderValue {
     const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
     match DIGITS.get(attempt as usize) {
         Some(digit) => http::HeaderValue::from_static(digit),

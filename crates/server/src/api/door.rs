@@ -322,7 +322,8 @@ fn caller_request_id(headers: &HeaderMap) -> Option<Arc<str>> {
 
 /// Which attempt served, for the response headers.
 pub struct Served {
-    pub by: String,
+    /// `provider/model` (`x-switchyard-served-by`).
+    pub by: Option<HeaderValue>,
     pub tier: &'static str,
     pub attempts: u32,
     /// What the serving target's wire could not carry (`x-switchyard-dropped`).
@@ -334,7 +335,7 @@ pub struct Served {
 impl Served {
     pub fn of_started(s: &crate::sink::Started) -> Self {
         Served {
-            by: format!("{}/{}", s.provider, s.model),
+            by: served_by(&s.provider, &s.model),
             tier: s.tier.as_str(),
             attempts: s.attempt,
             dropped: s.dropped.clone(),
@@ -344,7 +345,7 @@ impl Served {
 
     pub fn of_finished(f: &crate::sink::Finished) -> Self {
         Served {
-            by: [&f.provider, "/", &f.model].concat(),
+            by: served_by(&f.provider, &f.model),
             tier: f.tier.as_str(),
             attempts: f.attempts,
             dropped: f.dropped.clone(),
@@ -353,19 +354,29 @@ impl Served {
     }
 }
 
+/// `provider/model` as a header value, written once (a string of exactly
+/// its length becomes the value's bytes without a copy); `None` if a name
+/// is not a header value's text.
+pub fn served_by(provider: &str, model: &str) -> Option<HeaderValue> {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from([provider, "/", model].concat())).ok()
+}
+
 /// `x-switchyard-served-by`, `-tier`, `-attempts`, `-dropped` (when the
 /// serving wire left something out), `-resume-token` (a journaled stream)
 /// and `x-request-id`.
-pub fn served_headers(h: &mut HeaderMap, served: Option<&Served>, request_id: &str) {
+pub fn served_headers(h: &mut HeaderMap, served: Option<Served>, request_id: &str) {
     if let Some(s) = served {
-        insert(h, "x-switchyard-served-by", &s.by);
+        // Moved, not cloned: a clone of the value's bytes would allocate.
+        if let Some(by) = s.by {
+            h.insert(HeaderName::from_static("x-switchyard-served-by"), by);
+        }
         h.insert(
             HeaderName::from_static("x-switchyard-tier"),
             HeaderValue::from_static(s.tier),
         );
         h.insert(
             HeaderName::from_static("x-switchyard-attempts"),
-            HeaderValue::from(s.attempts),
+            crate::attempt::attempt_number(s.attempts),
         );
         dropped_header(h, &s.dropped);
         if let Some(token) = &s.resume_token {
@@ -504,7 +515,7 @@ pub async fn assemble(rx: &mut Events) -> Result<Unary, Option<RequestError>> {
 }
 
 /// The headers of every streamed answer.
-pub fn sse_headers(h: &mut HeaderMap, served: Option<&Served>, request_id: &str) {
+pub fn sse_headers(h: &mut HeaderMap, served: Option<Served>, request_id: &str) {
     insert(h, "content-type", "text/event-stream");
     insert(h, "cache-control", "no-cache");
     insert(h, "x-accel-buffering", "no");

@@ -89,7 +89,7 @@ async fn serve(
         Ok(door::Unary::Queued(q)) => Ok(door::queued(&q, request_id)),
         Ok(door::Unary::Answer(done, served)) => {
             let mut r = door::json_answer(&response::message(&ids, done));
-            headers(r.headers_mut(), served.as_ref(), request_id);
+            headers(r.headers_mut(), served, request_id);
             Ok(r)
         }
         Err(Some(e)) => Err(refused(e)),
@@ -98,7 +98,7 @@ async fn serve(
 }
 
 /// The served-by headers and Anthropic's `request-id`.
-fn headers(h: &mut HeaderMap, served: Option<&Served>, request_id: &str) {
+fn headers(h: &mut HeaderMap, served: Option<Served>, request_id: &str) {
     served_headers(h, served, request_id);
     door::insert(h, "request-id", request_id);
 }

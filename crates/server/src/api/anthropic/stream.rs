@@ -40,7 +40,7 @@ pub(super) async fn stream(
         done: false,
     };
     let mut r = Response::new(door::sse_body(frames));
-    door::sse_headers(r.headers_mut(), served.as_ref(), request_id);
+    door::sse_headers(r.headers_mut(), served, request_id);
     insert(r.headers_mut(), "request-id", request_id);
     Ok(r)
 }

@@ -56,14 +56,14 @@ async fn embed(s: &HttpState, request: Request, request_id: &str) -> Result<Resp
         .await
         .map_err(refused)?;
     let by = door::Served {
-        by: format!("{}/{}", served.provider, served.model),
+        by: door::served_by(&served.provider, &served.model),
         tier: served.tier.as_str(),
         attempts: served.attempts,
         dropped: Vec::new(),
         resume_token: None,
     };
     let mut r = axum::Json(answer(&served, call.base64)).into_response();
-    served_headers(r.headers_mut(), Some(&by), request_id);
+    served_headers(r.headers_mut(), Some(by), request_id);
     Ok(r)
 }
 

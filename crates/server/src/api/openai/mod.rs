@@ -118,7 +118,7 @@ async fn chat(
             Ok(door::Unary::Queued(q)) => Ok(door::queued(&q, request_id)),
             Ok(door::Unary::Answer(done, served)) => {
                 let mut r = door::json_answer(&Completion::new(&ids, &done));
-                served_headers(r.headers_mut(), served.as_ref(), request_id);
+                served_headers(r.headers_mut(), served, request_id);
                 Ok(r)
             }
             Err(Some(e)) => Err(refused(e)),

@@ -30,7 +30,7 @@ pub(super) async fn stream(
         done: false,
     };
     let mut r = Response::new(door::sse_body(sse));
-    door::sse_headers(r.headers_mut(), served.as_ref(), request_id);
+    door::sse_headers(r.headers_mut(), served, request_id);
     Ok(r)
 }
 

@@ -362,7 +362,7 @@ async fn unary(
         }
     }
     let mut r = axum::Json(response).into_response();
-    served_headers(r.headers_mut(), served.as_ref(), request_id);
+    served_headers(r.headers_mut(), served, request_id);
     Ok(r)
 }
 
