@@ -439,7 +439,7 @@ async fn send_once<'a>(
     let slot = input.endpoint.http.take();
     let sending = slot
         .client()
-        .post(&request.url, request.headers, request.body);
+        .send(request.url, request.headers, request.body);
     let response = tokio::select! {
         _ = sink.closed() => return Err(AttemptEnd::ClientGone),
         r = timeout_at(first_limit, sending) => r,
@@ -542,7 +542,7 @@ fn build_request(
 
 /// An attempt's request as it goes out.
 struct Outgoing {
-    url: String,
+    url: crate::upstream::wire::Url,
     headers: http::HeaderMap,
     body: bytes::Bytes,
 }

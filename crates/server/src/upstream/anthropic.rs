@@ -55,7 +55,7 @@ impl Wire for AnthropicWire {
         let mut headers = auth_headers(call.key);
         headers.extend(passthrough_headers(call.chat, Host::FirstParty, dropped));
         Ok(WireRequest::json(
-            endpoint(&call.endpoint.base_url),
+            call.endpoint.fixed_url(endpoint),
             headers,
             build_body(call.chat, Host::FirstParty, dropped),
         ))

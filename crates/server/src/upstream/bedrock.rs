@@ -84,7 +84,7 @@ impl Wire for BedrockWire {
             .map_err(|e| Failure::new(OutcomeClass::Auth, e))?;
         headers.extend(signed);
         Ok(WireRequest {
-            url,
+            url: url.into(),
             headers,
             body: Body::Bytes(body),
         })

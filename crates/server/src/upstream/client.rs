@@ -42,6 +42,39 @@ use super::h2_conn::{ConnectFailed, H2Conn};
 /// An upstream's answer: its status, headers, and body as it arrives.
 pub type Response = http::Response<Body>;
 
+/// Where a request goes: a URL's text, parsed as it is sent, or a URL
+/// parsed once and kept (a clone shares its bytes).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Url {
+    Text(String),
+    Parsed(Uri),
+}
+
+impl From<String> for Url {
+    fn from(text: String) -> Self {
+        Url::Text(text)
+    }
+}
+
+impl Url {
+    /// The parsed URL (the text's bytes become the URL's without a copy).
+    pub fn into_uri(self) -> Result<Uri, http::uri::InvalidUri> {
+        match self {
+            Url::Text(text) => Uri::try_from(text),
+            Url::Parsed(uri) => Ok(uri),
+        }
+    }
+}
+
+impl std::fmt::Display for Url {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Url::Text(text) => f.write_str(text),
+            Url::Parsed(uri) => write!(f, "{uri}"),
+        }
+    }
+}
+
 pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How a request to an upstream failed below HTTP.
@@ -289,15 +322,26 @@ impl Client {
         self.h2.as_deref()
     }
 
-    /// POSTs `body` to `url` with `headers` (`accept: */*` when none is
-    /// given, as before); the answer once its headers are in.
+    /// POSTs `body` to `url` with `headers` (see [`Client::send`]).
     pub async fn post(
         &self,
         url: &str,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<Response, Error> {
+        self.send(Url::Parsed(Uri::try_from(url)?), headers, body)
+            .await
+    }
+
+    /// POSTs `body` to `url` with `headers` (`accept: */*` when none is
+    /// given, as before); the answer once its headers are in.
+    pub async fn send(
+        &self,
+        url: Url,
         mut headers: HeaderMap,
         body: Bytes,
     ) -> Result<Response, Error> {
-        let uri = Uri::try_from(url)?;
+        let uri = url.into_uri()?;
         if !headers.contains_key(ACCEPT) {
             headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
         }

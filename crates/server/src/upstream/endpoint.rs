@@ -56,6 +56,9 @@ pub struct Endpoint {
     pub max_retry_after: Duration,
     /// The clients requests go out on (several over HTTP/2).
     pub http: super::pool::HttpPool,
+    /// The chat URL of a wire whose URL depends on nothing but the base URL
+    /// (OpenAI's, Anthropic's), parsed at its first request.
+    pub fixed_url: std::sync::OnceLock<Option<http::Uri>>,
 }
 
 /// Building an endpoint failed.
@@ -184,7 +187,25 @@ impl Endpoint {
             },
             max_retry_after: cfg.cooldown.max_retry_after,
             http,
+            fixed_url: Default::default(),
         })
+    }
+}
+
+impl Endpoint {
+    /// The chat URL `make` writes from the base URL, for a wire whose URL
+    /// depends on nothing else (an endpoint has one chat wire): written and
+    /// parsed at the first request, shared by every request after (no
+    /// allocation). A base URL that does not parse is written each time and
+    /// refused as it is sent, as before.
+    pub fn fixed_url(&self, make: fn(&str) -> String) -> super::client::Url {
+        let parsed = self
+            .fixed_url
+            .get_or_init(|| http::Uri::try_from(make(&self.base_url)).ok());
+        match parsed {
+            Some(uri) => super::client::Url::Parsed(uri.clone()),
+            None => super::client::Url::Text(make(&self.base_url)),
+        }
     }
 }
 
@@ -287,7 +308,25 @@ mod tests {
                 Default::default(),
                 None,
             )),
+            fixed_url: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_fixed_url_is_written_once_and_shared() {
+        use crate::upstream::client::Url;
+        let e = endpoint("sk-live-0123456789abcdef", "aws-secret-value");
+        let first = e.fixed_url(crate::upstream::openai::endpoint);
+        assert_eq!(first.to_string(), "http://h/v1/chat/completions");
+        let again = e.fixed_url(|_: &str| -> String { panic!("written once") });
+        assert_eq!(again, first);
+        let mut bad = endpoint("sk-live-0123456789abcdef", "aws-secret-value");
+        bad.base_url = "http://exa mple/v1".into();
+        let text = bad.fixed_url(crate::upstream::openai::endpoint);
+        assert_eq!(
+            text,
+            Url::Text("http://exa mple/v1/chat/completions".into())
+        );
     }
 
     #[test]

@@ -45,7 +45,7 @@ impl Wire for OpenAiWire {
 
     fn request(&self, call: &Call<'_>, dropped: &mut Dropped) -> Result<WireRequest, Failure> {
         Ok(WireRequest::json_bytes(
-            endpoint(&call.endpoint.base_url),
+            call.endpoint.fixed_url(endpoint),
             auth_headers(call.key),
             body_bytes(call.chat, dropped),
         ))

@@ -12,6 +12,7 @@ use http::HeaderMap;
 use serde_json::Value;
 
 use crate::policy::outcome::{Failure, OutcomeClass};
+pub use crate::upstream::client::Url;
 use crate::upstream::endpoint::Endpoint;
 use crate::upstream::sse::{SseEvent, SseParser};
 use crate::upstream::{classify, ChatRequest, Chunk, Completion, Dialect, Dropped, StreamDecoder};
@@ -73,7 +74,7 @@ pub struct Call<'a> {
 /// The request a wire built, before the attempt adds its own headers.
 #[derive(Debug)]
 pub struct WireRequest {
-    pub url: String,
+    pub url: Url,
     pub headers: HeaderMap,
     pub body: Body,
 }
@@ -91,21 +92,21 @@ pub enum Body {
 
 impl WireRequest {
     /// A JSON POST.
-    pub fn json(url: String, headers: HeaderMap, body: Value) -> Self {
+    pub fn json(url: impl Into<Url>, headers: HeaderMap, body: Value) -> Self {
         WireRequest {
-            url,
+            url: url.into(),
             headers,
             body: Body::Json(body),
         }
     }
 
     /// A JSON POST whose body the wire wrote itself.
-    pub fn json_bytes(url: String, mut headers: HeaderMap, body: Vec<u8>) -> Self {
+    pub fn json_bytes(url: impl Into<Url>, mut headers: HeaderMap, body: Vec<u8>) -> Self {
         headers
             .entry(http::header::CONTENT_TYPE)
             .or_insert(http::HeaderValue::from_static("application/json"));
         WireRequest {
-            url,
+            url: url.into(),
             headers,
             body: Body::Bytes(body),
         }
@@ -355,6 +356,7 @@ mod tests {
             http: crate::upstream::pool::HttpPool::single(
                 crate::upstream::client::Client::with_proxies(Default::default(), None),
             ),
+            fixed_url: Default::default(),
         }
     }
 
@@ -409,7 +411,7 @@ mod tests {
                 now: SystemTime::UNIX_EPOCH,
             };
             let req = kind.wire().request(&call, &mut Dropped::default()).unwrap();
-            assert_eq!(req.url, url, "{kind:?}");
+            assert_eq!(req.url.to_string(), url, "{kind:?}");
             let value = req.headers[header].to_str().unwrap();
             assert!(value.starts_with(credential), "{kind:?}: {value}");
             assert!(req.headers[header].is_sensitive(), "{kind:?}");
