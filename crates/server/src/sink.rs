@@ -407,9 +407,10 @@ pub enum Delivery {
 /// A request's channel: the task's sink and the door's events.
 pub fn channel(limits: SendLimits, delivery: Delivery) -> (EventSink, Events) {
     let (tx, rx) = mpsc::channel(limits.buffer.max(1));
-    let abandoned = Abandoned::default();
     let mut sink = EventSink::new(tx, delivery);
-    sink.abandoned = abandoned.clone();
+    // The sink's own flag, shared (a second one would be one more
+    // allocation a request).
+    let abandoned = sink.abandoned.clone();
     sink.send_timeout = limits.send_timeout;
     sink.max_recorded_bytes = limits.max_recorded_bytes;
     let events = Events {

@@ -453,7 +453,12 @@ impl Assembler {
                 None
             }
             Event::Chunk(Chunk::Text(t)) => {
-                self.text.push_str(&t);
+                // A whole answer is one chunk: kept, not copied.
+                if self.text.is_empty() {
+                    self.text = t;
+                } else {
+                    self.text.push_str(&t);
+                }
                 None
             }
             // Whole, with signatures, in `Finished`.
