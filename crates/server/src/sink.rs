@@ -404,6 +404,17 @@ pub enum Delivery {
     Final,
 }
 
+/// Appends a token's text to the answer so far, growing it fourfold from
+/// 64 bytes while it is short (a 16-token answer grows twice instead of
+/// five times), by doubling after 1 KB.
+fn push_growing(answer: &mut String, text: &str) {
+    let need = answer.len() + text.len();
+    if need > answer.capacity() && need <= 1024 {
+        answer.reserve_exact((need * 4).max(64) - answer.len());
+    }
+    answer.push_str(text);
+}
+
 /// A request's channel: the task's sink and the door's events.
 pub fn channel(limits: SendLimits, delivery: Delivery) -> (EventSink, Events) {
     let (tx, rx) = mpsc::channel(limits.buffer.max(1));
@@ -632,7 +643,7 @@ impl EventSink {
             self.announce().await?;
             match &chunk {
                 Chunk::Text(t) => {
-                    self.answer_text.push_str(t);
+                    push_growing(&mut self.answer_text, t);
                     self.tool_call_open = false;
                 }
                 Chunk::ToolCall { .. } => self.tool_call_open = true,
@@ -967,6 +978,22 @@ pub(crate) fn event_bytes(event: &Event) -> usize {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_answer_so_far_grows_fourfold_while_short() {
+        let mut answer = String::new();
+        let mut growths = 0;
+        for _ in 0..16 {
+            let before = answer.capacity();
+            push_growing(&mut answer, "hello");
+            growths += usize::from(answer.capacity() != before);
+        }
+        assert_eq!(answer.len(), 80);
+        assert_eq!(growths, 2, "64 bytes, then 4 x 68");
+        push_growing(&mut answer, &"x".repeat(2000));
+        assert_eq!(answer.len(), 2080);
+        assert!(answer.capacity() < 2 * 2080, "doubling past 1 KB: {}", answer.capacity());
+    }
     use std::sync::{Arc, Mutex};
 
     fn started(attempt: u32) -> Started {

@@ -79,9 +79,14 @@ impl StateFaults {
 
 /// A random token naming one claim, slot or reservation.
 pub fn token() -> String {
-    format!(
+    use std::fmt::Write;
+    // Sized once: `format!` would grow it from nothing (two allocations).
+    let mut token = String::with_capacity(32);
+    let _ = write!(
+        token,
         "{:016x}{:016x}",
         rand::random::<u64>(),
         rand::random::<u64>()
-    )
+    );
+    token
 }
