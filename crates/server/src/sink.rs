@@ -992,7 +992,11 @@ mod tests {
         assert_eq!(growths, 2, "64 bytes, then 4 x 68");
         push_growing(&mut answer, &"x".repeat(2000));
         assert_eq!(answer.len(), 2080);
-        assert!(answer.capacity() < 2 * 2080, "doubling past 1 KB: {}", answer.capacity());
+        assert!(
+            answer.capacity() < 2 * 2080,
+            "doubling past 1 KB: {}",
+            answer.capacity()
+        );
     }
     use std::sync::{Arc, Mutex};
 

@@ -145,7 +145,7 @@ struct Book {
     /// (when the slot may next change: expiry, or a tombstone's end; its
     /// token). One entry per slot; a live slot's may be earlier than its
     /// `expires_at` (a write does not move it; `purge` does when it is due).
-    expiry: BTreeSet<(Instant, String)>,
+    expiry: BTreeSet<(Instant, std::sync::Arc<str>)>,
     /// Bytes held: events with their `ENTRY_OVERHEAD`, plus `OVERHEAD`
     /// per slot.
     total: u64,

@@ -93,16 +93,25 @@ impl Bound {
 
 /// Names one stream's journal: 128 random bits, URL-safe base64 (22
 /// characters), carrying nothing else. It is a capability: never logged.
+/// Shared, not copied, by the stream's sink, tee and journal.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct ResumeToken(String);
+pub struct ResumeToken(Arc<str>);
 
 /// Characters of a token.
 const TOKEN_LEN: usize = 22;
 
 impl ResumeToken {
     pub fn generate() -> ResumeToken {
+        let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
         let bits: [u8; 16] = rand::random();
-        ResumeToken(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bits))
+        // Encoded on the stack and copied once.
+        let mut text = [0u8; TOKEN_LEN];
+        if let Ok(TOKEN_LEN) = engine.encode_slice(bits, &mut text) {
+            if let Ok(text) = std::str::from_utf8(&text) {
+                return ResumeToken(Arc::from(text));
+            }
+        }
+        ResumeToken(Arc::from(engine.encode(bits)))
     }
 
     /// A token a caller sent, if it has a token's shape.
@@ -114,7 +123,7 @@ impl ResumeToken {
             && base64::engine::general_purpose::URL_SAFE_NO_PAD
                 .decode(text)
                 .is_ok_and(|b| b.len() == 16);
-        shaped.then(|| ResumeToken(text.to_string()))
+        shaped.then(|| ResumeToken(Arc::from(text)))
     }
 
     pub fn as_str(&self) -> &str {
@@ -129,13 +138,22 @@ impl std::fmt::Debug for ResumeToken {
 }
 
 /// The generation writing a journal: one per request task, a new one per
-/// takeover.
+/// takeover. Shared, not copied, like the token.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Owner(String);
+pub struct Owner(Arc<str>);
 
 impl Owner {
     pub fn generate() -> Owner {
-        Owner(crate::state::token())
+        use std::io::Write;
+        let (a, b) = (rand::random::<u64>(), rand::random::<u64>());
+        // Written on the stack and copied once, as `state::token` spells it.
+        let mut text = [0u8; 32];
+        if write!(&mut text[..], "{a:016x}{b:016x}").is_ok() {
+            if let Ok(text) = std::str::from_utf8(&text) {
+                return Owner(Arc::from(text));
+            }
+        }
+        Owner(Arc::from(crate::state::token()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -468,6 +486,10 @@ mod tests {
         assert_eq!(ResumeToken::parse(&format!("{}x", a.as_str())), None);
         assert_eq!(ResumeToken::parse("aaaaaaaaaaaaaaaaaaaa/+"), None);
         assert_eq!(format!("{a:?}"), "ResumeToken(..)", "never printed");
+        let (one, two) = (Owner::generate(), Owner::generate());
+        assert_ne!(one, two);
+        assert_eq!(one.as_str().len(), 32);
+        assert!(one.as_str().bytes().all(|b| b.is_ascii_hexdigit()), "{one:?}");
     }
 
     #[test]
