@@ -489,7 +489,10 @@ mod tests {
         let (one, two) = (Owner::generate(), Owner::generate());
         assert_ne!(one, two);
         assert_eq!(one.as_str().len(), 32);
-        assert!(one.as_str().bytes().all(|b| b.is_ascii_hexdigit()), "{one:?}");
+        assert!(
+            one.as_str().bytes().all(|b| b.is_ascii_hexdigit()),
+            "{one:?}"
+        );
     }
 
     #[test]
