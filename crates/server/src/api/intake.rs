@@ -72,7 +72,7 @@ pub struct Arrival {
 
 /// A started request task, seen from its door.
 pub struct Started {
-    pub request_id: std::sync::Arc<str>,
+    pub request_id: Arc<str>,
     pub rx: Events,
     /// The caller's deadline, when it sent one.
     pub deadline: Option<Instant>,
