@@ -79,14 +79,16 @@ impl StateFaults {
 
 /// A random token naming one claim, slot or reservation.
 pub fn token() -> String {
-    use std::fmt::Write;
-    // Sized once: `format!` would grow it from nothing (two allocations).
-    let mut token = String::with_capacity(32);
-    let _ = write!(
-        token,
-        "{:016x}{:016x}",
-        rand::random::<u64>(),
-        rand::random::<u64>()
-    );
-    token
+    token_in(&mut [0; 32]).to_string()
+}
+
+/// A fresh [`token`] (128 random bits, 32 lowercase hex characters) written
+/// into `out`, for a caller that keeps it in a string of its own kind.
+pub fn token_in(out: &mut [u8; 32]) -> &str {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bits: u128 = rand::random();
+    for (i, digit) in out.iter_mut().enumerate() {
+        *digit = HEX[(bits >> (124 - 4 * i) & 0xf) as usize];
+    }
+    std::str::from_utf8(out).unwrap_or_default()
 }

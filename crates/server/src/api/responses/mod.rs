@@ -93,7 +93,7 @@ impl ResponsesApi {
     /// open mode), rendering errors in OpenAI's shape.
     async fn answer<F, Fut>(self: Arc<Self>, request: Request, f: F) -> Response
     where
-        F: FnOnce(Arc<Self>, String, Request, String) -> Fut,
+        F: FnOnce(Arc<Self>, String, Request, Arc<str>) -> Fut,
         Fut: std::future::Future<Output = Result<Response, OpenAiError>>,
     {
         let request_id = self.http.request_id(request.headers());
@@ -104,7 +104,7 @@ impl ResponsesApi {
         let result = match checked {
             Ok(tenant) => {
                 let tenant = tenant.unwrap_or_else(|| "default".into());
-                f(self.clone(), tenant, request, request_id.to_string()).await
+                f(self.clone(), tenant, request, request_id.clone()).await
             }
             Err(e) => Err(OpenAiError::from_request(&e)),
         };
@@ -181,7 +181,7 @@ impl ResponsesApi {
         ask: Ask,
         tenant: String,
         headers: &HeaderMap,
-        request_id: &str,
+        request_id: &Arc<str>,
     ) -> Result<Response, OpenAiError> {
         let continued = self.continued(&ask, &tenant).await?;
         let mut request = ask.request.clone();
@@ -224,7 +224,7 @@ impl ResponsesApi {
                 Door::Responses,
                 request,
                 Some(tenant.clone()),
-                &Arc::from(request_id),
+                request_id,
                 headers,
                 ask.stream,
             )
@@ -255,7 +255,7 @@ impl ResponsesApi {
         names: ToolNames,
         tenant: String,
         headers: &HeaderMap,
-        request_id: &str,
+        request_id: &Arc<str>,
     ) -> Result<Response, OpenAiError> {
         if self.jobs().is_none() {
             return Err(refused(RequestError::QueueUnavailable(
@@ -278,7 +278,7 @@ impl ResponsesApi {
                 door: Door::Responses,
                 request,
                 tenant: Some(tenant.clone()),
-                request_id: Some(Arc::from(request_id)),
+                request_id: Some(request_id.clone()),
                 deadline: None,
                 trace: crate::telemetry::tracing::trace_context(headers),
                 buffered: true,

@@ -144,16 +144,8 @@ pub struct Owner(Arc<str>);
 
 impl Owner {
     pub fn generate() -> Owner {
-        use std::io::Write;
-        let (a, b) = (rand::random::<u64>(), rand::random::<u64>());
-        // Written on the stack and copied once, as `state::token` spells it.
-        let mut text = [0u8; 32];
-        if write!(&mut text[..], "{a:016x}{b:016x}").is_ok() {
-            if let Ok(text) = std::str::from_utf8(&text) {
-                return Owner(Arc::from(text));
-            }
-        }
-        Owner(Arc::from(crate::state::token()))
+        // Written on the stack and copied once.
+        Owner(Arc::from(crate::state::token_in(&mut [0; 32])))
     }
 
     pub fn as_str(&self) -> &str {
