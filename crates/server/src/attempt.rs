@@ -531,7 +531,7 @@ fn build_request(
     );
     let body = match request.body {
         Body::Json(body) => json_body(&mut headers, &body),
-        Body::Bytes(body) => bytes::Bytes::from(body),
+        Body::Bytes(body) => body,
     };
     Ok(Outgoing {
         url: request.url,

@@ -5,7 +5,7 @@
 //! this one does not link.
 //!
 //! The crate map, bottom layer first; each layer depends only on those below
-//! it (DESIGN.md §1). `config`, `error`, `chat`, `job`, `tls`, `rare` and
+//! it (DESIGN.md §1). `config`, `error`, `chat`, `job`, `tls`, `rare`, `arena` and
 //! `telemetry` sit beside the layers.
 //!
 //! | layer | modules | owns |
@@ -23,6 +23,7 @@
 pub mod actors;
 pub mod api;
 pub mod app;
+pub mod arena;
 pub mod attempt;
 pub mod chat;
 pub mod config;

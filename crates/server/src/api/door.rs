@@ -539,9 +539,8 @@ const JSON_ANSWER_BYTES: usize = 1024;
 
 /// A 200 with `value` as its JSON body.
 pub fn json_answer<T: serde::Serialize>(value: &T) -> Response {
-    let mut body = Vec::with_capacity(JSON_ANSWER_BYTES);
-    match serde_json::to_writer(&mut body, value) {
-        Ok(()) => {
+    match crate::arena::json(JSON_ANSWER_BYTES, value) {
+        Ok(body) => {
             let mut r = Response::new(Body::from(body));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,

@@ -86,7 +86,7 @@ impl Wire for BedrockWire {
         Ok(WireRequest {
             url: url.into(),
             headers,
-            body: Body::Bytes(body),
+            body: Body::Bytes(body.into()),
         })
     }
 

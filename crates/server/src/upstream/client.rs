@@ -399,6 +399,9 @@ fn request(uri: Uri, headers: HeaderMap) -> http::Request<()> {
     request
 }
 
+/// Room for a typical request's JSON body.
+const JSON_BODY_BYTES: usize = 1024;
+
 /// `body` serialised, and `content-type: application/json` unless the
 /// headers name another.
 pub fn json_body(headers: &mut HeaderMap, body: &serde_json::Value) -> Bytes {
@@ -406,7 +409,7 @@ pub fn json_body(headers: &mut HeaderMap, body: &serde_json::Value) -> Bytes {
         .entry(CONTENT_TYPE)
         .or_insert(HeaderValue::from_static("application/json"));
     // A `Value` always serialises.
-    Bytes::from(serde_json::to_vec(body).unwrap_or_default())
+    crate::arena::json(JSON_BODY_BYTES, body).unwrap_or_default()
 }
 
 /// The environment's proxy rules, if it names any proxy.

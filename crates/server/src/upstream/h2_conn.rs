@@ -122,7 +122,7 @@ impl H2Conn {
         if !request.headers().contains_key(CONTENT_LENGTH) {
             request
                 .headers_mut()
-                .insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+                .insert(CONTENT_LENGTH, content_length(body.len()));
         }
         let end = body.is_empty();
         let (answer, mut stream) = sender.send_request(request, end).map_err(Error::Stream)?;
@@ -265,6 +265,13 @@ impl std::error::Error for ConnectFailed {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.0.source()
     }
+}
+
+/// `len` as a `content-length` value, its digits cut from [`crate::arena`].
+fn content_length(len: usize) -> HeaderValue {
+    // Decimal digits are always a valid header value.
+    HeaderValue::from_maybe_shared(crate::arena::decimal(len as u64))
+        .unwrap_or_else(|_| HeaderValue::from(len))
 }
 
 /// Headers HTTP/2 forbids (RFC 9113 §8.2.2), removed as hyper removes them:

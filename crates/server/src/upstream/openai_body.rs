@@ -19,15 +19,13 @@ use crate::upstream::{ChatMessage, ChatRequest, Dialect, Dropped};
 /// Room for a short request's body; a longer one grows it.
 const BODY_BYTES: usize = 256;
 
-/// The body as bytes, for the wire. Streaming asks for the usage chunk
-/// (`include_usage`).
-pub fn body_bytes(req: &ChatRequest, dropped: &mut Dropped) -> Vec<u8> {
+/// The body as bytes, for the wire (cut from [`crate::arena`]). Streaming
+/// asks for the usage chunk (`include_usage`).
+pub fn body_bytes(req: &ChatRequest, dropped: &mut Dropped) -> bytes::Bytes {
     let content: usize = req.messages.iter().map(|m| m.content.len()).sum();
-    let mut out = Vec::with_capacity(BODY_BYTES + content);
-    // Writing into a `Vec` fails only for a map key that is not a string,
-    // which this body never has.
-    let _ = serde_json::to_writer(&mut out, &ChatBody::new(req, dropped));
-    out
+    // Writing fails only for a map key that is not a string, which this
+    // body never has.
+    crate::arena::json(BODY_BYTES + content, &ChatBody::new(req, dropped)).unwrap_or_default()
 }
 
 /// The body as a JSON value (the same fields as [`body_bytes`]).

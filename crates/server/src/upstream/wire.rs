@@ -87,7 +87,7 @@ pub enum Body {
     Json(Value),
     /// Exact bytes, already serialised (a signature covers them, or the
     /// wire wrote them without a JSON tree).
-    Bytes(Vec<u8>),
+    Bytes(bytes::Bytes),
 }
 
 impl WireRequest {
@@ -101,7 +101,7 @@ impl WireRequest {
     }
 
     /// A JSON POST whose body the wire wrote itself.
-    pub fn json_bytes(url: impl Into<Url>, mut headers: HeaderMap, body: Vec<u8>) -> Self {
+    pub fn json_bytes(url: impl Into<Url>, mut headers: HeaderMap, body: bytes::Bytes) -> Self {
         headers
             .entry(http::header::CONTENT_TYPE)
             .or_insert(http::HeaderValue::from_static("application/json"));
