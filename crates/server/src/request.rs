@@ -24,7 +24,8 @@ pub struct RequestSpec {
     pub tenant: String,
     /// The caller's idempotency key, if any (unscoped).
     pub idempotency_key: Option<String>,
-    /// The encoded `CompletionRequest`, kept so the `queue` rung can store it.
+    /// The encoded `CompletionRequest` as it was sent, kept where it may be
+    /// stored (by the `queue` rung, or a stream's journal).
     pub source: Option<std::sync::Arc<Vec<u8>>>,
     /// This request is a queued job's run: it never goes to the queue again.
     pub from_queue: bool,

@@ -38,8 +38,6 @@ pub fn request_spec(
     deadline: Option<Instant>,
     limits: &LimitsConfig,
 ) -> Result<RequestSpec, RequestError> {
-    // Kept for the `queue` rung, which stores the request as it was sent.
-    let source = std::sync::Arc::new(prost::Message::encode_to_vec(&req));
     check_sizes(&req, limits)?;
     check_sampling(&req)?;
     if !(0..=proto::ResponseFormat::JsonSchema as i32).contains(&req.response_format) {
@@ -88,7 +86,8 @@ pub fn request_spec(
         req.tenant
     };
     Ok(RequestSpec {
-        source: Some(source),
+        // The intake keeps the bytes as sent where they may be stored.
+        source: None,
         from_queue: false,
         pin,
         resume_after: req.resume_after_seq,

@@ -157,8 +157,15 @@ impl Intake {
     /// Validates and admits a request: the spec, the tenant's slot and the span.
     pub async fn admit(&self, arrival: Arrival) -> Result<Admitted, RequestError> {
         let request_id = arrival.request_id.unwrap_or_else(|| self.request_id());
+        // The request as it was sent, for the `queue` rung and a stream's
+        // journal, which store it; not encoded where nothing can.
+        let source = self
+            .tasks
+            .stores_requests(!arrival.buffered)
+            .then(|| Arc::new(prost::Message::encode_to_vec(&arrival.request)));
         let mut spec =
             convert::request_spec(arrival.request, request_id, arrival.deadline, &self.limits)?;
+        spec.source = source;
         if let Some(tenant) = arrival.tenant {
             // An authenticated caller's tenant is its token's, not what it claims.
             spec.tenant = tenant;

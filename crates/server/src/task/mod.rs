@@ -190,6 +190,12 @@ impl Tasks {
         }
     }
 
+    /// Whether a request's bytes as its caller sent them may be stored: by
+    /// the `queue` rung (a queue is configured) or a stream's journal.
+    pub fn stores_requests(&self, streaming: bool) -> bool {
+        self.jobs.is_some() || (streaming && self.journaling)
+    }
+
     /// The durable job queue, when configured.
     pub fn jobs(&self) -> Option<Arc<Jobs>> {
         self.jobs.clone()
