@@ -68,7 +68,7 @@ impl Candidate {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub route: Arc<str>,
-    pub candidates: Vec<Candidate>,
+    pub candidates: SmallVec<[Candidate; INLINE_CANDIDATES]>,
     pub default_max_tokens: Option<u32>,
     pub service_tier: Option<String>,
     pub deadline: Option<Duration>,
@@ -581,6 +581,11 @@ fn embedding_targets(capable: Targets<'_>, failover: FamilyFailover) -> Targets<
 /// lists a plan builds live on the stack (measured: five allocations a
 /// request fewer).
 pub(crate) const INLINE_TARGETS: usize = 4;
+
+/// A plan's candidates kept without an allocation of their own: a route's
+/// primary and its fallback. The plan lives as long as its request, so a
+/// longer route's plan allocates rather than every plan growing.
+pub const INLINE_CANDIDATES: usize = 2;
 
 /// Targets by their position in the route.
 type Targets<'a> = SmallVec<[(usize, &'a TargetInfo); INLINE_TARGETS]>;

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use rand::Rng;
+use smallvec::SmallVec;
 
 use crate::config::MidStreamPolicy;
 use crate::error::RequestError;
@@ -32,17 +33,21 @@ enum Slot {
     Untried,
     /// Refused locally (ceiling, breaker, cooldown, p95 above the deadline).
     Skipped,
-    /// Sent, and failed `n` times; the last failure is kept.
+    /// Sent, and failed `n` times; the last failure is kept (boxed: a slot
+    /// stays two words, and a request that never fails stores none).
     Failed {
-        failure: Failure,
+        failure: Box<Failure>,
         n: u32,
     },
 }
 
+/// Candidates whose slots are kept without an allocation of their own.
+const INLINE_SLOTS: usize = 4;
+
 /// What was tried so far in one request. The table updates it.
 #[derive(Debug, Clone)]
 pub struct Tried {
-    slots: Vec<Slot>,
+    slots: SmallVec<[Slot; INLINE_SLOTS]>,
     /// Upstream attempts sent (ended or running).
     attempts: u32,
     /// The candidate chosen last, whose outcome comes next.
@@ -148,7 +153,7 @@ impl View<'_> {
 impl Tried {
     pub fn new(candidates: usize) -> Self {
         Tried {
-            slots: vec![Slot::Untried; candidates],
+            slots: SmallVec::from_elem(Slot::Untried, candidates),
             attempts: 0,
             current: None,
             last: None,
@@ -271,7 +276,7 @@ fn after_failure(
     };
     let reason = format!("{} from {}", failure.class, view.provider(idx));
     tried.slots[idx] = Slot::Failed {
-        failure: failure.clone(),
+        failure: Box::new(failure.clone()),
         n,
     };
     tried.last = Some((idx, failure.clone()));
@@ -320,7 +325,7 @@ fn take_over(tried: &mut Tried, from: usize, view: &View<'_>) -> Next {
         return Next::Done;
     };
     *slot = Slot::Failed {
-        failure: failure.clone(),
+        failure: Box::new(failure.clone()),
         n: 1,
     };
     tried.attempts += 1;
