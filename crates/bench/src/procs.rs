@@ -372,6 +372,9 @@ pub struct Usage {
     pub rss_kb: u64,
     /// Peak RSS (VmHWM) since start or the last [`RouterProc::reset_peak`].
     pub hwm_kb: u64,
+    /// Times its threads were switched out (voluntary and not), summed over
+    /// the threads alive now.
+    pub switches: u64,
 }
 
 impl RouterProc {
@@ -525,7 +528,29 @@ pub fn proc_usage(pid: u32) -> Option<Usage> {
         cpu_s: (utime + stime) / CLK_TCK,
         rss_kb: kb("VmRSS:"),
         hwm_kb: kb("VmHWM:"),
+        switches: thread_switches(pid),
     })
+}
+
+/// Context switches of every thread of `pid` (`/proc/PID/task/*/status`):
+/// a thread that sleeps for want of work and is woken for the next piece
+/// counts one. A thread that exited takes its count with it.
+fn thread_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    let count = |status: &str, key: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .map(|s| count(&s, "voluntary_ctxt_switches:") + count(&s, "nonvoluntary_ctxt_switches:"))
+        .sum()
 }
 
 #[cfg(test)]
@@ -538,6 +563,15 @@ mod tests {
         let u = proc_usage(std::process::id()).unwrap();
         assert!(u.rss_kb > 0);
         assert!(u.hwm_kb >= u.rss_kb);
+        // A thread that sleeps and wakes is counted.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let after = proc_usage(std::process::id()).unwrap();
+        assert!(
+            after.switches > u.switches,
+            "{} then {}",
+            u.switches,
+            after.switches
+        );
     }
 
     #[test]

@@ -290,6 +290,9 @@ struct Cost {
     actor: Option<(f64, f64, f64)>,
     allocations: Option<f64>,
     alloc_bytes: Option<f64>,
+    /// Times Switchyard's threads were switched out, per request: each is
+    /// a thread that slept for want of work and was woken for the next.
+    switches: f64,
 }
 
 impl Cost {
@@ -306,6 +309,7 @@ impl Cost {
             actor: None,
             allocations: per(|c| c.0),
             alloc_bytes: per(|c| c.1),
+            switches: 0.0,
         }
     }
 
@@ -412,6 +416,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
         "Switchyard CPU µs / req",
         "allocations / req (count / bytes)",
         "actor calls / casts / gate permits per req",
+        "thread switches / req",
         "Switchyard peak RSS MB",
         "cores busy via: load gen / mock / Switchyard",
     ]);
@@ -450,6 +455,8 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
                     via.ok(),
                 );
                 cost.actor_messages(&a0, &a1, via.ok());
+                cost.switches =
+                    u1.switches.saturating_sub(u0.switches) as f64 / via.ok().max(1) as f64;
                 // The profile gets a run of its own, so perf never skews the numbers.
                 if this && ctx.perf && *load == Load::Rate(TARGET_RATE) {
                     let file = ctx.path(&format!("perf-overhead-{name}.data"));
@@ -507,6 +514,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
                     format!("{:.0}", cost.cpu_us),
                     cost.allocations_text(),
                     cost.actor_text(),
+                    format!("{:.2}", cost.switches),
                     format!("{peak_mb:.1}"),
                     format!("{:.2} / {:.2} / {:.2}", busy[0], busy[1], busy[2]),
                 ]);
@@ -592,6 +600,7 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
                 "actor_messages_per_request": cost.actor.map(|(calls, casts, gate)| json!({
                     "calls": calls, "casts": casts, "gate_permits": gate,
                 })),
+                "switchyard_thread_switches_per_request": cost.switches,
                 "switchyard_cpu_s": u1.cpu_s - u0.cpu_s,
                 "switchyard_peak_rss_mb": peak_mb,
                 "peak_rss_since": if peak_reset { "run" } else { "process start" },
@@ -655,7 +664,9 @@ pub async fn run(ctx: &Ctx) -> Result<ScenarioResult, BenchError> {
          calls the same mock over {} (the baseline over {}); this build's runtime threads: {}; with `--baseline`, a second build runs each row right after this one. CPU and allocations per request are Switchyard's own (from /proc \
          and its counting allocator); actor messages per request are its \
          `switchyard_actor_calls_total` (calls await a reply, casts do not, gate permits are \
-         provider permits taken with no message; `-` for a build that does not count them). Load generator, mock and Switchyard share the machine's \
+         provider permits taken with no message; `-` for a build that does not count them); \
+         thread switches per request are the context switches of Switchyard's threads (`/proc/PID/task/*/status`, \
+         voluntary and not), mostly a worker that slept for want of work and was woken. Load generator, mock and Switchyard share the machine's \
          cores.\n\n{}\nTime to first token (streaming):\n\n{}{profile_md}",
         prompt()
             .system
