@@ -210,8 +210,8 @@ pub async fn read_body_up_to(
     limit: usize,
 ) -> Result<Bytes, RequestError> {
     check_declared_length(headers, limit)?;
-    match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
+    match collect(http_body_util::Limited::new(body, limit)).await {
+        Ok(bytes) => Ok(bytes),
         Err(e)
             if e.downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some() =>
@@ -227,6 +227,36 @@ pub async fn read_body_up_to(
             ))),
         },
     }
+}
+
+/// A body's data frames as one `Bytes`: a body of one frame (most are) is
+/// that frame, with no list of frames and no copy; a longer one is copied
+/// once into one buffer. Trailers are not read.
+async fn collect<B>(mut body: B) -> Result<Bytes, B::Error>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    let mut first: Option<Bytes> = None;
+    let mut joined = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        match &first {
+            None => first = Some(data),
+            Some(f) => {
+                if joined.is_empty() {
+                    joined.extend_from_slice(f);
+                }
+                joined.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(if joined.is_empty() {
+        first.unwrap_or_default()
+    } else {
+        joined.freeze()
+    })
 }
 
 /// REQUEST_TOO_LARGE when `content-length` says the body is over `limit`.
@@ -329,7 +359,7 @@ pub struct Served {
     /// What the serving target's wire could not carry (`x-switchyard-dropped`).
     pub dropped: Vec<String>,
     /// The stream's journal (`x-switchyard-resume-token`).
-    pub resume_token: Option<String>,
+    pub resume_token: Option<std::sync::Arc<str>>,
 }
 
 impl Served {
@@ -649,6 +679,39 @@ pub fn sse_body(frames: impl SseFrames) -> Body {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    fn frames(parts: &[&'static str]) -> Body {
+        let frames = parts
+            .iter()
+            .map(|p| Ok::<_, Infallible>(http_body::Frame::data(Bytes::from_static(p.as_bytes()))));
+        Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
+            frames.collect::<Vec<_>>(),
+        )))
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_whole_in_one_frame_or_many_and_refused_past_its_limit() {
+        let none = HeaderMap::new();
+        let one = read_body_up_to(frames(&["{\"a\":1}"]), &none, 64)
+            .await
+            .unwrap();
+        assert_eq!(&one[..], b"{\"a\":1}");
+        for parts in [
+            &["", "ab", "", "cd", "e"][..],
+            &["ab", "", "cde"],
+            &["", "", "abcde"],
+        ] {
+            let many = read_body_up_to(frames(parts), &none, 64).await.unwrap();
+            assert_eq!(&many[..], b"abcde", "{parts:?}");
+        }
+        let empty = read_body_up_to(frames(&["", ""]), &none, 64).await.unwrap();
+        assert!(empty.is_empty());
+        let over = read_body_up_to(frames(&["abc", "def"]), &none, 5).await;
+        assert!(
+            matches!(over, Err(RequestError::RequestTooLarge { limit: 5 })),
+            "{over:?}"
+        );
+    }
 
     #[test]
     fn a_route_pin_is_split_at_an_at_sign_before_any_slash() {
