@@ -61,7 +61,7 @@ pub struct Started {
     pub dropped: Vec<String>,
     /// The stream's resume token, stamped by a journaled stream's sink.
     #[serde(default)]
-    pub resume_token: Option<String>,
+    pub resume_token: Option<Arc<str>>,
 }
 
 /// The last event of a served request.
@@ -139,7 +139,7 @@ pub enum Event {
     /// This replica is leaving: the stream ends unfinished; resume it
     /// elsewhere with its token after `after_seq`. Never journaled.
     Moved {
-        resume_token: String,
+        resume_token: Arc<str>,
         after_seq: u64,
     },
 }
@@ -169,7 +169,7 @@ fn slot(seq: u64, item: Item) -> Slot {
 /// writes them to the resume journal).
 pub trait Tee: Send + Sync {
     /// The resume token callers name the stream by.
-    fn token(&self) -> &str;
+    fn token(&self) -> &Arc<str>;
     /// Writes item `seq`; the stream's last is `Finished`, `Queued` or an
     /// error. A failed write leaves the stream unresumable, never stalled.
     fn write<'a>(&'a mut self, seq: u64, item: &'a Item)
@@ -498,7 +498,7 @@ impl EventSink {
         // cut off by the drain before it went out is the resume's first.
         let at = self.delivered;
         let moved = Event::Moved {
-            resume_token: tee.token().to_string(),
+            resume_token: tee.token().clone(),
             after_seq: at,
         };
         self.seq = at;
@@ -584,7 +584,7 @@ impl EventSink {
     }
 
     /// The stream's resume token, when it is journaled.
-    pub fn resume_token(&self) -> Option<&str> {
+    pub fn resume_token(&self) -> Option<&Arc<str>> {
         self.tee.as_deref().map(Tee::token)
     }
 
@@ -853,7 +853,7 @@ impl EventSink {
             }
             if let Some(tee) = &self.tee {
                 match &mut event {
-                    Event::Started(s) => s.resume_token = Some(tee.token().to_string()),
+                    Event::Started(s) => s.resume_token = Some(tee.token().clone()),
                     Event::Finished(f) => f.resumable = tee.whole(),
                     _ => {}
                 }
@@ -1249,14 +1249,16 @@ mod tests {
     }
 
     /// A tee that keeps what it is given, and can be told it is full.
+    static TOK: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("tok"));
+
     struct Kept {
         items: Arc<Mutex<Vec<(u64, Item)>>>,
         room: usize,
     }
 
     impl Tee for Kept {
-        fn token(&self) -> &str {
-            "tok"
+        fn token(&self) -> &Arc<str> {
+            &TOK
         }
         fn write<'a>(
             &'a mut self,
@@ -1288,7 +1290,7 @@ mod tests {
             }),
             false,
         );
-        assert_eq!(sink.resume_token(), Some("tok"));
+        assert_eq!(sink.resume_token().map(|t| &**t), Some("tok"));
         sink.begin_attempt(started(1));
         sink.chunk(Chunk::Text("a".into())).await.unwrap();
         sink.chunk(Chunk::Text("b".into())).await.unwrap();
@@ -1322,8 +1324,8 @@ mod tests {
     struct Batches(Arc<Mutex<Vec<Vec<u64>>>>);
 
     impl Tee for Batches {
-        fn token(&self) -> &str {
-            "tok"
+        fn token(&self) -> &Arc<str> {
+            &TOK
         }
         fn write<'a>(
             &'a mut self,

@@ -345,7 +345,11 @@ fn started(s: Started) -> proto::Started {
         tier: tier(s.tier) as i32,
         request_id: s.request_id.to_string(),
         dropped: s.dropped,
-        resume_token: s.resume_token.unwrap_or_default(),
+        resume_token: s
+            .resume_token
+            .as_deref()
+            .map(str::to_string)
+            .unwrap_or_default(),
     }
 }
 
@@ -416,7 +420,7 @@ pub fn event(seq: u64, e: Event) -> proto::CompletionEvent {
             resume_token,
             after_seq,
         } => E::Moved(proto::Moved {
-            resume_token,
+            resume_token: resume_token.to_string(),
             after_seq,
         }),
         Event::Continued(c) => E::Continued(proto::Continued {

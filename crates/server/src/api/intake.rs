@@ -78,7 +78,7 @@ pub struct Started {
     pub deadline: Option<Instant>,
     /// The stream's resume token (the `x-switchyard-resume-token` header),
     /// when it is journaled.
-    pub resume_token: Option<String>,
+    pub resume_token: Option<Arc<str>>,
 }
 
 /// Validated, admitted and ready to spawn (or to store as a job).
@@ -158,11 +158,12 @@ impl Intake {
     pub async fn admit(&self, arrival: Arrival) -> Result<Admitted, RequestError> {
         let request_id = arrival.request_id.unwrap_or_else(|| self.request_id());
         // The request as it was sent, for the `queue` rung and a stream's
-        // journal, which store it; not encoded where nothing can.
+        // journal, which store it; not encoded where nothing can. Encoded
+        // into a buffer of its exact size, which `Bytes` takes as it is.
         let source = self
             .tasks
             .stores_requests(!arrival.buffered)
-            .then(|| Arc::new(prost::Message::encode_to_vec(&arrival.request)));
+            .then(|| prost::Message::encode_to_vec(&arrival.request).into());
         let mut spec =
             convert::request_spec(arrival.request, request_id, arrival.deadline, &self.limits)?;
         spec.source = source;
@@ -255,7 +256,7 @@ impl Intake {
             request_id,
             rx,
             deadline: None,
-            resume_token: Some(token.to_string()),
+            resume_token: Some(Arc::from(token)),
         })
     }
 
@@ -345,7 +346,7 @@ impl Intake {
                 sink.set_tee(Box::new(tee), false);
             }
         }
-        let resume_token = sink.resume_token().map(str::to_string);
+        let resume_token = sink.resume_token().cloned();
         // The tenant's slot is held for the whole request. Not an `async`
         // block around `run`: one would store the request's future twice
         // (the moved-in future and the one it awaits, about 6 KB each).

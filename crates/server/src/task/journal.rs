@@ -244,8 +244,8 @@ impl JournalTee {
 }
 
 impl Tee for JournalTee {
-    fn token(&self) -> &str {
-        self.token.as_str()
+    fn token(&self) -> &Arc<str> {
+        self.token.shared()
     }
 
     fn write<'a>(&'a mut self, seq: u64, item: &'a Item) -> BoxFuture<'a, ()> {

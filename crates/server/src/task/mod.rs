@@ -214,7 +214,7 @@ impl Tasks {
             tracing::debug!("resume.max_streams streams are journaled: this one is not");
             return None;
         };
-        let request = spec.source.as_deref().map_or(&[][..], Vec::as_slice);
+        let request = spec.source.as_deref().unwrap_or_default();
         let tee = journal::JournalTee::open(
             &self.journal,
             &spec.tenant,
@@ -312,7 +312,10 @@ impl Tasks {
         progress: &Progress,
     ) -> Result<(), RequestError> {
         let keys = stored::Keys::new(spec);
-        let guard = match self.claim(spec, &keys, sink.resume_token()).await? {
+        let guard = match self
+            .claim(spec, &keys, sink.resume_token().map(|t| &**t))
+            .await?
+        {
             Claimed::Run(guard) => guard,
             // Boxed (a rare path): see `run`.
             Claimed::Stored(named) => return Box::pin(self.serve_named(spec, sink, named)).await,

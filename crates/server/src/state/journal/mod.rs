@@ -101,6 +101,11 @@ pub struct ResumeToken(Arc<str>);
 const TOKEN_LEN: usize = 22;
 
 impl ResumeToken {
+    /// The token's text, shared rather than copied.
+    pub fn shared(&self) -> &Arc<str> {
+        &self.0
+    }
+
     pub fn generate() -> ResumeToken {
         let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
         let bits: [u8; 16] = rand::random();
