@@ -380,7 +380,11 @@ async fn the_recovery_drain_never_exceeds_its_bucket_and_every_job_completes() {
         .map(|r| r["arrived_ms"].as_f64().unwrap())
         .collect();
     times.sort_by(f64::total_cmp);
-    // In any one-second window, at most burst + rate arrivals (plus slack for jitter).
+    // In any one-second window, at most burst + rate arrivals, plus those a
+    // busy machine delayed on their way: a run granted up to 100 ms before
+    // the window may reach the upstream inside it (a bucket that let the
+    // backlog go at once would put hundreds more in one window).
+    const LATE: f64 = RATE * 0.1;
     let mut worst = 0;
     let mut j = 0;
     for i in 0..times.len() {
@@ -390,7 +394,7 @@ async fn the_recovery_drain_never_exceeds_its_bucket_and_every_job_completes() {
         worst = worst.max(i - j + 1);
     }
     assert!(
-        worst as f64 <= RATE + BURST as f64 + 5.0,
+        worst as f64 <= RATE + BURST as f64 + LATE,
         "{worst} arrivals within one second"
     );
     let span = (times[times.len() - 1] - times[0]) / 1000.0;
