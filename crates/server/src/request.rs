@@ -26,7 +26,7 @@ pub struct RequestSpec {
     pub idempotency_key: Option<String>,
     /// The encoded `CompletionRequest` as it was sent, kept where it may be
     /// stored (by the `queue` rung, or a stream's journal).
-    pub source: Option<bytes::Bytes>,
+    pub source: Option<std::sync::Arc<Vec<u8>>>,
     /// This request is a queued job's run: it never goes to the queue again.
     pub from_queue: bool,
     /// Only this `provider/model` target of the route may serve.

@@ -217,8 +217,10 @@ pub struct EventSink {
     max_recorded_bytes: usize,
     /// `Started` of the current attempt, sent with its first chunk.
     pending_start: Option<Box<Started>>,
-    /// `Continued` of a continuing attempt, sent with its first chunk.
-    pending_continued: Option<Continued>,
+    /// `Continued` of a continuing attempt, sent with its first chunk
+    /// (boxed as the event boxes it: rare, and every open stream holds a
+    /// sink).
+    pending_continued: Option<Box<Continued>>,
     /// Where a continuing attempt's text meets what the caller holds.
     seam: Option<Seam>,
     /// The answer's text so far (what a continuation is given), and
@@ -660,7 +662,7 @@ impl EventSink {
     /// `seam`.
     pub fn begin_continuation(&mut self, continued: Continued, seam: Seam) {
         self.pending_start = None;
-        self.pending_continued = Some(continued);
+        self.pending_continued = Some(Box::new(continued));
         self.seam = Some(seam);
         self.sent_dropped.clear();
         self.attempt_chunks = 0;
@@ -704,7 +706,7 @@ impl EventSink {
         }
         if let Some(mut continued) = self.pending_continued.take() {
             continued.at_seq = self.seq;
-            self.send(Event::Continued(Box::new(continued))).await?;
+            self.send(Event::Continued(continued)).await?;
         }
         Ok(())
     }

@@ -158,12 +158,12 @@ impl Intake {
     pub async fn admit(&self, arrival: Arrival) -> Result<Admitted, RequestError> {
         let request_id = arrival.request_id.unwrap_or_else(|| self.request_id());
         // The request as it was sent, for the `queue` rung and a stream's
-        // journal, which store it; not encoded where nothing can. Encoded
-        // into a buffer of its exact size, which `Bytes` takes as it is.
+        // journal, which store it; not encoded where nothing can. An `Arc`
+        // (8 bytes), not `Bytes` (32): every open stream's request holds it.
         let source = self
             .tasks
             .stores_requests(!arrival.buffered)
-            .then(|| prost::Message::encode_to_vec(&arrival.request).into());
+            .then(|| Arc::new(prost::Message::encode_to_vec(&arrival.request)));
         let mut spec =
             convert::request_spec(arrival.request, request_id, arrival.deadline, &self.limits)?;
         spec.source = source;

@@ -52,8 +52,9 @@ pub struct Tried {
     attempts: u32,
     /// The candidate chosen last, whose outcome comes next.
     current: Option<usize>,
-    /// The last failure and the candidate it came from.
-    last: Option<(usize, Failure)>,
+    /// The last failure and the candidate it came from (boxed, as a slot's:
+    /// every open stream's request holds this struct).
+    last: Option<(usize, Box<Failure>)>,
     /// A candidate refused for being at its concurrency ceiling.
     saturated: bool,
     /// The smallest p95 TTFT that did not fit the deadline.
@@ -234,10 +235,7 @@ pub fn next(tried: &mut Tried, outcome: Outcome, view: &View<'_>, rng: &mut impl
         Outcome::NoBudget => {
             return Next::Stop(RequestError::RetryBudgetExhausted {
                 route: view.policy.route.to_string(),
-                last: tried
-                    .last
-                    .clone()
-                    .map(|(i, f)| (Box::new(f), view.provider(i))),
+                last: tried.last.clone().map(|(i, f)| (f, view.provider(i))),
                 attempts: tried.attempts,
             })
         }
@@ -279,7 +277,7 @@ fn after_failure(
         failure: Box::new(failure.clone()),
         n,
     };
-    tried.last = Some((idx, failure.clone()));
+    tried.last = Some((idx, Box::new(failure.clone())));
     if committed {
         let replaceable = failure.class.fail_over() && !policy.side_effects;
         if policy.mid_stream == MidStreamPolicy::Continue && replaceable {
@@ -331,7 +329,7 @@ fn take_over(tried: &mut Tried, from: usize, view: &View<'_>) -> Next {
     tried.attempts += 1;
     tried.unpaid += 1;
     tried.current = Some(from);
-    tried.last = Some((from, failure.clone()));
+    tried.last = Some((from, Box::new(failure.clone())));
     if view.policy.side_effects {
         return Next::Stop(RequestError::MidStream {
             tokens_emitted: 0,
@@ -356,7 +354,7 @@ fn continue_on(tried: &mut Tried, on: Option<usize>, view: &View<'_>) -> Next {
     let cut = |tried: &Tried| {
         Next::Stop(RequestError::MidStream {
             tokens_emitted: tried.emitted,
-            failure: Box::new(failure.clone()),
+            failure: failure.clone(),
             provider: view.provider(idx),
             attempts: tried.attempts,
         })
@@ -446,7 +444,7 @@ fn exhausted(tried: &Tried, view: &View<'_>) -> Next {
             let mut failure = failure.clone();
             failure.retry_after = failure.retry_after.or(tried.refused_retry_in);
             RequestError::Exhausted {
-                failure: Box::new(failure),
+                failure,
                 provider: view.provider(*idx),
                 attempts: tried.attempts,
             }

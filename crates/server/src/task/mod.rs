@@ -214,7 +214,7 @@ impl Tasks {
             tracing::debug!("resume.max_streams streams are journaled: this one is not");
             return None;
         };
-        let request = spec.source.as_deref().unwrap_or_default();
+        let request = spec.source.as_deref().map_or(&[][..], Vec::as_slice);
         let tee = journal::JournalTee::open(
             &self.journal,
             &spec.tenant,
@@ -580,13 +580,18 @@ mod tests {
     }
 
     /// A request's future is what every open stream holds for its whole
-    /// life (a slow stream, for minutes): 5,840 bytes today (8,784 before
-    /// its parts were split and its rare events boxed), held there.
+    /// life (a slow stream, for minutes): 5,608 bytes in this (debug)
+    /// build today, 8,784 before its parts were split and its rare parts
+    /// boxed. In a release build it is about 100 bytes larger and tokio's
+    /// task around it takes 6,016 bytes, in mimalloc's 6 KiB size class:
+    /// past 6,144 every open stream's task takes the 7 KiB class (it did,
+    /// for two commits, when a plan's candidates went inline and the
+    /// request's bytes became a 32-byte `Bytes`). Held here.
     #[test]
     fn a_request_future_stays_small() {
         let size = returned_size(&Tasks::run);
         eprintln!("request future: {size} bytes");
-        assert!(size <= 6_000, "a request's future is {size} bytes");
+        assert!(size <= 5_700, "a request's future is {size} bytes");
     }
 
     #[tokio::test(start_paused = true)]

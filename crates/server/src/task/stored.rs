@@ -51,8 +51,10 @@ pub(super) struct Lookup<'a> {
     keys: Keys<'a>,
     /// Its tenant's scope (or every tenant's, on a route that shares its caches).
     owner: CacheOwner<'a>,
-    /// The question on its way to the semantic cache, on a route with one.
-    semantic: Option<Pending>,
+    /// The question on its way to the semantic cache, on a route with one
+    /// (boxed: every open stream's request holds a lookup, and most routes
+    /// have no semantic cache).
+    semantic: Option<Box<Pending>>,
 }
 
 impl Lookup<'_> {
@@ -167,7 +169,7 @@ impl Tasks {
     /// Sends the question to be embedded, once (a route with a semantic cache).
     fn begin_semantic(&self, lookup: &mut Lookup<'_>, spec: &RequestSpec, plan: &Plan) {
         if lookup.semantic.is_none() {
-            lookup.semantic = lookup::begin(&self.actors, &self.metrics, spec, plan);
+            lookup.semantic = lookup::begin(&self.actors, &self.metrics, spec, plan).map(Box::new);
         }
     }
 
@@ -188,7 +190,8 @@ impl Tasks {
         let cache = caches.then(|| (self.cache.clone(), plan.cache_ttl, lookup.cache_key()));
         let fill = lookup
             .semantic
-            .clone()
+            .as_deref()
+            .cloned()
             .map(|p| (self.semantic.clone(), self.metrics.clone(), p));
         sink.record(Box::new(move |events| {
             Box::pin(async move {
