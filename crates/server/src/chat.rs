@@ -285,8 +285,9 @@ pub struct Passthrough {
 /// A normalised chat request, ready for an adapter to put on the wire.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChatRequest {
-    /// The provider's model name.
-    pub model: String,
+    /// The provider's model name, shared with the plan's candidate (an
+    /// attempt names its model without a copy).
+    pub model: Arc<str>,
     /// Shared: every attempt's copy of the request points at the caller's
     /// messages (a prompt is not copied per request or per attempt); a
     /// continuation gives its attempts a new list.
@@ -295,7 +296,10 @@ pub struct ChatRequest {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub stop: Vec<String>,
-    pub tools: Vec<ToolSpec>,
+    /// Shared like the messages: an agent's dozens of tool schemas are not
+    /// copied per request or per attempt. No tools is the empty slice,
+    /// which allocates nothing.
+    pub tools: Arc<[ToolSpec]>,
     pub tool_choice: ToolChoice,
     /// The route's upstream service tier, for providers that take it.
     pub service_tier: Option<String>,

@@ -877,7 +877,7 @@ async fn synthetic_probe(
     ticket: crate::policy::breaker::Ticket,
 ) -> OutcomeReport {
     let chat = crate::chat::ChatRequest {
-        model: model.to_string(),
+        model: model.into(),
         messages: vec![crate::chat::ChatMessage {
             role: "user".into(),
             content: "ping".into(),

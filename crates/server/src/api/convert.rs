@@ -96,13 +96,18 @@ pub fn request_spec(
         idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
         route: req.route,
         chat: ChatRequest {
-            model: String::new(),
+            model: Default::default(),
             messages: messages.into(),
             max_tokens: (req.max_tokens > 0).then_some(req.max_tokens),
             temperature: req.temperature,
             top_p: req.top_p,
             stop: req.stop,
-            tools,
+            // No tools: the empty slice every request shares (no allocation).
+            tools: if tools.is_empty() {
+                Default::default()
+            } else {
+                tools.into()
+            },
             tool_choice,
             service_tier: None,
             json_mode,
@@ -562,6 +567,30 @@ mod tests {
             }],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_requests_tools_are_shared_by_its_copies_and_no_tools_allocate_nothing() {
+        use std::sync::Arc;
+        let none = request_spec(req(), "id".into(), None, &LimitsConfig::default()).unwrap();
+        let empty: Arc<[crate::chat::ToolSpec]> = Default::default();
+        assert!(
+            Arc::ptr_eq(&none.chat.tools, &empty),
+            "the shared empty slice"
+        );
+        let mut r = req();
+        r.tools = vec![proto::Tool {
+            name: "f".into(),
+            parameters_json: r#"{"type":"object"}"#.into(),
+            ..Default::default()
+        }];
+        let spec = request_spec(r, "id".into(), None, &LimitsConfig::default()).unwrap();
+        let attempt = spec.chat.clone();
+        assert!(
+            Arc::ptr_eq(&spec.chat.tools, &attempt.tools),
+            "not copied per attempt"
+        );
+        assert_eq!(attempt.tools[0].name, "f");
     }
 
     fn rejects(r: proto::CompletionRequest, field: &str) {

@@ -196,13 +196,14 @@ mod tests {
     #[test]
     fn tools_hot_sampling_keyed_side_effects_and_non_questions_skip() {
         let mut s = spec("", "q");
-        s.chat.tools.push(ToolSpec {
+        s.chat.tools = [ToolSpec {
             name: "t".into(),
             description: String::new(),
             parameters: serde_json::json!({}),
             cache: None,
             extra: None,
-        });
+        }]
+        .into();
         assert_eq!(ask(&s, false, &cfg()), Err(Skip::Tools));
         let mut s = spec("", "q");
         s.chat.temperature = Some(0.7);

@@ -157,7 +157,7 @@ impl Tasks {
             candidate: &call.plan.candidates[done.idx],
             ..*call
         };
-        chat.model = c.candidate.model.to_string();
+        chat.model = c.candidate.model.clone();
         let won = out.hedged.then_some(done.attempt);
         self.conclude(
             &c,
@@ -306,7 +306,7 @@ impl Tasks {
     ) -> Option<Turn<'f>> {
         let candidate = &call.plan.candidates[to];
         let mut hedge_chat = chat.clone();
-        hedge_chat.model = candidate.model.to_string();
+        hedge_chat.model = candidate.model.clone();
         hedge_chat.stream = candidate.streamed(call.buffered);
         let ask = Ask {
             spec: call.spec,
@@ -430,7 +430,7 @@ fn start<'f>(
         let candidate = &call.plan.candidates[idx];
         let c = Call { candidate, ..call };
         let mut chat = chat.clone();
-        chat.model = candidate.model.to_string();
+        chat.model = candidate.model.clone();
         chat.stream = candidate.streamed(call.buffered);
         chat.service_tier = call
             .plan

@@ -260,7 +260,7 @@ impl Tasks {
         carried: u32,
     ) -> Result<Outcome, RequestError> {
         let candidate = call.candidate;
-        chat.model = candidate.model.to_string();
+        chat.model = candidate.model.clone();
         chat.stream = candidate.streamed(call.buffered);
         let prefer = call.affinity.and_then(|a| {
             affinity::key_for(a.warm.as_ref(), &candidate.provider, &candidate.model)

@@ -1023,7 +1023,8 @@ mod tests {
                 parameters: json!({"type": "object"}),
                 cache: None,
                 extra: None,
-            }],
+            }]
+            .into(),
             tool_choice: ToolChoice::Any,
             json_mode: true,
             stream: true,
@@ -1134,7 +1135,8 @@ mod tests {
                 parameters: json!({"type": "object"}),
                 cache: None,
                 extra: None,
-            }],
+            }]
+            .into(),
             tool_choice: choice,
             reasoning: Some(crate::chat::ReasoningAsk {
                 effort: Some("high".into()),

@@ -98,7 +98,8 @@ fn rich(dialect: Dialect) -> ChatRequest {
             parameters: json!({"type": "object"}),
             cache: Some(CacheTtl::OneHour),
             extra: None,
-        }],
+        }]
+        .into(),
         max_tokens: Some(4096),
         ..Default::default()
     }

@@ -852,7 +852,8 @@ mod tests {
                 parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
                 cache: None,
                 extra: None,
-            }],
+            }]
+            .into(),
             tool_choice: ToolChoice::Tool("weather".into()),
             json_mode: true,
             stream: true,
@@ -1161,7 +1162,7 @@ mod tests {
                 parameters: Value::Null,
                 cache: None,
                 extra: Some([("behavior".to_string(), json!("NON_BLOCKING"))].into_iter().collect()),
-            }],
+            }].into(),
             passthrough: Some(Arc::new(Passthrough {
                 dialect: Some(Dialect::Gemini),
                 fields: [

@@ -920,7 +920,8 @@ mod tests {
                 parameters: json!({"type": "object"}),
                 cache: None,
                 extra: None,
-            }],
+            }]
+            .into(),
             tool_choice: ToolChoice::Tool("f".into()),
             service_tier: Some("flex".into()),
             json_mode: true,

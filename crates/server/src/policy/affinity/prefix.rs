@@ -71,7 +71,7 @@ impl Walk {
 
     /// The blocks in cache order: tools, system turns, the rest.
     fn request(&mut self, chat: &ChatRequest) {
-        for tool in &chat.tools {
+        for tool in chat.tools.iter() {
             self.tool(tool);
         }
         let (system, rest): (Vec<&ChatMessage>, Vec<&ChatMessage>) =
@@ -241,7 +241,7 @@ mod tests {
         }
         messages.push(marked(newest));
         ChatRequest {
-            tools: vec![tool(None)],
+            tools: vec![tool(None)].into(),
             messages: messages.into(),
             ..ChatRequest::default()
         }
@@ -277,9 +277,9 @@ mod tests {
         // Tools come first in the cache's order: a marker on a tool keys
         // the tools alone, whatever the system prompt.
         let mut t1 = first.clone();
-        t1.tools[0].cache = Some(CacheTtl::FiveMinutes);
+        std::sync::Arc::make_mut(&mut t1.tools)[0].cache = Some(CacheTtl::FiveMinutes);
         let mut t2 = turn("Another prompt.", &[], "x");
-        t2.tools[0].cache = Some(CacheTtl::FiveMinutes);
+        std::sync::Arc::make_mut(&mut t2.tools)[0].cache = Some(CacheTtl::FiveMinutes);
         assert_eq!(
             prefixes(&t1, "t", "r").last(),
             prefixes(&t2, "t", "r").last()
@@ -331,7 +331,7 @@ mod tests {
         assert_eq!(prefixes(&moved, "t", "r"), a);
         // Tools count towards the prefix.
         let mut with_tools = chat(&long, "first question");
-        with_tools.tools.push(tool(None));
+        with_tools.tools = [tool(None)].into();
         assert_ne!(prefixes(&with_tools, "t", "r"), a);
     }
 
