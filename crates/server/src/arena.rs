@@ -1,5 +1,6 @@
 //! Short-lived bytes cut from one buffer per thread: an upstream request's
-//! body and its `content-length`, a door's JSON answer. Each lives until
+//! body and its `content-length`, a door's JSON answer, the response
+//! headers a request writes (`x-request-id`, `provider/model`). Each lives until
 //! it is written to a socket; written into a `Vec` and turned into
 //! [`Bytes`] it would cost two allocations (the buffer, and the shared
 //! header `Bytes` puts on a `Vec` with room to spare). Cut from a chunk
@@ -57,15 +58,23 @@ pub fn json<T: serde::Serialize + ?Sized>(hint: usize, value: &T) -> serde_json:
     cut(hint, |buf| serde_json::to_writer(buf.writer(), value))
 }
 
-/// `n` in decimal, for a header value such as `content-length`.
-pub fn decimal(n: u64) -> Bytes {
-    let mut digits = itoa::Buffer::new();
-    let digits = digits.format(n).as_bytes();
-    cut(digits.len(), |buf| {
-        buf.put_slice(digits);
+/// `parts` one after the other, copied: a header value a response holds
+/// until its head is written (`x-request-id`, `provider/model`).
+pub fn concat(parts: &[&[u8]]) -> Bytes {
+    let len = parts.iter().map(|p| p.len()).sum();
+    cut(len, |buf| {
+        for p in parts {
+            buf.put_slice(p);
+        }
         Ok::<(), std::convert::Infallible>(())
     })
     .unwrap_or_else(|never| match never {})
+}
+
+/// `n` in decimal, for a header value such as `content-length`.
+pub fn decimal(n: u64) -> Bytes {
+    let mut digits = itoa::Buffer::new();
+    concat(&[digits.format(n).as_bytes()])
 }
 
 #[cfg(test)]
@@ -129,6 +138,12 @@ mod tests {
         .unwrap();
         assert_eq!(huge.len(), MAX_CHUNK * 2);
         ARENA.with(|a| assert_eq!(a.borrow().capacity(), 0, "the grown chunk is not kept"));
+    }
+
+    #[test]
+    fn parts_are_copied_one_after_the_other() {
+        assert_eq!(&concat(&[b"openai", b"/", b"gpt-4o"])[..], b"openai/gpt-4o");
+        assert!(concat(&[]).is_empty());
     }
 
     #[test]

@@ -384,11 +384,11 @@ impl Served {
     }
 }
 
-/// `provider/model` as a header value, written once (a string of exactly
-/// its length becomes the value's bytes without a copy); `None` if a name
-/// is not a header value's text.
+/// `provider/model` as a header value, written once into
+/// [`crate::arena`]; `None` if a name is not a header value's text.
 pub fn served_by(provider: &str, model: &str) -> Option<HeaderValue> {
-    HeaderValue::from_maybe_shared(bytes::Bytes::from([provider, "/", model].concat())).ok()
+    let text = crate::arena::concat(&[provider.as_bytes(), b"/", model.as_bytes()]);
+    HeaderValue::from_maybe_shared(text).ok()
 }
 
 /// `x-switchyard-served-by`, `-tier`, `-attempts`, `-dropped` (when the
@@ -467,7 +467,7 @@ pub fn queued(q: &QueuedJob, request_id: &str) -> Response {
     });
     let mut r = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
     let h = r.headers_mut();
-    insert(h, "x-switchyard-tier", "queued");
+    insert_static(h, "x-switchyard-tier", "queued");
     insert(h, "x-switchyard-job-id", &job.id);
     insert(h, "x-request-id", request_id);
     r
@@ -546,9 +546,9 @@ pub async fn assemble(rx: &mut Events) -> Result<Unary, Option<RequestError>> {
 
 /// The headers of every streamed answer.
 pub fn sse_headers(h: &mut HeaderMap, served: Option<Served>, request_id: &str) {
-    insert(h, "content-type", "text/event-stream");
-    insert(h, "cache-control", "no-cache");
-    insert(h, "x-accel-buffering", "no");
+    insert_static(h, "content-type", "text/event-stream");
+    insert_static(h, "cache-control", "no-cache");
+    insert_static(h, "x-accel-buffering", "no");
     served_headers(h, served, request_id);
 }
 
@@ -582,10 +582,21 @@ pub fn json_answer<T: serde::Serialize>(value: &T) -> Response {
     }
 }
 
+/// `name: value`, the value copied into [`crate::arena`] (it lives until
+/// the response's head is written); left out if it is not a header
+/// value's text.
 pub fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
-    if let Ok(v) = HeaderValue::from_str(value) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(crate::arena::concat(&[value.as_bytes()])) {
         headers.insert(HeaderName::from_static(name), v);
     }
+}
+
+/// `name: value` for a value written in the code (no copy at all).
+pub fn insert_static(headers: &mut HeaderMap, name: &'static str, value: &'static str) {
+    headers.insert(
+        HeaderName::from_static(name),
+        HeaderValue::from_static(value),
+    );
 }
 
 /// A door's server-sent-event encoder: the frames of one answer, in order.

@@ -126,7 +126,9 @@ fn caller<T>(request: &Request<T>) -> Option<String> {
 }
 
 fn with_request_id<T>(mut response: Response<T>, id: &str) -> Response<T> {
-    if let Ok(v) = id.parse() {
+    // Copied into the arena: the value lives until the head is written.
+    if let Ok(v) = tonic::metadata::MetadataValue::try_from(crate::arena::concat(&[id.as_bytes()]))
+    {
         response.metadata_mut().insert("x-request-id", v);
     }
     response

@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use crate::api::door::insert;
+use crate::api::door::{insert, insert_static};
 use crate::api::errors::{CallerError, Kind};
 use crate::error::RequestError;
 
@@ -69,7 +69,7 @@ impl AnthropicError {
         insert(h, "x-request-id", request_id);
         // Anthropic SDKs honour this over their own guess.
         let retry = matches!(self.status.as_u16(), 408 | 409 | 429 | 500..=599);
-        insert(h, "x-should-retry", if retry { "true" } else { "false" });
+        insert_static(h, "x-should-retry", if retry { "true" } else { "false" });
         r
     }
 }
