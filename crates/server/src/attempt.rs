@@ -77,8 +77,8 @@ pub struct AttemptResult {
     /// The key (of a provider with several) the upstream answered with.
     pub key: Option<String>,
     /// What each answering key's rate-limit headers reported (reset times
-    /// relative to the answer), by key name.
-    pub reported: Vec<(String, Reported)>,
+    /// relative to the answer), by key name, and when the answer came.
+    pub reported: Vec<(String, Reported, Instant)>,
 }
 
 /// Rate-window admission of a key the attempt moves to after a key-local
@@ -233,7 +233,7 @@ pub fn run<'a, O: Out>(
 }
 
 struct Meta {
-    reported: Vec<(String, Reported)>,
+    reported: Vec<(String, Reported, Instant)>,
     key_events: Vec<(String, &'static str)>,
     /// The key the upstream accepted the call with.
     key: Option<String>,
@@ -392,7 +392,8 @@ async fn send<'a>(
         let (response, slot) = send_once(input, wire, bearer, key, sink, first_limit).await?;
         let reported = ratelimit::reported(response.headers(), 0, std::time::SystemTime::now());
         if !reported.is_empty() {
-            meta.reported.push((name.to_string(), reported));
+            meta.reported
+                .push((name.to_string(), reported, Instant::now()));
         }
         meta.upstream_request_id = request_id(response.headers()).map(|id| rt.upstream_id(id));
         if response.status().is_success() {

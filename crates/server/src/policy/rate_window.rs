@@ -7,6 +7,15 @@
 //! refused on the key recently, a batch request may fill a window only to
 //! `batch_share` of it.
 //!
+//! A report is a snapshot of the upstream's count when it answered; the
+//! requests this window let through that have not been answered yet may
+//! not be in it (sent but not yet arrived, or counted after the answer).
+//! So the window keeps what is outstanding (held, not yet answered) and a
+//! report leaves it counted against what the upstream said is left: a
+//! report never lets more through than the upstream has room for, on one
+//! replica or on many. Outstanding holds are forgotten when the configured
+//! minute rolls, so a holder that died never holds a key for longer.
+//!
 //! Times are milliseconds on one clock passed in (the process's, or Redis's
 //! for the fleet: `state::limits` runs the same rules in one Lua script).
 
@@ -40,6 +49,17 @@ impl Reported {
     pub fn is_empty(&self) -> bool {
         self.requests.is_none() && self.tokens.is_none()
     }
+
+    /// A report with reset times relative to its answer, `elapsed` after
+    /// it: each reset that much sooner (a reset reached is 0, lapsed).
+    #[must_use]
+    pub fn aged(mut self, elapsed: Duration) -> Reported {
+        let ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+        for left in [&mut self.requests, &mut self.tokens].into_iter().flatten() {
+            left.reset_at_ms = left.reset_at_ms.saturating_sub(ms);
+        }
+        self
+    }
 }
 
 /// The configured limits of one key (`rpm`, `tpm`).
@@ -66,11 +86,20 @@ pub enum Priority {
     },
 }
 
-/// A learned window and what was reserved against it since it was learned.
+/// A learned window and what was reserved against it that its report may
+/// not include: what was outstanding when it was learned, and every hold
+/// since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Learned {
     left: Left,
     used: u64,
+}
+
+impl Learned {
+    /// What the window has room for.
+    fn room(&self) -> u64 {
+        self.left.remaining.saturating_sub(self.used)
+    }
 }
 
 /// One key's windows.
@@ -80,6 +109,9 @@ pub struct KeyWindow {
     start_ms: u64,
     used_requests: u64,
     used_tokens: u64,
+    /// Held in this configured window and not yet answered.
+    outstanding_requests: u64,
+    outstanding_tokens: u64,
     learned_requests: Option<Learned>,
     learned_tokens: Option<Learned>,
     /// Batch work yields until then.
@@ -110,6 +142,8 @@ impl KeyWindow {
             self.start_ms = now_ms.max(1);
             self.used_requests = 0;
             self.used_tokens = 0;
+            self.outstanding_requests = 0;
+            self.outstanding_tokens = 0;
         }
         for learned in [&mut self.learned_requests, &mut self.learned_tokens] {
             if let Some(l) = learned.filter(|l| now_ms >= l.left.reset_at_ms) {
@@ -180,6 +214,8 @@ impl KeyWindow {
         }
         self.used_requests += 1;
         self.used_tokens += tokens;
+        self.outstanding_requests += 1;
+        self.outstanding_tokens += tokens;
         if let Some(l) = self.learned_requests.as_mut() {
             l.used += 1;
         }
@@ -192,39 +228,63 @@ impl KeyWindow {
         })
     }
 
-    /// A held request ended having used `tokens` (0 when the upstream
-    /// refused it): the configured window it came from counts the real
-    /// usage. (A learned window is not corrected: the upstream's next
-    /// headers say what it counted.)
-    pub fn settle(&mut self, hold: Hold, tokens: u64) {
-        if hold.window_start_ms == self.start_ms {
+    /// A held request was answered, having used `tokens` (0 when the
+    /// upstream refused it or it was never sent; `None` when what the
+    /// upstream counted is unknown: failed or cut, the hold stays): it is
+    /// no longer outstanding, and the configured window it came from counts
+    /// the real usage. (A learned window is not corrected: the upstream's
+    /// next headers say what it counted.)
+    pub fn settle(&mut self, hold: Hold, tokens: Option<u64>) {
+        if hold.window_start_ms != self.start_ms {
+            return;
+        }
+        self.outstanding_requests = self.outstanding_requests.saturating_sub(1);
+        self.outstanding_tokens = self.outstanding_tokens.saturating_sub(hold.tokens);
+        if let Some(tokens) = tokens {
             self.used_tokens = (self.used_tokens + tokens).saturating_sub(hold.tokens);
         }
     }
 
-    /// The upstream reported what is left. Within the same window (a
-    /// reset within a second of the known one) it can only lower what is
-    /// left: an answer may be older than requests admitted since (answers
-    /// come back out of order, and on several replicas); a new window
-    /// replaces the old.
+    /// The upstream reported what is left, in an answer to no request of
+    /// this window's: see `learn_answer`.
     pub fn learn(&mut self, reported: Reported, now_ms: u64) {
+        self.learn_answer(reported, None, now_ms);
+    }
+
+    /// The upstream reported what is left, answering the request `answering`
+    /// held (learn before settling it: its hold stays counted in the
+    /// configured window until the report is known). What else is
+    /// outstanding stays counted against the report: it may not include it.
+    /// Within the same window (a reset within a second of the known one) a
+    /// report can only lower what is left: an answer may be older than
+    /// requests admitted since (answers come back out of order, and on
+    /// several replicas); a new window replaces the old.
+    pub fn learn_answer(&mut self, reported: Reported, answering: Option<Hold>, now_ms: u64) {
         self.roll(now_ms);
-        let merge = |known: Option<Learned>, left: Left| match known {
+        let (mut requests, mut tokens) = (self.outstanding_requests, self.outstanding_tokens);
+        if let Some(hold) = answering.filter(|h| h.window_start_ms == self.start_ms) {
+            requests = requests.saturating_sub(1);
+            tokens = tokens.saturating_sub(hold.tokens);
+        }
+        let merge = |known: Option<Learned>, left: Left, outstanding: u64| match known {
             Some(k) if k.left.reset_at_ms.abs_diff(left.reset_at_ms) < SAME_WINDOW_MS => Learned {
                 left: Left {
-                    remaining: left.remaining.min(k.left.remaining.saturating_sub(k.used)),
+                    remaining: left.remaining.min(k.room().saturating_add(outstanding)),
                     reset_at_ms: left.reset_at_ms.max(k.left.reset_at_ms),
                     limit: left.limit.or(k.left.limit),
                 },
-                used: 0,
+                used: outstanding,
             },
-            _ => Learned { left, used: 0 },
+            _ => Learned {
+                left,
+                used: outstanding,
+            },
         };
         if let Some(left) = reported.requests.filter(|l| l.reset_at_ms > now_ms) {
-            self.learned_requests = Some(merge(self.learned_requests, left));
+            self.learned_requests = Some(merge(self.learned_requests, left, requests));
         }
         if let Some(left) = reported.tokens.filter(|l| l.reset_at_ms > now_ms) {
-            self.learned_tokens = Some(merge(self.learned_tokens, left));
+            self.learned_tokens = Some(merge(self.learned_tokens, left, tokens));
         }
     }
 
@@ -236,7 +296,7 @@ impl KeyWindow {
         let mut note = |at: u64| reset = Some(reset.map_or(at, |r: u64| r.min(at)));
         let mut stricter = |configured: Option<u64>, used: u64, learned: Option<Learned>| {
             let a = configured.map(|c| c.saturating_sub(used));
-            let b = learned.map(|l| l.left.remaining.saturating_sub(l.used));
+            let b = learned.map(|l| l.room());
             if a.is_some() {
                 note(window_end);
             }
@@ -316,7 +376,7 @@ mod tests {
         assert!(w.reserve(TPM, 1_000, Priority::Interactive, 5).is_err());
         // Each used 400 of its 1,000: 6,000 come back.
         for h in holds {
-            w.settle(h, 400);
+            w.settle(h, Some(400));
         }
         for _ in 0..6 {
             w.reserve(TPM, 1_000, Priority::Interactive, 6).unwrap();
@@ -329,7 +389,7 @@ mod tests {
         };
         w.reserve(TPM, 1, Priority::Interactive, 5 + WINDOW_MS)
             .unwrap();
-        w.settle(old, 0);
+        w.settle(old, Some(0));
         assert_eq!(w.room(TPM, 5 + WINDOW_MS).tokens, Some(9_999));
     }
 
@@ -409,13 +469,99 @@ mod tests {
             }),
         };
         w.learn(tokens(5_000, 10_000), 1);
-        w.reserve(none, 2_000, Priority::Interactive, 2).unwrap();
+        let hold = w.reserve(none, 2_000, Priority::Interactive, 2).unwrap();
+        w.settle(hold, Some(2_000));
         // An answer older than that reservation says 4,000 are left.
         w.learn(tokens(4_000, 10_200), 3);
         assert_eq!(w.room(none, 3).tokens, Some(3_000));
         // A new window (reset a minute on) replaces it.
         w.learn(tokens(9_000, 70_000), 11_000);
         assert_eq!(w.room(none, 11_000).tokens, Some(9_000));
+    }
+
+    fn tokens_left(remaining: u64, reset_at_ms: u64) -> Reported {
+        Reported {
+            requests: None,
+            tokens: Some(Left {
+                remaining,
+                reset_at_ms,
+                limit: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_report_leaves_what_is_still_outstanding_counted() {
+        let mut w = KeyWindow::default();
+        let none = Limits::default();
+        // Five requests go out before the upstream has said anything.
+        let holds: Vec<Hold> = (0..5)
+            .map(|_| w.reserve(none, 1_000, Priority::Interactive, 1).unwrap())
+            .collect();
+        // The first answer: the upstream had counted only it.
+        w.learn_answer(tokens_left(9_000, 60_000), Some(holds[0]), 2);
+        w.settle(holds[0], Some(30));
+        assert_eq!(
+            w.room(none, 2).tokens,
+            Some(5_000),
+            "the four still out are not in the report"
+        );
+        for i in 0..5 {
+            assert!(
+                w.reserve(none, 1_000, Priority::Interactive, 3).is_ok(),
+                "request {i}"
+            );
+        }
+        assert!(w.reserve(none, 1_000, Priority::Interactive, 3).is_err());
+        // A new window (reset a minute on) still counts what is out.
+        w.learn(tokens_left(50_000, 130_000), 70_000);
+        assert_eq!(w.room(none, 70_000).tokens, Some(50_000), "a new minute");
+        let hold = w
+            .reserve(none, 1_000, Priority::Interactive, 70_001)
+            .unwrap();
+        w.learn(tokens_left(50_000, 190_000), 70_002);
+        assert_eq!(w.room(none, 70_002).tokens, Some(49_000));
+        // Answered, it leaves the count at the next report.
+        w.settle(hold, None);
+        w.learn(tokens_left(49_000, 190_100), 70_003);
+        assert_eq!(w.room(none, 70_003).tokens, Some(49_000));
+    }
+
+    #[test]
+    fn outstanding_holds_are_forgotten_when_the_minute_rolls() {
+        let mut w = KeyWindow::default();
+        let none = Limits::default();
+        // Three holds whose holder never answers (it died).
+        for _ in 0..3 {
+            w.reserve(none, 1_000, Priority::Interactive, 1).unwrap();
+        }
+        w.learn(tokens_left(10_000, 30_000), 2);
+        assert_eq!(w.room(none, 2).tokens, Some(7_000));
+        w.learn(tokens_left(10_000, 100_000), 1 + WINDOW_MS);
+        assert_eq!(w.room(none, 1 + WINDOW_MS).tokens, Some(10_000));
+    }
+
+    #[test]
+    fn an_aged_report_resets_sooner_and_a_reached_reset_lapses() {
+        let r = Reported {
+            requests: Some(Left {
+                remaining: 1,
+                reset_at_ms: 500,
+                limit: None,
+            }),
+            tokens: Some(Left {
+                remaining: 2,
+                reset_at_ms: 60_000,
+                limit: Some(9),
+            }),
+        }
+        .aged(Duration::from_millis(2_000));
+        assert_eq!(r.requests.unwrap().reset_at_ms, 0);
+        assert_eq!(r.tokens.unwrap().reset_at_ms, 58_000);
+        let mut w = KeyWindow::default();
+        w.learn(r, 0);
+        assert!(w.learned_requests.is_none(), "its reset was reached");
+        assert_eq!(w.learned_tokens.unwrap().left.reset_at_ms, 58_000);
     }
 
     #[test]

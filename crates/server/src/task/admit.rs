@@ -134,9 +134,12 @@ impl<'a> Windows<'a> {
         gauge(self.limits, self.metrics, self.provider(), key, configured);
     }
 
-    /// After the attempt: the answering key's hold settles to the real
-    /// usage, a key the upstream refused gives its hold back (a refused
-    /// request is not counted), and every reported window is learned.
+    /// After the attempt: every reported window is learned, then the
+    /// answering key's hold settles to the real usage and a key the
+    /// upstream refused gives its hold back (a refused request is not
+    /// counted). In that order: a hold given back before its key's report
+    /// is known would let another request into a window the upstream
+    /// already counted full.
     pub(super) async fn settle(&self, result: &AttemptResult) {
         let used = match &result.end {
             AttemptEnd::Completed(c) => c
@@ -144,35 +147,50 @@ impl<'a> Windows<'a> {
                 .map(|u| u64::from(u.total_input()) + u64::from(u.output_tokens)),
             _ => None,
         };
-        for (key, r) in &self.take_held() {
+        let held = self.take_held();
+        learn(self.limits, self.metrics, &self.runtime, result, &held).await;
+        for (key, r) in &held {
             let refused = result.key_events.iter().any(|(k, _)| k == key);
             // A provider's single key has no name in the result.
             let answered = result.key.as_deref().is_none_or(|k| k == key);
             let other_answered = result.key.as_deref().is_some_and(|k| k != key);
-            match (refused || other_answered, answered, used) {
-                (true, _, _) => self.limits.settle(r, 0).await,
-                (false, true, Some(used)) => self.limits.settle(r, used).await,
-                // Failed or cut: what the upstream counted is unknown; the hold stays.
-                _ => {}
-            }
+            let tokens = match (refused || other_answered, answered, used) {
+                (true, _, _) => Some(0),
+                (false, true, Some(used)) => Some(used),
+                // Failed or cut: what the upstream counted is unknown; the
+                // configured window keeps the hold.
+                _ => None,
+            };
+            self.limits.settle(r, tokens).await;
         }
-        learn(self.limits, self.metrics, &self.runtime, result).await;
     }
 }
 
 /// Learns what the attempt's answers reported about their keys' windows
 /// (also for a provider no admission asked about yet: that is how its
-/// keys become bounded).
+/// keys become bounded); `held` are the attempt's holds, each answered by
+/// its key's report.
 pub(super) async fn learn(
     limits: &KeyLimits,
     metrics: &Metrics,
     runtime: &ProviderRuntime,
     result: &AttemptResult,
+    held: &[(String, Reservation)],
 ) {
-    for (key, reported) in &result.reported {
+    for (key, reported, at) in &result.reported {
         let configured = runtime.endpoint.key_limits(key);
+        // A stream's answer is learned when it ends: its resets count
+        // from when its headers came, not from now.
+        let reported = reported.aged(at.elapsed());
+        let answering = held.iter().find(|(k, _)| k == key).map(|(_, r)| r);
         limits
-            .learn(&runtime.id, &id(&runtime.id, key), configured, *reported)
+            .learn(
+                &runtime.id,
+                &id(&runtime.id, key),
+                configured,
+                reported,
+                answering,
+            )
             .await;
         gauge(limits, metrics, &runtime.id, key, configured);
     }
@@ -211,7 +229,7 @@ impl Windows<'_> {
     /// The attempt was not sent: every hold goes back.
     pub(super) async fn release(&self) {
         for (_, r) in &self.take_held() {
-            self.limits.settle(r, 0).await;
+            self.limits.settle(r, Some(0)).await;
         }
     }
 

@@ -339,7 +339,14 @@ impl Tasks {
         match &turn.windows {
             Some((w, _)) => w.settle(result).await,
             None if !result.reported.is_empty() => {
-                super::admit::learn(&self.limits, &self.metrics, &turn.entry.runtime, result).await;
+                super::admit::learn(
+                    &self.limits,
+                    &self.metrics,
+                    &turn.entry.runtime,
+                    result,
+                    &[],
+                )
+                .await;
             }
             None => {}
         }

@@ -188,9 +188,10 @@ impl KeyLimits {
         })
     }
 
-    /// The request ended having used `tokens`; `reported` is what its
-    /// upstream's headers said is left (reset times relative to now).
-    pub async fn settle(&self, r: &Reservation, tokens: u64) {
+    /// The request was answered, having used `tokens` (0: refused or never
+    /// sent; `None`: unknown, failed or cut). Learn what the answer
+    /// reported first: until then its hold keeps its room taken.
+    pub async fn settle(&self, r: &Reservation, tokens: Option<u64>) {
         match (r.held, &self.fleet) {
             (Held::Fleet, Some((redis, faults))) => {
                 if let Err(e) = redis.limits_settle(&r.id, r.hold, tokens).await {
@@ -205,8 +206,17 @@ impl KeyLimits {
         }
     }
 
-    /// An upstream reported key `id`'s windows (reset times relative to now).
-    pub async fn learn(&self, provider: &str, id: &str, limits: Limits, reported: Reported) {
+    /// An upstream reported key `id`'s windows (reset times relative to
+    /// now), answering the request `answering` held, if any (settle it
+    /// after).
+    pub async fn learn(
+        &self,
+        provider: &str,
+        id: &str,
+        limits: Limits,
+        reported: Reported,
+        answering: Option<&Reservation>,
+    ) {
         if reported.is_empty() {
             return;
         }
@@ -220,8 +230,9 @@ impl KeyLimits {
                 }
             }
             let absolute = shift(reported, now);
+            let hold = answering.filter(|r| r.held == Held::Local).map(|r| r.hold);
             if let Some(w) = local.windows.get_mut(id) {
-                w.learn(absolute, now);
+                w.learn_answer(absolute, hold, now);
             } else if local.windows.len() < MAX_KEYS {
                 let mut w = KeyWindow::default();
                 w.learn(absolute, now);
@@ -233,7 +244,8 @@ impl KeyLimits {
             }
         }
         if let Some((redis, faults)) = &self.fleet {
-            match redis.limits_learn(id, limits, reported).await {
+            let hold = answering.filter(|r| r.held == Held::Fleet).map(|r| r.hold);
+            match redis.limits_learn(id, limits, reported, hold).await {
                 Ok(room) => self.note_room(id, room),
                 Err(e) => faults.record("limits", &e, "reported windows were not shared"),
             }
@@ -298,6 +310,7 @@ mod tests {
                         limit: None,
                     }),
                 },
+                None,
             )
             .await;
         assert!(limits.bounded("p/a", none));
@@ -315,6 +328,75 @@ mod tests {
             .is_ok());
     }
 
+    /// Two replicas on one Redis: what one holds and has not had answered
+    /// stays counted against the report the other learns, so together they
+    /// never send more than the upstream said it has room for.
+    #[tokio::test]
+    async fn on_redis_a_report_leaves_every_replicas_outstanding_holds_counted() {
+        use crate::state::redis::testutil::RedisServer;
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let replica = || {
+            let faults = StateFaults::new(Arc::new(crate::telemetry::metrics::Metrics::new()));
+            KeyLimits::redis(server.client(), faults)
+        };
+        let (a, b) = (replica(), replica());
+        let none = Limits::default();
+        let mut held = Vec::new();
+        for i in 0..4 {
+            let r = if i % 2 == 0 { &a } else { &b };
+            held.push(
+                r.reserve("p/k", none, 1_000, Priority::Interactive)
+                    .await
+                    .unwrap(),
+            );
+        }
+        // B's first request is answered: the upstream counted only it.
+        let report = Reported {
+            requests: None,
+            tokens: Some(Left {
+                remaining: 9_000,
+                reset_at_ms: 30_000,
+                limit: Some(10_000),
+            }),
+        };
+        b.learn("p", "p/k", none, report, Some(&held[1])).await;
+        b.settle(&held[1], Some(20)).await;
+        assert_eq!(
+            b.room("p/k").unwrap().tokens,
+            Some(6_000),
+            "the three still out on both replicas are not in the report"
+        );
+        for i in 0..6 {
+            let r = if i % 2 == 0 { &a } else { &b };
+            assert!(
+                r.reserve("p/k", none, 1_000, Priority::Interactive)
+                    .await
+                    .is_ok(),
+                "request {i}"
+            );
+        }
+        assert!(a
+            .reserve("p/k", none, 1_000, Priority::Interactive)
+            .await
+            .is_err());
+        // The rest answered; the last report is the upstream's whole count.
+        for i in [0, 2, 3] {
+            a.settle(&held[i], Some(20)).await;
+        }
+        let report = Reported {
+            requests: None,
+            tokens: Some(Left {
+                remaining: 1_000,
+                reset_at_ms: 29_500,
+                limit: Some(10_000),
+            }),
+        };
+        a.learn("p", "p/k", none, report, None).await;
+        assert_eq!(a.room("p/k").unwrap().tokens, Some(0), "six still out");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_configured_window_is_settled_to_real_usage() {
         let limits = KeyLimits::embedded();
@@ -330,7 +412,7 @@ mod tests {
             .reserve("p/a", tpm, 1, Priority::Interactive)
             .await
             .is_err());
-        limits.settle(&r, 300).await;
+        limits.settle(&r, Some(300)).await;
         assert!(limits
             .reserve("p/a", tpm, 700, Priority::Interactive)
             .await

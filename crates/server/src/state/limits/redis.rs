@@ -1,7 +1,8 @@
 //! The fleet's rate windows on Redis: one hash per key
 //! (`{fleet}:limits:<provider/key>`) holding the configured window's start
-//! and usage, what the upstream last reported (remaining, reset, used
-//! since) and until when batch work yields. Each operation is one script
+//! and usage, what every replica holds and has not had answered yet, what
+//! the upstream last reported (remaining, reset, used since) and until when
+//! batch work yields. Each operation is one script
 //! clocked by Redis, so replicas agree on the window whatever their clocks;
 //! the hash expires a minute after its last window ends.
 
@@ -26,11 +27,12 @@ local function load(key, now, window)
   local flat = redis.call('HGETALL', key)
   for i = 1, #flat, 2 do t[flat[i]] = tonumber(flat[i + 1]) end
   local w = {start = t.start or 0, ureq = t.ureq or 0, utok = t.utok or 0,
+    oreq = t.oreq or 0, otok = t.otok or 0,
     rq_rem = t.rq_rem or 0, rq_at = t.rq_at or 0, rq_used = t.rq_used or 0, rq_lim = t.rq_lim or 0,
     tk_rem = t.tk_rem or 0, tk_at = t.tk_at or 0, tk_used = t.tk_used or 0, tk_lim = t.tk_lim or 0,
     pressure = t.pressure or 0}
   if w.start == 0 or now >= w.start + window then
-    w.start = now; w.ureq = 0; w.utok = 0
+    w.start = now; w.ureq = 0; w.utok = 0; w.oreq = 0; w.otok = 0
   end
   -- A lapsed reported window starts again from its size, when known.
   if w.rq_at ~= 0 and now >= w.rq_at then
@@ -45,6 +47,7 @@ local function load(key, now, window)
 end
 local function save(key, w, now, window)
   redis.call('HSET', key, 'start', w.start, 'ureq', w.ureq, 'utok', w.utok,
+    'oreq', w.oreq, 'otok', w.otok,
     'rq_rem', w.rq_rem, 'rq_at', w.rq_at, 'rq_used', w.rq_used, 'rq_lim', w.rq_lim,
     'tk_rem', w.tk_rem, 'tk_at', w.tk_at, 'tk_used', w.tk_used, 'tk_lim', w.tk_lim,
     'pressure', w.pressure)
@@ -101,6 +104,7 @@ if wait >= 0 then
   if not batch then w.pressure = now + tonumber(ARGV[7]) end
 else
   w.ureq = w.ureq + 1; w.utok = w.utok + tokens
+  w.oreq = w.oreq + 1; w.otok = w.otok + tokens
   if w.rq_at ~= 0 then w.rq_used = w.rq_used + 1 end
   if w.tk_at ~= 0 then w.tk_used = w.tk_used + tokens end
 end
@@ -112,14 +116,21 @@ return {0, wait, req, tok, reset, now}
     ))
 });
 
-/// KEYS: the key's hash. ARGV: window start, held tokens, used tokens.
+/// KEYS: the key's hash. ARGV: window start, held tokens, used tokens
+/// (-1: unknown, the hold stays in the configured window).
 static SETTLE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local start = tonumber(redis.call('HGET', KEYS[1], 'start') or '0')
 if start ~= tonumber(ARGV[1]) then return 0 end
-local utok = tonumber(redis.call('HGET', KEYS[1], 'utok') or '0')
-redis.call('HSET', KEYS[1], 'utok', math.max(utok + tonumber(ARGV[3]) - tonumber(ARGV[2]), 0))
+local held, used = tonumber(ARGV[2]), tonumber(ARGV[3])
+local function less(field, by)
+  local v = tonumber(redis.call('HGET', KEYS[1], field) or '0')
+  redis.call('HSET', KEYS[1], field, math.max(v - by, 0))
+end
+less('oreq', 1)
+less('otok', held)
+if used >= 0 then less('utok', held - used) end
 return 1
 ",
     )
@@ -128,7 +139,8 @@ return 1
 /// KEYS: the key's hash, the set of reporting keys. ARGV: requests left
 /// (-1 unknown), reset in ms, tokens left (-1 unknown), reset in ms, rpm,
 /// tpm, window ms, same-window ms, requests limit (0 unknown), tokens limit
-/// (0 unknown), the key's id.
+/// (0 unknown), the key's id, the answered hold's window start (0: none)
+/// and tokens.
 /// -> {req left, tok left, reset at, now}.
 static LEARN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -139,20 +151,26 @@ local window = tonumber(ARGV[7])
 local w = load(KEYS[1], now, window)
 local rq, rq_in, tk, tk_in = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local same = tonumber(ARGV[8])
--- Within the same window an answer only lowers what is left.
-local function merge(rem, at, used, new, new_at)
+-- What is outstanding stays counted against the report (it may not be
+-- in it); within the same window an answer only lowers what is left.
+local function merge(rem, at, used, new, new_at, out)
   if at ~= 0 and math.abs(at - new_at) < same then
-    return math.min(new, math.max(rem - used, 0)), math.max(at, new_at)
+    return math.min(new, math.max(rem - used, 0) + out), math.max(at, new_at)
   end
   return new, new_at
 end
 local rq_lim, tk_lim = tonumber(ARGV[9]), tonumber(ARGV[10])
+-- The answered request is in its own report; every other one out may not be.
+local oreq, otok = w.oreq, w.otok
+if tonumber(ARGV[12]) == w.start then
+  oreq = math.max(oreq - 1, 0); otok = math.max(otok - tonumber(ARGV[13]), 0)
+end
 if rq >= 0 and rq_in > 0 then
-  w.rq_rem, w.rq_at = merge(w.rq_rem, w.rq_at, w.rq_used, rq, now + rq_in); w.rq_used = 0
+  w.rq_rem, w.rq_at = merge(w.rq_rem, w.rq_at, w.rq_used, rq, now + rq_in, oreq); w.rq_used = oreq
   if rq_lim > 0 then w.rq_lim = rq_lim end
 end
 if tk >= 0 and tk_in > 0 then
-  w.tk_rem, w.tk_at = merge(w.tk_rem, w.tk_at, w.tk_used, tk, now + tk_in); w.tk_used = 0
+  w.tk_rem, w.tk_at = merge(w.tk_rem, w.tk_at, w.tk_used, tk, now + tk_in, otok); w.tk_used = otok
   if tk_lim > 0 then w.tk_lim = tk_lim end
 end
 save(KEYS[1], w, now, window)
@@ -225,13 +243,14 @@ impl Redis {
         Ok((result, room))
     }
 
-    /// A held request used `tokens`.
+    /// A held request was answered, having used `tokens` (`None`: unknown).
     pub(super) async fn limits_settle(
         &self,
         id: &str,
         hold: Hold,
-        tokens: u64,
+        tokens: Option<u64>,
     ) -> Result<(), StateError> {
+        let tokens = tokens.map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX));
         let key = self.limits_key(id);
         let _: i64 = self
             .call("limits_settle", |mut c| async move {
@@ -247,13 +266,19 @@ impl Redis {
         Ok(())
     }
 
-    /// The upstream reported key `id`'s windows (reset times relative to now).
+    /// The upstream reported key `id`'s windows (reset times relative to
+    /// now), answering the request `answering` held.
     pub(super) async fn limits_learn(
         &self,
         id: &str,
         limits: Limits,
         reported: Reported,
+        answering: Option<Hold>,
     ) -> Result<Room, StateError> {
+        let answering = answering.unwrap_or(Hold {
+            tokens: 0,
+            window_start_ms: 0,
+        });
         let key = self.limits_key(id);
         let triple = |l: Option<crate::policy::rate_window::Left>| {
             l.map_or((-1_i64, 0_u64, 0_u64), |l| {
@@ -279,6 +304,8 @@ impl Redis {
                     .arg(rq_lim)
                     .arg(tk_lim)
                     .arg(id)
+                    .arg(answering.window_start_ms)
+                    .arg(answering.tokens)
                     .invoke_async(&mut c)
                     .await
             })
