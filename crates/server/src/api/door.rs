@@ -14,6 +14,7 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use bytes::BytesMut;
 use futures_util::FutureExt;
 use http_body_util::BodyExt;
 use serde_json::json;
@@ -601,9 +602,11 @@ pub fn insert_static(headers: &mut HeaderMap, name: &'static str, value: &'stati
 
 /// A door's server-sent-event encoder: the frames of one answer, in order.
 pub trait SseFrames: Send + 'static {
-    /// The next frames; `None` once the stream is over. Cancel-safe: a call
-    /// dropped before it completes loses nothing.
-    fn next_frames(&mut self) -> impl Future<Output = Option<String>> + Send;
+    /// Writes the next frames at the end of `out`; false (and nothing
+    /// written) once the stream is over. Cancel-safe: a call dropped before
+    /// it completes has written nothing and loses nothing (it writes only
+    /// after its last await).
+    fn next_frames(&mut self, out: &mut BytesMut) -> impl Future<Output = bool> + Send;
 
     /// The stream's events, when its frames are numbered by them: each
     /// group of frames then carries `id: <seq>` of the last event it
@@ -624,66 +627,87 @@ pub(crate) fn read_json<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Adds one group of frames to `out`: with `id: <seq>` in its last frame
-/// when the stream is numbered and the group framed a new event (`last` is
-/// the id sent last: a `Moved` stream's closing frame repeats no id, so a
-/// client's `Last-Event-ID` stays on the last event it holds), and not at
-/// all when a reconnecting caller already holds it.
-fn push_numbered(out: &mut String, group: String, events: Option<&Events>, last: &mut u64) {
+/// Numbers the group of frames just written to `out` from `start`: `id:
+/// <seq>` in its last frame when the stream is numbered and the group
+/// framed a new event (`last` is the id sent last: a `Moved` stream's
+/// closing frame repeats no id, so a client's `Last-Event-ID` stays on the
+/// last event it holds); the group is taken back out when a reconnecting
+/// caller already holds it.
+fn number(out: &mut BytesMut, start: usize, events: Option<&Events>, last: &mut u64) {
     let Some(events) = events else {
-        append(out, group);
         return;
     };
     let seq = events.seq();
     if seq <= events.after() {
+        out.truncate(start);
         return;
     }
-    if seq <= *last {
-        append(out, group);
+    if seq <= *last || out.len() == start {
         return;
     }
     *last = seq;
-    let body = group.strip_suffix("\n\n").unwrap_or(&group);
-    let at = body.rfind("\n\n").map_or(0, |i| i + 2);
-    out.reserve(group.len() + 24);
-    out.push_str(&group[..at]);
-    // Writing to a `String` cannot fail.
+    let group = &out[start..];
+    let body = group.strip_suffix(b"\n\n").unwrap_or(group);
+    let at = start
+        + body
+            .windows(2)
+            .rposition(|w| w == b"\n\n")
+            .map_or(0, |i| i + 2);
+    let end = out.len();
+    // Writing to a `BytesMut` cannot fail.
     let _ = writeln!(out, "id: {seq}");
-    out.push_str(&group[at..]);
-}
-
-/// `group` after `out`: the first group of a body chunk is kept, not copied.
-fn append(out: &mut String, group: String) {
-    if out.is_empty() {
-        *out = group;
-    } else {
-        out.push_str(&group);
-    }
+    let line = out.len() - end;
+    out[at..].rotate_right(line);
 }
 
 /// Frames that are ready together leave in one body chunk, up to this size.
 const COALESCE_BYTES: usize = 16 * 1024;
 
+/// What a stream's frame buffer starts with: a token's frame or two. A
+/// body chunk is split off it; once hyper has written the chunks, the next
+/// frames reuse the same memory, so a stream allocates for its frames
+/// about once, not once a token.
+const FRAME_BUFFER: usize = 512;
+
 /// An answer's frames as the response body. Frames already there when one is
 /// sent go out with it (one write instead of one per token); none waits for
 /// another.
 pub fn sse_body(frames: impl SseFrames) -> Body {
-    let body = futures_util::stream::unfold((frames, 0), |(mut f, mut last)| async move {
-        let mut out = String::new();
+    let state = (frames, 0, BytesMut::new());
+    let body = futures_util::stream::unfold(state, |(mut f, mut last, mut out)| async move {
+        if out.capacity() == 0 {
+            out.reserve(FRAME_BUFFER);
+        }
         // A reconnect's groups the caller holds are skipped: wait on.
         while out.is_empty() {
-            let group = f.next_frames().await?;
-            push_numbered(&mut out, group, f.events(), &mut last);
+            if !f.next_frames(&mut out).await {
+                return None;
+            }
+            number(&mut out, 0, f.events(), &mut last);
         }
         while out.len() < COALESCE_BYTES {
-            match f.next_frames().now_or_never() {
-                Some(Some(more)) => push_numbered(&mut out, more, f.events(), &mut last),
+            let start = out.len();
+            match f.next_frames(&mut out).now_or_never() {
+                Some(true) => number(&mut out, start, f.events(), &mut last),
                 _ => break,
             }
         }
-        Some((Ok::<_, Infallible>(Bytes::from(out)), (f, last)))
+        let chunk = out.split().freeze();
+        Some((Ok::<_, Infallible>(chunk), (f, last, out)))
     });
     Body::from_stream(body)
+}
+
+/// Writes `frames` (an encoder's whole group, made as a string) to `out`:
+/// the `next_frames` of an encoder that does not write in place.
+pub(crate) fn put_frames(out: &mut BytesMut, frames: Option<String>) -> bool {
+    match frames {
+        Some(f) => {
+            out.extend_from_slice(f.as_bytes());
+            true
+        }
+        None => false,
+    }
 }
 
 #[cfg(test)]
@@ -786,9 +810,52 @@ mod tests {
     struct Fed(tokio::sync::mpsc::Receiver<String>);
 
     impl SseFrames for Fed {
-        fn next_frames(&mut self) -> impl Future<Output = Option<String>> + Send {
-            self.0.recv()
+        async fn next_frames(&mut self, out: &mut BytesMut) -> bool {
+            put_frames(out, self.0.recv().await)
         }
+    }
+
+    /// Each event framed as two frames, numbered by the events.
+    struct Numbered(Events);
+
+    impl SseFrames for Numbered {
+        async fn next_frames(&mut self, out: &mut BytesMut) -> bool {
+            let Some(_) = self.0.recv().await else {
+                return false;
+            };
+            let n = self.0.seq();
+            let _ = write!(out, "data: a{n}\n\ndata: b{n}\n\n");
+            true
+        }
+
+        fn events(&self) -> Option<&Events> {
+            Some(&self.0)
+        }
+    }
+
+    #[tokio::test]
+    async fn each_group_is_numbered_in_its_last_frame_and_a_reconnect_skips_what_it_holds() {
+        use futures_util::StreamExt;
+        let (mut sink, mut rx) = crate::sink::channel(
+            crate::sink::SendLimits::default(),
+            crate::sink::Delivery::Resettable,
+        );
+        for t in ["x", "y", "z", "w"] {
+            let text = crate::chat::Chunk::Text(t.into());
+            sink.replay(Event::Chunk(text)).await.unwrap();
+        }
+        drop(sink);
+        rx.resumed_after(2);
+        let body = sse_body(Numbered(rx)).into_data_stream();
+        let chunks: Vec<Bytes> = body.map(Result::unwrap).collect().await;
+        let text: String = chunks
+            .iter()
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
+        assert_eq!(
+            text, "data: a3\n\nid: 3\ndata: b3\n\ndata: a4\n\nid: 4\ndata: b4\n\n",
+            "groups 1 and 2 are held by the caller"
+        );
     }
 
     #[tokio::test]
@@ -799,10 +866,19 @@ mod tests {
         }
         let mut body = sse_body(Fed(rx)).into_data_stream();
         use futures_util::StreamExt;
-        assert_eq!(body.next().await.unwrap().unwrap(), "a\n\nb\n\nc\n\n");
-        // Nothing more is there: the next frame goes out alone, when it comes.
+        let first = body.next().await.unwrap().unwrap();
+        assert_eq!(first, "a\n\nb\n\nc\n\n");
+        let at = first.as_ptr() as usize;
+        drop(first);
+        // Nothing more is there: the next frame goes out alone, when it
+        // comes, written to the same buffer (no allocation of its own).
         tx.send("d\n\n".into()).await.unwrap();
-        assert_eq!(body.next().await.unwrap().unwrap(), "d\n\n");
+        let second = body.next().await.unwrap().unwrap();
+        assert_eq!(second, "d\n\n");
+        assert!(
+            (at..at + FRAME_BUFFER).contains(&(second.as_ptr() as usize)),
+            "the stream's buffer is reused"
+        );
         drop(tx);
         assert!(body.next().await.is_none());
     }

@@ -9,6 +9,7 @@
 //! event, never `message_stop`.
 
 use axum::response::Response;
+use bytes::{BufMut, BytesMut};
 use serde_json::{json, Value};
 
 use super::error::AnthropicError;
@@ -68,13 +69,49 @@ struct Frames {
     done: bool,
 }
 
-fn event(name: &str, data: &Value) -> String {
-    format!("event: {name}\ndata: {data}\n\n")
+/// `event: <name>` with `data: <json>` at the end of `out`, serialised in
+/// place.
+fn event(name: &str, data: &impl serde::Serialize, out: &mut BytesMut) {
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    // Serialising a value into a buffer cannot fail.
+    let _ = serde_json::to_writer((&mut *out).writer(), data);
+    out.extend_from_slice(b"\n\n");
+}
+
+/// A `content_block_delta`, serialised straight from borrowed fields: it is
+/// on the per-token path.
+#[derive(serde::Serialize)]
+struct BlockDelta<D: serde::Serialize> {
+    r#type: &'static str,
+    index: u32,
+    delta: D,
+}
+
+/// A `text_delta` or `thinking_delta`: its type and its one field.
+struct TextDelta<'a> {
+    r#type: &'static str,
+    field: &'static str,
+    text: &'a str,
+}
+
+impl serde::Serialize for TextDelta<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("type", self.r#type)?;
+        m.serialize_entry(self.field, self.text)?;
+        m.end()
+    }
 }
 
 impl door::SseFrames for Frames {
-    fn next_frames(&mut self) -> impl std::future::Future<Output = Option<String>> + Send {
-        self.next()
+    fn next_frames(
+        &mut self,
+        out: &mut BytesMut,
+    ) -> impl std::future::Future<Output = bool> + Send {
+        self.next(out)
     }
 
     fn events(&self) -> Option<&Events> {
@@ -83,10 +120,11 @@ impl door::SseFrames for Frames {
 }
 
 impl Frames {
-    /// The next frames to send; `None` once the stream is over.
-    async fn next(&mut self) -> Option<String> {
+    /// Writes the next frames to send at the end of `out`; false once the
+    /// stream is over. Frames are written only after the last await.
+    async fn next(&mut self, out: &mut BytesMut) -> bool {
         if self.done {
-            return None;
+            return false;
         }
         if !self.opened {
             self.opened = true;
@@ -100,14 +138,15 @@ impl Frames {
                     "usage": usage_json(&Default::default()),
                 },
             });
-            return Some(event("message_start", &start) + &event("ping", &json!({"type": "ping"})));
+            event("message_start", &start, out);
+            event("ping", &json!({"type": "ping"}), out);
+            return true;
         }
         loop {
             let item = match self.pending.take() {
                 Some(e) => Some(Ok(e)),
                 None => self.rx.recv().await,
             };
-            let mut out = String::new();
             match item {
                 Some(Ok(Event::Started(_) | Event::Continued(_))) => continue,
                 Some(Ok(Event::Chunk(Chunk::Reasoning(r)))) => {
@@ -116,16 +155,21 @@ impl Frames {
                         signature,
                         redacted,
                     } = *r;
-                    self.thinking(text, signature, redacted, &mut out)
+                    self.thinking(text, signature, redacted, out)
                 }
                 Some(Ok(Event::Chunk(Chunk::Text(text)))) => {
-                    self.enter(Open::Text, &mut out, || json!({"type": "text", "text": ""}));
-                    out.push_str(&self.delta(json!({"type": "text_delta", "text": text})));
+                    self.enter(Open::Text, out, || json!({"type": "text", "text": ""}));
+                    let delta = TextDelta {
+                        r#type: "text_delta",
+                        field: "text",
+                        text: &text,
+                    };
+                    self.delta(delta, out);
                 }
                 Some(Ok(Event::Chunk(Chunk::ToolCall(call)))) => {
                     let n = self.blocks;
                     let call = *call;
-                    self.enter(Open::Tool(call.index), &mut out, || {
+                    self.enter(Open::Tool(call.index), out, || {
                         json!({
                             "type": "tool_use",
                             "id": call.id.unwrap_or_else(|| format!("toolu_{n}")),
@@ -134,32 +178,35 @@ impl Frames {
                         })
                     });
                     if !call.arguments.is_empty() {
-                        out.push_str(&self.delta(
-                            json!({"type": "input_json_delta", "partial_json": call.arguments}),
-                        ));
+                        let delta = TextDelta {
+                            r#type: "input_json_delta",
+                            field: "partial_json",
+                            text: &call.arguments,
+                        };
+                        self.delta(delta, out);
                     }
                 }
                 Some(Ok(Event::Finished(f))) => {
                     self.done = true;
-                    self.close(&mut out);
-                    out.push_str(&self.last_frames(&f));
+                    self.close(out);
+                    self.last_frames(&f, out);
                 }
                 // The replica is leaving: the stream ends as drained.
                 Some(Ok(Event::Moved { .. })) => {
-                    return Some(self.fail(AnthropicError::from_request(
-                        &crate::error::RequestError::Draining,
-                    )));
+                    let e = AnthropicError::from_request(&crate::error::RequestError::Draining);
+                    self.fail(e, out);
                 }
                 // A stream never gets a `Reset` (the task ends it instead:
                 // its client cannot discard output) nor a queued job.
                 Some(Ok(Event::Reset { .. } | Event::Queued(_))) | None => {
-                    return Some(self.fail(AnthropicError::internal(
-                        "the stream ended without a finish",
-                    )));
+                    self.fail(
+                        AnthropicError::internal("the stream ended without a finish"),
+                        out,
+                    );
                 }
-                Some(Err(e)) => return Some(self.fail(AnthropicError::from_request(&e))),
+                Some(Err(e)) => self.fail(AnthropicError::from_request(&e), out),
             }
-            return Some(out);
+            return true;
         }
     }
 
@@ -170,7 +217,7 @@ impl Frames {
         text: String,
         signature: Option<String>,
         redacted: Option<String>,
-        out: &mut String,
+        out: &mut BytesMut,
     ) {
         if let Some(data) = redacted {
             self.close(out);
@@ -188,16 +235,26 @@ impl Frames {
             || json!({"type": "thinking", "thinking": "", "signature": ""}),
         );
         if !text.is_empty() {
-            out.push_str(&self.delta(json!({"type": "thinking_delta", "thinking": text})));
+            let delta = TextDelta {
+                r#type: "thinking_delta",
+                field: "thinking",
+                text: &text,
+            };
+            self.delta(delta, out);
         }
         if let Some(signature) = signature {
-            out.push_str(&self.delta(json!({"type": "signature_delta", "signature": signature})));
+            let delta = TextDelta {
+                r#type: "signature_delta",
+                field: "signature",
+                text: &signature,
+            };
+            self.delta(delta, out);
             self.close(out);
         }
     }
 
     /// Makes `want` the open block, closing another and opening it if needed.
-    fn enter(&mut self, want: Open, out: &mut String, block: impl FnOnce() -> Value) {
+    fn enter(&mut self, want: Open, out: &mut BytesMut, block: impl FnOnce() -> Value) {
         if self.block == Some(want) {
             return;
         }
@@ -207,40 +264,42 @@ impl Frames {
             "index": self.blocks,
             "content_block": block(),
         });
-        out.push_str(&event("content_block_start", &start));
+        event("content_block_start", &start, out);
         self.block = Some(want);
         self.blocks += 1;
     }
 
-    fn close(&mut self, out: &mut String) {
+    fn close(&mut self, out: &mut BytesMut) {
         if self.block.take().is_some() {
             let stop = json!({"type": "content_block_stop", "index": self.blocks - 1});
-            out.push_str(&event("content_block_stop", &stop));
+            event("content_block_stop", &stop, out);
         }
     }
 
-    fn delta(&self, delta: Value) -> String {
-        let d = json!({
-            "type": "content_block_delta",
-            "index": self.blocks.saturating_sub(1),
-            "delta": delta,
-        });
-        event("content_block_delta", &d)
+    /// A delta of the open block.
+    fn delta(&self, delta: impl serde::Serialize, out: &mut BytesMut) {
+        let d = BlockDelta {
+            r#type: "content_block_delta",
+            index: self.blocks.saturating_sub(1),
+            delta,
+        };
+        event("content_block_delta", &d, out);
     }
 
-    fn last_frames(&self, f: &Finished) -> String {
+    fn last_frames(&self, f: &Finished, out: &mut BytesMut) {
         let delta = json!({
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason(f.finish_reason), "stop_sequence": null},
             "usage": usage_json(&usage_proto(&f.usage, f.usage_estimated)),
         });
-        event("message_delta", &delta) + &event("message_stop", &json!({"type": "message_stop"}))
+        event("message_delta", &delta, out);
+        event("message_stop", &json!({"type": "message_stop"}), out);
     }
 
     /// The `error` event that ends a failed stream.
-    fn fail(&mut self, e: AnthropicError) -> String {
+    fn fail(&mut self, e: AnthropicError, out: &mut BytesMut) {
         self.done = true;
-        event("error", &e.body(&self.request_id))
+        event("error", &e.body(&self.request_id), out);
     }
 }
 
@@ -307,10 +366,9 @@ mod tests {
             blocks: 0,
             done: false,
         };
-        let mut text = String::new();
-        while let Some(out) = f.next().await {
-            text.push_str(&out);
-        }
+        let mut out = BytesMut::new();
+        while f.next(&mut out).await {}
+        let text = String::from_utf8(out.to_vec()).unwrap();
         text.split("\n\n")
             .filter(|s| !s.is_empty())
             .map(|frame| {

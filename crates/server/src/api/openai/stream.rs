@@ -2,6 +2,8 @@
 //! the first token is a plain HTTP error), then frames SSE chunks ending
 //! `data: [DONE]`, or an error frame when the stream fails after output.
 
+use bytes::{BufMut, BytesMut};
+
 use super::*;
 use crate::chat::ToolCallDelta;
 
@@ -45,8 +47,17 @@ pub(super) struct Sse {
     pub(super) done: bool,
 }
 
-pub(super) fn frame(v: &Value) -> String {
-    format!("data: {v}\n\n")
+/// `data: <v>` as one frame at the end of `out`.
+pub(super) fn frame(v: &Value, out: &mut BytesMut) {
+    put_data(v, out);
+}
+
+/// `data: <json>\n\n` at the end of `out`, serialised in place.
+fn put_data(v: &impl serde::Serialize, out: &mut BytesMut) {
+    out.extend_from_slice(b"data: ");
+    // Serialising a value into a buffer cannot fail.
+    let _ = serde_json::to_writer((&mut *out).writer(), v);
+    out.extend_from_slice(b"\n\n");
 }
 
 /// One `chat.completion.chunk`, serialised straight from borrowed fields
@@ -72,6 +83,12 @@ struct ChoiceFrame<'a, D: serde::Serialize> {
     logprobs: Option<()>,
 }
 
+/// `{"reasoning_content": ...}`.
+#[derive(serde::Serialize)]
+struct ReasoningDelta<'a> {
+    reasoning_content: &'a str,
+}
+
 /// `{"content": ...}`, with `"role"` on the first chunk only.
 #[derive(serde::Serialize)]
 struct TextDelta<'a> {
@@ -82,8 +99,11 @@ struct TextDelta<'a> {
 }
 
 impl door::SseFrames for Sse {
-    fn next_frames(&mut self) -> impl std::future::Future<Output = Option<String>> + Send {
-        self.next()
+    fn next_frames(
+        &mut self,
+        out: &mut BytesMut,
+    ) -> impl std::future::Future<Output = bool> + Send {
+        self.next(out)
     }
 
     fn events(&self) -> Option<&Events> {
@@ -92,7 +112,13 @@ impl door::SseFrames for Sse {
 }
 
 impl Sse {
-    pub(super) fn chunk(&self, delta: impl serde::Serialize, finish: Option<&str>) -> String {
+    /// One chunk frame, written at the end of `out`.
+    pub(super) fn chunk(
+        &self,
+        delta: impl serde::Serialize,
+        finish: Option<&str>,
+        out: &mut BytesMut,
+    ) {
         let frame = ChunkFrame {
             choices: [ChoiceFrame {
                 delta,
@@ -107,54 +133,54 @@ impl Sse {
             system_fingerprint: None,
             usage: self.include_usage.then_some(None),
         };
-        let mut out = Vec::with_capacity(256);
-        out.extend_from_slice(b"data: ");
-        // Serialising borrowed strings and numbers into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut out, &frame);
-        out.extend_from_slice(b"\n\n");
-        String::from_utf8(out).unwrap_or_default()
+        put_data(&frame, out);
     }
 
-    fn text(&self, content: &str, role: Option<&'static str>) -> String {
+    fn text(&self, content: &str, role: Option<&'static str>, out: &mut BytesMut) {
         self.chunk(
             TextDelta {
                 content: Some(content),
                 role,
             },
             None,
-        )
+            out,
+        );
     }
 
     /// The finish chunk, the usage chunk when asked for, and `[DONE]`.
-    fn last_frames(&self, f: &crate::sink::Finished) -> String {
+    fn last_frames(&self, f: &crate::sink::Finished, out: &mut BytesMut) {
         let empty = TextDelta {
             content: None,
             role: None,
         };
-        let mut out = self.chunk(empty, Some(finish_reason(f.finish_reason)));
+        self.chunk(empty, Some(finish_reason(f.finish_reason)), out);
         if self.include_usage {
-            out.push_str(&frame(&json!({
-                "id": self.ids.id,
-                "object": "chat.completion.chunk",
-                "created": self.ids.created,
-                "model": self.ids.model,
-                "system_fingerprint": null,
-                "choices": [],
-                "usage": usage_json(&crate::api::content::usage_proto(&f.usage, f.usage_estimated)),
-            })));
+            frame(
+                &json!({
+                    "id": self.ids.id,
+                    "object": "chat.completion.chunk",
+                    "created": self.ids.created,
+                    "model": self.ids.model,
+                    "system_fingerprint": null,
+                    "choices": [],
+                    "usage": usage_json(&crate::api::content::usage_proto(&f.usage, f.usage_estimated)),
+                }),
+                out,
+            );
         }
-        out.push_str("data: [DONE]\n\n");
-        out
+        out.extend_from_slice(b"data: [DONE]\n\n");
     }
 
-    /// The next frames to send; `None` once the stream is over.
-    pub(super) async fn next(&mut self) -> Option<String> {
+    /// Writes the next frames to send at the end of `out`; false once the
+    /// stream is over. Frames are written only after the last await.
+    pub(super) async fn next(&mut self, out: &mut BytesMut) -> bool {
         if self.done {
-            return None;
+            return false;
         }
         if !self.opened {
             self.opened = true;
-            return Some(self.text("", Some("assistant")));
+            self.text("", Some("assistant"), out);
+            return true;
         }
         loop {
             let item = match self.pending.take() {
@@ -170,39 +196,43 @@ impl Sse {
                     if r.text.is_empty() {
                         continue;
                     }
-                    return Some(self.chunk(json!({ "reasoning_content": r.text }), None));
-                }
-                Some(Ok(Event::Chunk(Chunk::Text(text)))) => return Some(self.text(&text, None)),
-                Some(Ok(Event::Chunk(Chunk::ToolCall(call)))) => {
-                    return Some(
-                        self.chunk(json!({ "tool_calls": [tool_call_delta(*call)] }), None),
+                    self.chunk(
+                        ReasoningDelta {
+                            reasoning_content: &r.text,
+                        },
+                        None,
+                        out,
                     );
+                }
+                Some(Ok(Event::Chunk(Chunk::Text(text)))) => self.text(&text, None, out),
+                Some(Ok(Event::Chunk(Chunk::ToolCall(call)))) => {
+                    let delta = json!({ "tool_calls": [tool_call_delta(*call)] });
+                    self.chunk(delta, None, out);
                 }
                 Some(Ok(Event::Finished(f))) => {
                     self.done = true;
-                    return Some(self.last_frames(&f));
+                    self.last_frames(&f, out);
                 }
                 // The replica is leaving: the stream ends as drained (resume it
                 // elsewhere with `Last-Event-ID` and the same idempotency key).
                 Some(Ok(Event::Moved { .. })) => {
                     self.done = true;
-                    return Some(frame(
-                        &OpenAiError::from_request(&crate::error::RequestError::Draining).body(),
-                    ));
+                    let e = OpenAiError::from_request(&crate::error::RequestError::Draining);
+                    frame(&e.body(), out);
                 }
                 // A stream never gets a `Reset` (the task ends it instead:
                 // its client cannot discard output) nor a queued job.
                 Some(Ok(Event::Reset { .. } | Event::Queued(_))) | None => {
                     self.done = true;
-                    return Some(frame(
-                        &OpenAiError::internal("the stream ended without a finish").body(),
-                    ));
+                    let e = OpenAiError::internal("the stream ended without a finish");
+                    frame(&e.body(), out);
                 }
                 Some(Err(e)) => {
                     self.done = true;
-                    return Some(frame(&OpenAiError::from_request(&e).body()));
+                    frame(&OpenAiError::from_request(&e).body(), out);
                 }
             }
+            return true;
         }
     }
 }

@@ -10,6 +10,7 @@
 //! background response can be resumed after event N on any replica; while
 //! its job runs, the replay waits for it.
 
+use bytes::BytesMut;
 use std::time::Duration;
 
 use super::request::ToolNames;
@@ -129,8 +130,8 @@ pub(super) async fn live(
 }
 
 impl SseFrames for Live {
-    fn next_frames(&mut self) -> impl std::future::Future<Output = Option<String>> + Send {
-        self.next()
+    async fn next_frames(&mut self, out: &mut BytesMut) -> bool {
+        crate::api::door::put_frames(out, self.next().await)
     }
 }
 
@@ -428,8 +429,8 @@ impl Replay {
 }
 
 impl SseFrames for Replay {
-    fn next_frames(&mut self) -> impl std::future::Future<Output = Option<String>> + Send {
-        self.next()
+    async fn next_frames(&mut self, out: &mut BytesMut) -> bool {
+        crate::api::door::put_frames(out, self.next().await)
     }
 }
 
