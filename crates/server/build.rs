@@ -15,8 +15,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Small starting buffers for every stream (src/api/codec.rs).
     // Media bytes as `Bytes`: a request's images are shared, not copied,
     // by every attempt that sends them.
+    // `Delta` (every streamed token) is hand-written, its text held inline
+    // (src/proto_delta.rs).
     tonic_prost_build::configure()
         .codec_path("crate::api::codec::SmallBufferCodec")
+        .extern_path(".switchyard.v1.Delta", "crate::proto_delta::Delta")
         .bytes(".switchyard.v1.ImagePart.data")
         .bytes(".switchyard.v1.DocumentPart.data")
         .compile_fds(fds)?;

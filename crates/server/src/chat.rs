@@ -367,7 +367,9 @@ impl ChatRequest {
 /// struct variants they replace, so stored answers read back.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Chunk {
-    Text(String),
+    /// Text, held inline up to 24 bytes (a token almost always is): no
+    /// allocation from the upstream's decoder to the caller's frame.
+    Text(compact_str::CompactString),
     /// A fragment of a tool call; fragments with one `index` belong together.
     ToolCall(Box<ToolCallDelta>),
     /// Reasoning text as it streams; the block's signature comes in a chunk

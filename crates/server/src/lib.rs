@@ -33,6 +33,7 @@ pub mod embeddings;
 pub mod error;
 pub mod job;
 pub mod policy;
+pub mod proto_delta;
 pub mod rare;
 pub mod reload;
 pub mod request;
@@ -48,6 +49,7 @@ pub mod upstream;
 pub mod proto {
     #![allow(clippy::all, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     tonic::include_proto!("switchyard.v1");
+    pub use crate::proto_delta::Delta;
     /// Encoded descriptor set for server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         tonic::include_file_descriptor_set!("switchyard_descriptor");

@@ -637,7 +637,7 @@ impl EventSink {
         async move {
             if let (Some(seam), Chunk::Text(text)) = (self.seam.as_mut(), &mut chunk) {
                 let passed = seam.pass(text).len();
-                text.drain(..text.len() - passed);
+                text.replace_range(..text.len() - passed, "");
                 if text.is_empty() {
                     return Ok(());
                 }
@@ -1241,7 +1241,9 @@ mod tests {
         }));
         sink.begin_attempt(started(1));
         for _ in 0..20 {
-            sink.chunk(Chunk::Text("x".repeat(100))).await.unwrap();
+            sink.chunk(Chunk::Text("x".repeat(100).into()))
+                .await
+                .unwrap();
             while let Ok(Some(_)) =
                 tokio::time::timeout(Duration::from_millis(1), events.recv()).await
             {}

@@ -463,7 +463,7 @@ impl Assembler {
             Event::Chunk(Chunk::Text(t)) => {
                 // A whole answer is one chunk: kept, not copied.
                 if self.text.is_empty() {
-                    self.text = t;
+                    self.text = t.into_string();
                 } else {
                     self.text.push_str(&t);
                 }

@@ -290,7 +290,7 @@ mod tests {
 
     fn text(hit: &Hit) -> String {
         match &hit.events[0] {
-            Event::Chunk(Chunk::Text(t)) => t.clone(),
+            Event::Chunk(Chunk::Text(t)) => t.to_string(),
             other => panic!("{other:?}"),
         }
     }

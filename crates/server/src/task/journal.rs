@@ -418,7 +418,7 @@ mod tests {
     fn a_batch_is_stored_as_its_items_one_by_one_would_be() {
         let items: Vec<(u64, Item)> = vec![
             (4, Ok(Event::Chunk(Chunk::Text("hé".into())))),
-            (5, Ok(Event::Chunk(Chunk::Text(String::new())))),
+            (5, Ok(Event::Chunk(Chunk::Text(Default::default())))),
             (6, Err(RequestError::DeadlineExceeded { attempts: 2 })),
         ];
         let batch = encode_batch(&items, reason).unwrap();

@@ -616,7 +616,7 @@ impl AnthropicDecoder {
                     .and_then(Value::as_str)
                     .filter(|t| !t.is_empty())
                 {
-                    out.push(Chunk::Text(text.to_owned()));
+                    out.push(Chunk::Text(text.into()));
                 }
                 Block::Text
             }
@@ -700,7 +700,7 @@ impl AnthropicDecoder {
                     .and_then(Value::as_str)
                     .filter(|t| !t.is_empty())
                 {
-                    out.push(Chunk::Text(text.to_owned()));
+                    out.push(Chunk::Text(text.into()));
                 }
             }
             Some("thinking_delta") => {

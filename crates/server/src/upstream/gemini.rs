@@ -595,7 +595,7 @@ impl GeminiDecoder {
             });
         }
         if !thought && !text.is_empty() {
-            out.push(Chunk::Text(text.to_owned()));
+            out.push(Chunk::Text(text.into()));
         }
         if let Some(call) = part.get("functionCall") {
             let index = self.calls;

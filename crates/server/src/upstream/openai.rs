@@ -323,7 +323,7 @@ impl OpenAiDecoder {
 
     fn push_text(&mut self, text: &str, out: &mut Vec<Chunk>) {
         self.produced = true;
-        out.push(Chunk::Text(text.to_owned()));
+        out.push(Chunk::Text(text.into()));
     }
 
     fn on_tool_fragment(
@@ -720,8 +720,8 @@ fn text_chunks(
             redacted: None,
         })));
     }
-    chunks.extend(content.map(Chunk::Text));
-    chunks.extend(refusal.map(Chunk::Text));
+    chunks.extend(content.map(|t| Chunk::Text(t.into())));
+    chunks.extend(refusal.map(|t| Chunk::Text(t.into())));
     chunks
 }
 

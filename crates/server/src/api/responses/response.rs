@@ -587,7 +587,7 @@ pub(super) fn chunks_of(r: &proto::CompletionResponse) -> Vec<Chunk> {
         })));
     }
     if !r.text.is_empty() {
-        out.push(Chunk::Text(r.text.clone()));
+        out.push(Chunk::Text(r.text.as_str().into()));
     }
     for (i, c) in r.tool_calls.iter().enumerate() {
         out.push(Chunk::ToolCall(Box::new(crate::chat::ToolCallDelta {
