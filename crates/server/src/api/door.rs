@@ -648,11 +648,7 @@ fn number(out: &mut BytesMut, start: usize, events: Option<&Events>, last: &mut 
     *last = seq;
     let group = &out[start..];
     let body = group.strip_suffix(b"\n\n").unwrap_or(group);
-    let at = start
-        + body
-            .windows(2)
-            .rposition(|w| w == b"\n\n")
-            .map_or(0, |i| i + 2);
+    let at = start + memchr::memmem::rfind(body, b"\n\n").map_or(0, |i| i + 2);
     let end = out.len();
     // Writing to a `BytesMut` cannot fail.
     let _ = writeln!(out, "id: {seq}");
