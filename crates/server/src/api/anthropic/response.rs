@@ -54,19 +54,42 @@ pub(super) fn tool_input(arguments: &str) -> Value {
 /// Usage in Anthropic's shape: uncached input, cache writes (with their
 /// split by TTL) and reads beside it, output.
 pub(super) fn usage_json(u: &proto::Usage) -> Value {
-    let write_1h = u
-        .cache_write_1h_input_tokens
-        .min(u.cache_write_input_tokens);
-    json!({
-        "input_tokens": u.input_tokens,
-        "cache_creation_input_tokens": u.cache_write_input_tokens,
-        "cache_read_input_tokens": u.cache_read_input_tokens,
-        "cache_creation": {
-            "ephemeral_5m_input_tokens": u.cache_write_input_tokens - write_1h,
-            "ephemeral_1h_input_tokens": write_1h,
-        },
-        "output_tokens": u.output_tokens,
-    })
+    serde_json::to_value(UsageFrame::of(u)).unwrap_or_default()
+}
+
+/// Anthropic's `usage` object, serialised straight from its numbers (a
+/// stream writes it without a JSON tree).
+#[derive(serde::Serialize)]
+pub(super) struct UsageFrame {
+    input_tokens: u32,
+    cache_creation_input_tokens: u32,
+    cache_read_input_tokens: u32,
+    cache_creation: CacheCreation,
+    output_tokens: u32,
+}
+
+#[derive(serde::Serialize)]
+struct CacheCreation {
+    ephemeral_5m_input_tokens: u32,
+    ephemeral_1h_input_tokens: u32,
+}
+
+impl UsageFrame {
+    pub(super) fn of(u: &proto::Usage) -> Self {
+        let write_1h = u
+            .cache_write_1h_input_tokens
+            .min(u.cache_write_input_tokens);
+        UsageFrame {
+            input_tokens: u.input_tokens,
+            cache_creation_input_tokens: u.cache_write_input_tokens,
+            cache_read_input_tokens: u.cache_read_input_tokens,
+            cache_creation: CacheCreation {
+                ephemeral_5m_input_tokens: u.cache_write_input_tokens - write_1h,
+                ephemeral_1h_input_tokens: write_1h,
+            },
+            output_tokens: u.output_tokens,
+        }
+    }
 }
 
 /// A reasoning block as Anthropic's `thinking` or `redacted_thinking`

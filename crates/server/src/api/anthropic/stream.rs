@@ -13,7 +13,7 @@ use bytes::{BufMut, BytesMut};
 use serde_json::{json, Value};
 
 use super::error::AnthropicError;
-use super::response::{stop_reason, usage_json, Ids};
+use super::response::{stop_reason, Ids, UsageFrame};
 use crate::api::content::usage_proto;
 use crate::api::door::{self, insert};
 use crate::chat::{Chunk, ReasoningDelta};
@@ -80,6 +80,49 @@ fn event(name: &str, data: &impl serde::Serialize, out: &mut BytesMut) {
     out.extend_from_slice(b"\n\n");
 }
 
+/// `message_start`: the message as it opens (no content yet; its usage
+/// totals come in `message_delta`).
+#[derive(serde::Serialize)]
+struct MessageStart<'a> {
+    r#type: &'static str,
+    message: OpenMessage<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct OpenMessage<'a> {
+    id: &'a str,
+    r#type: &'static str,
+    role: &'static str,
+    model: &'a str,
+    content: [(); 0],
+    stop_reason: Option<()>,
+    stop_sequence: Option<()>,
+    usage: UsageFrame,
+}
+
+/// `message_delta`: how the answer ended, and its usage.
+#[derive(serde::Serialize)]
+struct MessageDelta {
+    r#type: &'static str,
+    delta: StopDelta,
+    usage: UsageFrame,
+}
+
+#[derive(serde::Serialize)]
+struct StopDelta {
+    stop_reason: &'static str,
+    stop_sequence: Option<()>,
+}
+
+/// `content_block_start` (its block as built) or `content_block_stop`.
+#[derive(serde::Serialize)]
+struct BlockEdge {
+    r#type: &'static str,
+    index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content_block: Option<Value>,
+}
+
 /// A `content_block_delta`, serialised straight from borrowed fields: it is
 /// on the per-token path.
 #[derive(serde::Serialize)]
@@ -128,18 +171,22 @@ impl Frames {
         }
         if !self.opened {
             self.opened = true;
-            let start = json!({
-                "type": "message_start",
-                "message": {
-                    "id": self.ids.id, "type": "message", "role": "assistant",
-                    "model": self.ids.model, "content": [],
-                    "stop_reason": null, "stop_sequence": null,
+            let start = MessageStart {
+                r#type: "message_start",
+                message: OpenMessage {
+                    id: &self.ids.id,
+                    r#type: "message",
+                    role: "assistant",
+                    model: &self.ids.model,
+                    content: [],
+                    stop_reason: None,
+                    stop_sequence: None,
                     // Known once the answer is: the totals come in `message_delta`.
-                    "usage": usage_json(&Default::default()),
+                    usage: UsageFrame::of(&Default::default()),
                 },
-            });
+            };
             event("message_start", &start, out);
-            event("ping", &json!({"type": "ping"}), out);
+            out.extend_from_slice(b"event: ping\ndata: {\"type\":\"ping\"}\n\n");
             return true;
         }
         loop {
@@ -259,11 +306,11 @@ impl Frames {
             return;
         }
         self.close(out);
-        let start = json!({
-            "type": "content_block_start",
-            "index": self.blocks,
-            "content_block": block(),
-        });
+        let start = BlockEdge {
+            r#type: "content_block_start",
+            index: self.blocks,
+            content_block: Some(block()),
+        };
         event("content_block_start", &start, out);
         self.block = Some(want);
         self.blocks += 1;
@@ -271,7 +318,11 @@ impl Frames {
 
     fn close(&mut self, out: &mut BytesMut) {
         if self.block.take().is_some() {
-            let stop = json!({"type": "content_block_stop", "index": self.blocks - 1});
+            let stop = BlockEdge {
+                r#type: "content_block_stop",
+                index: self.blocks - 1,
+                content_block: None,
+            };
             event("content_block_stop", &stop, out);
         }
     }
@@ -287,13 +338,16 @@ impl Frames {
     }
 
     fn last_frames(&self, f: &Finished, out: &mut BytesMut) {
-        let delta = json!({
-            "type": "message_delta",
-            "delta": {"stop_reason": stop_reason(f.finish_reason), "stop_sequence": null},
-            "usage": usage_json(&usage_proto(&f.usage, f.usage_estimated)),
-        });
+        let delta = MessageDelta {
+            r#type: "message_delta",
+            delta: StopDelta {
+                stop_reason: stop_reason(f.finish_reason),
+                stop_sequence: None,
+            },
+            usage: UsageFrame::of(&usage_proto(&f.usage, f.usage_estimated)),
+        };
         event("message_delta", &delta, out);
-        event("message_stop", &json!({"type": "message_stop"}), out);
+        out.extend_from_slice(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
     }
 
     /// The `error` event that ends a failed stream.
@@ -429,6 +483,24 @@ mod tests {
         assert_eq!(got[8].1["index"], 1);
         assert_eq!(got[10].1["delta"]["stop_reason"], "tool_use");
         assert_eq!(got[10].1["usage"]["output_tokens"], 3);
+        // The once-a-stream events, whole, in Anthropic's shape.
+        let zero = json!({"input_tokens": 0, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+            "output_tokens": 0});
+        assert_eq!(
+            got[0].1,
+            json!({"type": "message_start", "message": {"id": "msg_r", "type": "message",
+                "role": "assistant", "model": "chat", "content": [], "stop_reason": null,
+                "stop_sequence": null, "usage": zero}})
+        );
+        assert_eq!(got[1].1, json!({"type": "ping"}));
+        assert_eq!(got[5].1, json!({"type": "content_block_stop", "index": 0}));
+        assert_eq!(
+            got[10].1["delta"],
+            json!({"stop_reason": "tool_use", "stop_sequence": null})
+        );
+        assert_eq!(got[11].1, json!({"type": "message_stop"}));
     }
 
     fn reasoning(text: &str, signature: Option<&str>, redacted: Option<&str>) -> Event {
