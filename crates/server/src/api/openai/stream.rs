@@ -47,13 +47,8 @@ pub(super) struct Sse {
     pub(super) done: bool,
 }
 
-/// `data: <v>` as one frame at the end of `out`.
-pub(super) fn frame(v: &Value, out: &mut BytesMut) {
-    put_data(v, out);
-}
-
-/// `data: <json>\n\n` at the end of `out`, serialised in place.
-fn put_data(v: &impl serde::Serialize, out: &mut BytesMut) {
+/// `data: <json>\n\n`, one frame at the end of `out`, serialised in place.
+fn frame(v: &impl serde::Serialize, out: &mut BytesMut) {
     out.extend_from_slice(b"data: ");
     // Serialising a value into a buffer cannot fail.
     let _ = serde_json::to_writer((&mut *out).writer(), v);
@@ -119,7 +114,7 @@ impl Sse {
         finish: Option<&str>,
         out: &mut BytesMut,
     ) {
-        let frame = ChunkFrame {
+        let chunk = ChunkFrame {
             choices: [ChoiceFrame {
                 delta,
                 finish_reason: finish,
@@ -133,7 +128,7 @@ impl Sse {
             system_fingerprint: None,
             usage: self.include_usage.then_some(None),
         };
-        put_data(&frame, out);
+        frame(&chunk, out);
     }
 
     fn text(&self, content: &str, role: Option<&'static str>, out: &mut BytesMut) {
