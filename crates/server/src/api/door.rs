@@ -694,6 +694,21 @@ pub fn sse_body(frames: impl SseFrames) -> Body {
     Body::from_stream(body)
 }
 
+/// One SSE frame at the end of `out`: `event: <name>` when named, then
+/// `data: <json>`, serialised in place (the doors' one frame writer).
+pub(crate) fn put_frame(out: &mut BytesMut, event: Option<&str>, data: &impl serde::Serialize) {
+    use bytes::BufMut;
+    if let Some(name) = event {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.put_u8(b'\n');
+    }
+    out.extend_from_slice(b"data: ");
+    // Serialising a value into a buffer cannot fail.
+    let _ = serde_json::to_writer((&mut *out).writer(), data);
+    out.extend_from_slice(b"\n\n");
+}
+
 /// Writes `frames` (an encoder's whole group, made as a string) to `out`:
 /// the `next_frames` of an encoder that does not write in place.
 pub(crate) fn put_frames(out: &mut BytesMut, frames: Option<String>) -> bool {

@@ -9,7 +9,7 @@
 //! event, never `message_stop`.
 
 use axum::response::Response;
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use serde_json::{json, Value};
 
 use super::error::AnthropicError;
@@ -69,15 +69,9 @@ struct Frames {
     done: bool,
 }
 
-/// `event: <name>` with `data: <json>` at the end of `out`, serialised in
-/// place.
+/// `event: <name>` with `data: <json>` at the end of `out`.
 fn event(name: &str, data: &impl serde::Serialize, out: &mut BytesMut) {
-    out.extend_from_slice(b"event: ");
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b"\ndata: ");
-    // Serialising a value into a buffer cannot fail.
-    let _ = serde_json::to_writer((&mut *out).writer(), data);
-    out.extend_from_slice(b"\n\n");
+    door::put_frame(out, Some(name), data);
 }
 
 /// `message_start`: the message as it opens (no content yet; its usage

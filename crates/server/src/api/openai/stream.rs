@@ -2,7 +2,7 @@
 //! the first token is a plain HTTP error), then frames SSE chunks ending
 //! `data: [DONE]`, or an error frame when the stream fails after output.
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 
 use super::*;
 use crate::chat::ToolCallDelta;
@@ -47,12 +47,9 @@ pub(super) struct Sse {
     pub(super) done: bool,
 }
 
-/// `data: <json>\n\n`, one frame at the end of `out`, serialised in place.
+/// `data: <json>\n\n`, one frame at the end of `out`.
 fn frame(v: &impl serde::Serialize, out: &mut BytesMut) {
-    out.extend_from_slice(b"data: ");
-    // Serialising a value into a buffer cannot fail.
-    let _ = serde_json::to_writer((&mut *out).writer(), v);
-    out.extend_from_slice(b"\n\n");
+    door::put_frame(out, None, v);
 }
 
 /// One `chat.completion.chunk`, serialised straight from borrowed fields
