@@ -13,12 +13,13 @@ use std::time::Duration;
 
 use crate::error::RequestError;
 use crate::sink::{Event, EventSink, Item, Tee};
-use crate::state::journal::{Appended, Journal, JournalError, Owner, Reader, ResumeToken, Tail};
+use crate::state::journal::{
+    Appended, Appends, Journal, JournalError, Kept, Owner, Reader, ResumeToken, Tail,
+};
 
 /// The longest a follower waits on the tail before it looks again: how
 /// late, past its lease, it notices that a stream's writer died.
 const FOLLOW_WAIT: Duration = Duration::from_secs(1);
-use crate::state::redis::lease::Renewal;
 use crate::state::{StateError, StateFaults};
 
 /// Names the error table's row of a request error (`api::errors::reason`),
@@ -72,10 +73,7 @@ pub fn encode(item: &Item, reason: Reason) -> Result<Bytes, serde_json::Error> {
 /// item's bytes a slice of that copy: two allocations a batch besides the
 /// list (the copy, and its sharing), not one an item; one for a batch of
 /// one.
-pub fn encode_batch(
-    items: &[(u64, Item)],
-    reason: Reason,
-) -> Result<Vec<(u64, Bytes)>, serde_json::Error> {
+pub fn encode_batch(items: &[(u64, Item)], reason: Reason) -> Result<Appends, serde_json::Error> {
     SCRATCH.with_borrow_mut(|buf| {
         buf.clear();
         let mut ends: smallvec::SmallVec<[usize; 32]> = smallvec::SmallVec::new();
@@ -94,7 +92,7 @@ pub fn encode_batch(
         // slice would make the copy shared, one more allocation that every
         // stored item would keep.
         if let [(seq, _)] = items {
-            return Ok(vec![(*seq, all)]);
+            return Ok(smallvec::smallvec![(*seq, all)]);
         }
         let mut start = 0;
         Ok(items
@@ -148,7 +146,7 @@ pub struct JournalTee {
     /// Every item so far is stored.
     whole: bool,
     /// Keeps the owner's lease while the stream lives (dropped with the tee).
-    _renewal: Renewal,
+    _lease: Kept,
     /// This stream's place among the replica's journaled streams
     /// (`resume.max_streams`), held while it lives.
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
@@ -186,26 +184,14 @@ impl JournalTee {
         faults: Arc<StateFaults>,
         reason: Reason,
     ) -> JournalTee {
-        let renewal = {
-            let (journal, token, owner) = (journal.clone(), token.clone(), owner.clone());
-            Renewal::start(faults, "journal", lease, move || {
-                let (journal, token, owner) = (journal.clone(), token.clone(), owner.clone());
-                async move {
-                    match journal.renew(&token, &owner).await {
-                        Ok(()) => Ok(true),
-                        Err(JournalError::Unavailable(e)) => Err(e),
-                        Err(_) => Ok(false),
-                    }
-                }
-            })
-        };
+        let kept = journal.keep(&token, &owner, lease, faults);
         JournalTee {
             journal: journal.clone(),
             token,
             owner,
             reason,
             whole: true,
-            _renewal: renewal,
+            _lease: kept,
             _slot: None,
         }
     }
@@ -243,58 +229,76 @@ impl JournalTee {
     }
 }
 
+impl JournalTee {
+    /// Appends `events` (finishing the journal after them when the last
+    /// ends the stream). In process that is done before this returns, and
+    /// the future handed back is `Done`, boxed with no allocation; on Redis
+    /// it is the round trip.
+    fn put(&mut self, events: Result<Appends, serde_json::Error>, last: bool) -> BoxFuture<'_, ()> {
+        let events = events.map_err(|e| {
+            JournalError::Unavailable(StateError::Unavailable(format!(
+                "an event could not be encoded: {e}"
+            )))
+        });
+        if let Journal::Embedded(j) = &self.journal {
+            let j = j.clone();
+            let stored = events.and_then(|e| j.append_many(&self.token, &self.owner, e));
+            self.stored(stored);
+            if last && self.whole {
+                self.finished(j.finish(&self.token, &self.owner));
+            }
+            return Box::pin(Done);
+        }
+        Box::pin(async move {
+            let stored = match events {
+                Ok(e) => self.journal.append_many(&self.token, &self.owner, e).await,
+                Err(e) => Err(e),
+            };
+            self.stored(stored);
+            if last && self.whole {
+                let finished = self.journal.finish(&self.token, &self.owner).await;
+                self.finished(finished);
+            }
+        })
+    }
+
+    fn finished(&self, finished: Result<(), JournalError>) {
+        if let Err(e) = finished {
+            tracing::debug!(error = %e, "journal finish failed");
+        }
+    }
+}
+
+/// A future already complete. Of no size, so boxing it allocates nothing.
+struct Done;
+
+impl std::future::Future for Done {
+    type Output = ();
+
+    fn poll(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        std::task::Poll::Ready(())
+    }
+}
+
 impl Tee for JournalTee {
     fn token(&self) -> &Arc<str> {
         self.token.shared()
     }
 
     fn write<'a>(&'a mut self, seq: u64, item: &'a Item) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            if !self.whole {
-                return;
-            }
-            let stored = match encode(item, self.reason) {
-                Ok(bytes) => {
-                    self.journal
-                        .append(&self.token, &self.owner, seq, bytes)
-                        .await
-                }
-                Err(e) => Err(JournalError::Unavailable(StateError::Unavailable(format!(
-                    "an event could not be encoded: {e}"
-                )))),
-            };
-            self.stored(stored);
-            if ends(item) && self.whole {
-                if let Err(e) = self.journal.finish(&self.token, &self.owner).await {
-                    tracing::debug!(error = %e, "journal finish failed");
-                }
-            }
-        })
+        if !self.whole {
+            return Box::pin(Done);
+        }
+        let events = encode(item, self.reason).map(|bytes| smallvec::smallvec![(seq, bytes)]);
+        self.put(events, ends(item))
     }
 
     fn write_batch<'a>(&'a mut self, items: &'a [(u64, Item)]) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            if !self.whole || items.is_empty() {
-                return;
-            }
-            let stored = match encode_batch(items, self.reason) {
-                Ok(events) => {
-                    self.journal
-                        .append_many(&self.token, &self.owner, events)
-                        .await
-                }
-                Err(e) => Err(JournalError::Unavailable(StateError::Unavailable(format!(
-                    "an event could not be encoded: {e}"
-                )))),
-            };
-            self.stored(stored);
-            let last = items.last().is_some_and(|(_, item)| ends(item));
-            if last && self.whole {
-                if let Err(e) = self.journal.finish(&self.token, &self.owner).await {
-                    tracing::debug!(error = %e, "journal finish failed");
-                }
-            }
-        })
+        if !self.whole || items.is_empty() {
+            return Box::pin(Done);
+        }
+        let last = items.last().is_some_and(|(_, item)| ends(item));
+        self.put(encode_batch(items, self.reason), last)
     }
 
     fn whole(&self) -> bool {
@@ -429,7 +433,7 @@ mod tests {
         }
         assert!(encode_batch(&[], reason).unwrap().is_empty());
         let one = encode_batch(&items[..1], reason).unwrap();
-        assert_eq!(one, [(4, encode(&items[0].1, reason).unwrap())]);
+        assert_eq!(one[..], [(4, encode(&items[0].1, reason).unwrap())]);
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@
 //! lock.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tokio::sync::watch;
@@ -32,6 +32,32 @@ pub const OVERHEAD: u64 = 2048;
 /// 1.37x the bound when only the slot was counted). A token event is about
 /// as small as this.
 pub const ENTRY_OVERHEAD: u64 = 80;
+
+/// An owner's lease held by its live writer (`EmbeddedJournal::hold`);
+/// dropping it ends the lease at once, waking the journal's readers so a
+/// reader of an unfinished stream learns its writer is gone.
+pub struct Hold {
+    journal: Arc<EmbeddedJournal>,
+    token: ResumeToken,
+    owner: Owner,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        let mut book = self.journal.book();
+        if let Ok(stream) = book.owned(&self.token, &self.owner) {
+            stream.held = false;
+            stream.lease_until = stream.lease_until.min(now);
+            if !stream.finished {
+                stream.changed();
+            }
+        }
+    }
+}
+
+/// Room for this many events when a journal's first comes.
+const FIRST_EVENTS: usize = 8;
 
 /// The in-process journals; share behind an `Arc`.
 pub struct EmbeddedJournal {
@@ -74,7 +100,7 @@ impl EmbeddedJournal {
         &self,
         token: &ResumeToken,
         owner: &Owner,
-        events: Vec<(u64, Bytes)>,
+        events: impl IntoIterator<Item = (u64, Bytes)>,
     ) -> Result<Appended, JournalError> {
         let now = Instant::now();
         let mut book = self.book();
@@ -109,8 +135,26 @@ impl EmbeddedJournal {
         let now = Instant::now();
         let mut book = self.book();
         book.purge(now);
-        book.owned(token, owner)?.lease_until = now;
+        let stream = book.owned(token, owner)?;
+        stream.lease_until = now;
+        stream.held = false;
         Ok(())
+    }
+
+    /// Holds `owner`'s lease for as long as the returned guard lives, in
+    /// place of renewing it: the writer shares this process with its
+    /// journal, so its lease ends when the writer does (dropped after its
+    /// stream, or by a panic or the runtime's end), no later and no sooner,
+    /// with no task and no timer per stream.
+    pub fn hold(self: &Arc<Self>, token: &ResumeToken, owner: &Owner) -> Hold {
+        if let Ok(stream) = self.book().owned(token, owner) {
+            stream.held = true;
+        }
+        Hold {
+            journal: self.clone(),
+            token: token.clone(),
+            owner: *owner,
+        }
     }
 
     /// Events after `after_seq`; when there are none and the owner holds
@@ -164,6 +208,9 @@ struct Slot {
 struct Stream {
     owner: Owner,
     lease_until: Instant,
+    /// Its owner's writer lives in this process and holds the lease for as
+    /// long as it lives (`Hold`): it does not lapse until then.
+    held: bool,
     finished: bool,
     /// The bound passed, once the journal is not resumable (and empty).
     dropped: Option<Bound>,
@@ -171,13 +218,21 @@ struct Stream {
     events: Vec<Entry>,
     /// The events' own bytes (what `max_bytes_per_stream` bounds).
     bytes: u64,
-    /// Bumped on every change, waking readers.
-    changes: watch::Sender<u64>,
+    /// Bumped on every change, waking readers; made when the first reader
+    /// comes (most streams are never read back).
+    changes: Option<watch::Sender<u64>>,
 }
 
 impl Stream {
+    /// Its owner holds the lease: more events may come.
+    fn live(&self, now: Instant) -> bool {
+        self.held || self.lease_until > now
+    }
+
     fn changed(&self) {
-        self.changes.send_modify(|n| *n += 1);
+        if let Some(changes) = &self.changes {
+            changes.send_modify(|n| *n += 1);
+        }
     }
 
     fn last_seq(&self) -> u64 {
@@ -251,15 +306,15 @@ impl Book {
             // 128 random bits collided: refuse rather than share a journal.
             return Err(JournalError::Fenced);
         }
-        let (changes, _) = watch::channel(0);
         let stream = Stream {
-            owner: owner.clone(),
+            owner: *owner,
             lease_until: now + self.bounds.lease,
+            held: false,
             finished: false,
             dropped: None,
             events: Vec::new(),
             bytes: 0,
-            changes,
+            changes: None,
         };
         let expires_at = now + self.bounds.ttl;
         self.journals.insert(
@@ -341,6 +396,11 @@ impl Book {
             self.touch(token, now);
             return Ok(Appended::NotResumable(bound));
         }
+        if stream.events.capacity() == 0 {
+            // Growing from 4, as a list does, would take one more allocation
+            // before a stream's first tokens are in.
+            stream.events.reserve_exact(FIRST_EVENTS);
+        }
         stream.events.push(Entry { seq, event });
         stream.bytes += size;
         stream.changed();
@@ -393,11 +453,12 @@ impl Book {
         if stream.finished {
             return Ok(Claim::Finished);
         }
-        if stream.owner != *owner && stream.lease_until > now {
+        if stream.owner != *owner && stream.live(now) {
             return Ok(Claim::Held);
         }
-        stream.owner = owner.clone();
+        stream.owner = *owner;
         stream.lease_until = now + lease;
+        stream.held = false;
         Ok(Claim::Taken {
             last_seq: stream.last_seq(),
         })
@@ -416,12 +477,15 @@ impl Book {
         if let Some(bound) = stream.dropped {
             return Err(JournalError::NotResumable(bound));
         }
-        let changes = stream.changes.subscribe();
+        let changes = stream
+            .changes
+            .get_or_insert_with(|| watch::channel(0).0)
+            .subscribe();
         let from = (after_seq as usize).min(stream.events.len());
         let to = (from + MAX_BATCH).min(stream.events.len());
         let tail = if stream.finished {
             Tail::Finished
-        } else if stream.lease_until <= now {
+        } else if !stream.live(now) {
             Tail::Orphaned
         } else {
             Tail::Live
@@ -699,5 +763,50 @@ mod tests {
         assert_eq!(j.append(&t, &new, 2, ev(1)).unwrap(), Appended::Stored);
         j.finish(&t, &new).unwrap();
         assert_eq!(j.claim("a", &t, &old).unwrap(), Claim::Finished);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_lease_outlives_its_length_and_ends_when_its_writer_is_dropped() {
+        let j = Arc::new(journal(1000, 100_000));
+        let (old, new) = (Owner::generate(), Owner::generate());
+        let t = ResumeToken::generate();
+        j.open("a", &t, &old).unwrap();
+        let hold = j.hold(&t, &old);
+        j.append(&t, &old, 1, ev(1)).unwrap();
+        tokio::time::advance(LEASE * 3).await;
+        assert_eq!(
+            all(&j, "a", &t, 1).await.tail,
+            Tail::Live,
+            "held, not renewed"
+        );
+        assert_eq!(j.claim("a", &t, &new).unwrap(), Claim::Held);
+        // A reader waiting on the tail is woken by the writer's end.
+        let reader = {
+            let (j, t) = (j.clone(), t.clone());
+            tokio::spawn(async move { j.read("a", &t, 1, Duration::from_secs(30)).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let start = Instant::now();
+        drop(hold);
+        assert_eq!(reader.await.unwrap().unwrap().tail, Tail::Orphaned);
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "at once, not a lease later"
+        );
+        assert_eq!(
+            j.claim("a", &t, &new).unwrap(),
+            Claim::Taken { last_seq: 1 }
+        );
+        // The new owner's hold, dropped after its writer finished, ends nothing.
+        let hold = j.hold(&t, &new);
+        assert_eq!(
+            j.append(&t, &old, 2, ev(1)).unwrap_err(),
+            JournalError::Fenced
+        );
+        j.append(&t, &new, 2, ev(1)).unwrap();
+        j.finish(&t, &new).unwrap();
+        drop(hold);
+        assert_eq!(all(&j, "a", &t, 0).await.tail, Tail::Finished);
     }
 }

@@ -32,6 +32,7 @@ use base64::Engine;
 use bytes::Bytes;
 
 use crate::config::ResumeConfig;
+use crate::state::redis::lease::Renewal;
 use crate::state::redis::Redis;
 use crate::state::StateError;
 use crate::state::StateFaults;
@@ -143,18 +144,20 @@ impl std::fmt::Debug for ResumeToken {
 }
 
 /// The generation writing a journal: one per request task, a new one per
-/// takeover. Shared, not copied, like the token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Owner(Arc<str>);
+/// takeover. 32 hex digits held inline: no allocation to make or copy one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner([u8; 32]);
 
 impl Owner {
     pub fn generate() -> Owner {
-        // Written on the stack and copied once.
-        Owner(Arc::from(crate::state::token_in(&mut [0; 32])))
+        let mut text = [0; 32];
+        crate::state::token_in(&mut text);
+        Owner(text)
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        // `token_in` writes ASCII hex digits only.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
@@ -239,6 +242,16 @@ pub enum JournalError {
     Unavailable(#[from] StateError),
 }
 
+/// Events to append, numbered, as the tee encoded them: a stream's
+/// batches are short, and held inline.
+pub type Appends = smallvec::SmallVec<[(u64, Bytes); 8]>;
+
+/// A writer's lease, kept while this lives (`Journal::keep`).
+pub enum Kept {
+    Held(embedded::Hold),
+    Renewed(Renewal),
+}
+
 /// Stream journals: in process, or shared by the fleet on Redis.
 #[derive(Clone)]
 pub enum Journal {
@@ -291,30 +304,13 @@ impl Journal {
         }
     }
 
-    /// Appends event `seq` (the next one) by its owner.
-    pub async fn append(
-        &self,
-        token: &ResumeToken,
-        owner: &Owner,
-        seq: u64,
-        event: Bytes,
-    ) -> Result<Appended, JournalError> {
-        match self {
-            Journal::Embedded(j) => j.append(token, owner, seq, event),
-            Journal::Redis { journal, faults } => journal
-                .append(token, owner, seq, &event)
-                .await
-                .map_err(|e| Self::fault(faults, e, "the stream is not resumable")),
-        }
-    }
-
     /// Appends events that were ready together, in one call (one script
     /// on Redis, one lock in process).
     pub async fn append_many(
         &self,
         token: &ResumeToken,
         owner: &Owner,
-        events: Vec<(u64, Bytes)>,
+        events: Appends,
     ) -> Result<Appended, JournalError> {
         match self {
             Journal::Embedded(j) => j.append_many(token, owner, events),
@@ -364,6 +360,34 @@ impl Journal {
                 .renew(token, owner)
                 .await
                 .map_err(|e| Self::fault(faults, e, "the lease may lapse")),
+        }
+    }
+
+    /// Keeps `owner`'s lease for as long as the returned guard lives: held
+    /// in place in process (its writer's life is the lease), renewed every
+    /// third of `lease` on Redis, where another replica may take over.
+    pub fn keep(
+        &self,
+        token: &ResumeToken,
+        owner: &Owner,
+        lease: Duration,
+        faults: Arc<StateFaults>,
+    ) -> Kept {
+        match self {
+            Journal::Embedded(j) => Kept::Held(j.hold(token, owner)),
+            Journal::Redis { .. } => {
+                let (journal, token, owner) = (self.clone(), token.clone(), *owner);
+                Kept::Renewed(Renewal::start(faults, "journal", lease, move || {
+                    let (journal, token) = (journal.clone(), token.clone());
+                    async move {
+                        match journal.renew(&token, &owner).await {
+                            Ok(()) => Ok(true),
+                            Err(JournalError::Unavailable(e)) => Err(e),
+                            Err(_) => Ok(false),
+                        }
+                    }
+                }))
+            }
         }
     }
 

@@ -857,7 +857,7 @@ mod tests {
         assert!(tail.is_some(), "the tail waits on a connection of its own");
         // An append wakes a reader waiting 20 s long before the bound.
         let appender = {
-            let (j, t, o) = (owner_side.clone(), t.clone(), o.clone());
+            let (j, t, o) = (owner_side.clone(), t.clone(), o);
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 j.append(&t, &o, 1, b"t1").await.unwrap();
@@ -876,7 +876,7 @@ mod tests {
         );
         // So does a finish.
         let finisher = {
-            let (j, t, o) = (owner_side.clone(), t.clone(), o.clone());
+            let (j, t, o) = (owner_side.clone(), t.clone(), o);
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 j.finish(&t, &o).await.unwrap();
