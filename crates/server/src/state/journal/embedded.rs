@@ -197,7 +197,8 @@ struct Book {
 
 /// One journal, or its tombstone once expired.
 struct Slot {
-    tenant: String,
+    /// Inline (`CompactString`) when it is short, as tenant names are.
+    tenant: compact_str::CompactString,
     /// `ttl` after the last write.
     expires_at: Instant,
     /// None once expired: the tombstone answers `Expired` until
@@ -320,7 +321,7 @@ impl Book {
         self.journals.insert(
             token.clone(),
             Slot {
-                tenant: tenant.to_string(),
+                tenant: tenant.into(),
                 expires_at,
                 stream: Some(stream),
             },
