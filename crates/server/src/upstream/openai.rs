@@ -135,8 +135,9 @@ pub fn auth_headers(api_key: Option<&str>) -> HeaderMap {
 pub struct OpenAiDecoder {
     /// `data: [DONE]` arrived.
     done: bool,
-    /// Every choice index seen, with its finish reason once one arrived.
-    choices: BTreeMap<u32, Option<FinishReason>>,
+    /// The one choice (index 0; any other is refused), once seen, with its
+    /// finish reason once one arrived.
+    choice: Option<Option<FinishReason>>,
     /// Accumulated `function.arguments` per tool-call index.
     tool_args: BTreeMap<u32, String>,
     /// Some text or tool-call fragment was emitted.
@@ -263,13 +264,14 @@ impl OpenAiDecoder {
                 ),
             ));
         }
-        self.choices.entry(index).or_insert(None);
+        self.choice.get_or_insert(None);
         Ok(())
     }
 
     fn end_choice(&mut self, index: u32, reason: Option<&str>) -> Result<(), Failure> {
         if let Some(reason) = reason.filter(|r| !r.is_empty()) {
-            self.choices.insert(index, Some(map_finish_reason(reason)?));
+            debug_assert_eq!(index, 0, "begin_choice refuses any other");
+            self.choice = Some(Some(map_finish_reason(reason)?));
         }
         Ok(())
     }
@@ -381,29 +383,28 @@ impl StreamDecoder for OpenAiDecoder {
                 "stream ended without [DONE]",
             ));
         }
-        if !self.produced && self.choices.values().all(Option::is_none) {
+        if !self.produced && self.choice.flatten().is_none() {
             return Err(in_body(
                 OutcomeClass::ServerError,
                 "upstream sent [DONE] without any output or finish_reason",
             ));
         }
-        let mut reasons = Vec::with_capacity(self.choices.len());
-        for (index, reason) in &self.choices {
-            match reason {
-                Some(r) => reasons.push(*r),
-                None => {
-                    let msg = format!("choice {index} ended without finish_reason");
-                    return Err(in_body(OutcomeClass::Truncated, msg));
-                }
+        let first = match self.choice {
+            Some(Some(reason)) => reason,
+            Some(None) => {
+                return Err(in_body(
+                    OutcomeClass::Truncated,
+                    "choice 0 ended without finish_reason",
+                ))
             }
-        }
-        let first = reasons.first().copied().unwrap_or(FinishReason::Stop);
+            None => FinishReason::Stop,
+        };
         let args = self.tool_args.values().map(String::as_str);
         let finish_reason = settle(first, self.refusal, args)?;
         Ok(Completion {
             finish_reason,
             usage: self.usage,
-            service_tier: self.service_tier.clone(),
+            service_tier: self.service_tier.take(),
             reasoning: reasoning_blocks(std::mem::take(&mut self.reasoning)),
         })
     }

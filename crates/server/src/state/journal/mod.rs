@@ -244,7 +244,7 @@ pub enum JournalError {
 
 /// Events to append, numbered, as the tee encoded them: a stream's
 /// batches are short, and held inline.
-pub type Appends = smallvec::SmallVec<[(u64, Bytes); 16]>;
+pub type Appends = smallvec::SmallVec<[(u64, Bytes); 32]>;
 
 /// A writer's lease, kept while this lives (`Journal::keep`).
 pub enum Kept {
