@@ -191,9 +191,12 @@ impl Tasks {
     }
 
     /// Whether a request's bytes as its caller sent them may be stored: by
-    /// the `queue` rung (a queue is configured) or a stream's journal.
+    /// the `queue` rung (a queue is configured) or a stream's journal on
+    /// Redis (another replica continues the stream from them; an
+    /// in-process journal dies with the process and keeps none, so a
+    /// stream's request is not encoded for it).
     pub fn stores_requests(&self, streaming: bool) -> bool {
-        self.jobs.is_some() || (streaming && self.journaling)
+        self.jobs.is_some() || (streaming && self.journaling && self.journal.keeps_requests())
     }
 
     /// The durable job queue, when configured.

@@ -274,6 +274,12 @@ impl Journal {
         }
     }
 
+    /// Whether `open` keeps the request a stream answers (on Redis, for a
+    /// takeover by another replica).
+    pub fn keeps_requests(&self) -> bool {
+        matches!(self, Journal::Redis { .. })
+    }
+
     /// A Redis failure, counted and logged.
     fn fault(faults: &StateFaults, e: JournalError, consequence: &str) -> JournalError {
         if let JournalError::Unavailable(err) = &e {
