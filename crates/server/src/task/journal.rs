@@ -70,9 +70,9 @@ pub fn encode(item: &Item, reason: Reason) -> Result<Bytes, serde_json::Error> {
 
 /// The stored form of each of `items`, under its number: written one
 /// after another into this thread's buffer, copied out once, and each
-/// item's bytes a slice of that copy: two allocations a batch besides the
-/// list (the copy, and its sharing), not one an item; one for a batch of
-/// one.
+/// item's bytes a slice of that copy: two allocations a batch (the copy,
+/// and its sharing), not one an item; one for a batch of one. The list is
+/// inline up to 32 items (`Appends`).
 pub fn encode_batch(items: &[(u64, Item)], reason: Reason) -> Result<Appends, serde_json::Error> {
     SCRATCH.with_borrow_mut(|buf| {
         buf.clear();

@@ -389,7 +389,7 @@ impl StreamDecoder for OpenAiDecoder {
                 "upstream sent [DONE] without any output or finish_reason",
             ));
         }
-        let first = match self.choice {
+        let reason = match self.choice {
             Some(Some(reason)) => reason,
             Some(None) => {
                 return Err(in_body(
@@ -400,7 +400,7 @@ impl StreamDecoder for OpenAiDecoder {
             None => FinishReason::Stop,
         };
         let args = self.tool_args.values().map(String::as_str);
-        let finish_reason = settle(first, self.refusal, args)?;
+        let finish_reason = settle(reason, self.refusal, args)?;
         Ok(Completion {
             finish_reason,
             usage: self.usage,
