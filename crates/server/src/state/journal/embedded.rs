@@ -1,6 +1,9 @@
 //! Stream journals in one process: a map from token to journal behind one
 //! mutex (`Book`, every call given `now`), an expiry index, and a `watch`
-//! per journal that wakes its readers on an append, a finish or a drop.
+//! per journal (made for its first reader) that wakes its readers on an
+//! append, a finish, a drop or its writer's end. A writer's lease is held
+//! while the writer lives (`Hold`), not renewed: the journal dies with the
+//! process anyway.
 //! Every journal counts `OVERHEAD` bytes plus its events, each with the
 //! `ENTRY_OVERHEAD` of its slot, against `resume.max_total_bytes` (so
 //! tombstones of expired ones are bounded too, and the bound is the memory
