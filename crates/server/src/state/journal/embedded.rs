@@ -87,6 +87,8 @@ impl EmbeddedJournal {
         self.book().open(tenant, token, owner, Instant::now())
     }
 
+    /// One event (tests; the tee appends batches).
+    #[cfg(test)]
     pub fn append(
         &self,
         token: &ResumeToken,

@@ -292,6 +292,8 @@ impl RedisJournal {
         }
     }
 
+    /// One event (tests; the tee appends batches).
+    #[cfg(test)]
     pub async fn append(
         &self,
         token: &ResumeToken,
