@@ -272,8 +272,61 @@ fn object(raw: &str) -> Option<&str> {
     raw.trim_start().starts_with('{').then_some(raw)
 }
 
+/// Whether `json` may hold what a `serde_json::Value` refuses and the
+/// in-place reading would skip unchecked (serde skips an unknown key's
+/// value, and a `RawValue`, without reading it as a number or a string):
+/// a number past `f64` (`4E94967296`, or 400 digits), or a `\u` escape
+/// of a surrogate (one may be lone). Such a frame or body takes the
+/// general path, so both paths decide it alike. Strings are skipped to
+/// their next quote or backslash; a false alarm (a number just under the
+/// bound, a surrogate pair) only costs the general path.
+fn may_be_refused_by_the_tree(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => loop {
+                // In a string: on to its end, looking at each escape.
+                let rest = bytes.get(i + 1..).unwrap_or_default();
+                let Some(at) = memchr::memchr2(b'"', b'\\', rest) else {
+                    return false;
+                };
+                i += 1 + at;
+                if bytes[i] == b'"' {
+                    break;
+                }
+                if let Some([b'u', b'd' | b'D', b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F', ..]) =
+                    bytes.get(i + 1..)
+                {
+                    return true;
+                }
+                i += 1;
+            },
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while let Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') = bytes.get(i) {
+                    i += 1;
+                }
+                let number = &json[start..i];
+                if (number.len() > 300 || number.contains(['e', 'E']))
+                    && !number.parse::<f64>().is_ok_and(|n| n.abs() < 1e308)
+                {
+                    return true;
+                }
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    false
+}
+
 /// `data` (trimmed) read in the common shape, or `None` for the general path.
 pub(crate) fn parse(data: &str) -> Option<Frame<'_>> {
+    if may_be_refused_by_the_tree(data) {
+        return None;
+    }
     let raw: RawFrame = serde_json::from_str(object(data)?).ok()?;
     if raw.is_error() {
         return None;
@@ -378,6 +431,9 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Present<T> {
 /// for the general path.
 pub(crate) fn parse_whole(body: &[u8]) -> Option<Whole<'_>> {
     let text = std::str::from_utf8(body).ok()?;
+    if may_be_refused_by_the_tree(text) {
+        return None;
+    }
     let raw: RawWhole = serde_json::from_str(object(text)?).ok()?;
     if raw.is_error() {
         return None;
@@ -522,6 +578,31 @@ mod tests {
             "[1]",
         ] {
             assert!(parse_whole(body.as_bytes()).is_none(), "{body}");
+        }
+        // What a `Value` refuses and a skipped value would not check: a
+        // number past `f64`, a lone surrogate.
+        let past = format!(r#"{{"choices":[],"x":{}}}"#, "9".repeat(320));
+        for body in [
+            r#"{"choices":[],"usage":{"output_tokens":4E94967296}}"#,
+            r#"{"choices":[],"x":1e999}"#,
+            r#"{"choices":[],"x":"\ud800"}"#,
+            &past,
+        ] {
+            assert!(serde_json::from_str::<serde_json::Value>(body).is_err());
+            assert!(parse_whole(body.as_bytes()).is_none(), "{body}");
+            assert!(parse(body).is_none(), "{body}");
+        }
+        // A number in range, an exponent or `\u00e9` in a string, an
+        // escaped quote before one: read in place.
+        for body in [
+            r#"{"choices":[],"x":1e3,"y":-2.5E-7,"z":1.5}"#,
+            r#"{"choices":[],"x":"1e999 \u00e9 \"1e999\" \\"}"#,
+        ] {
+            assert!(parse_whole(body.as_bytes()).is_some(), "{body}");
+        }
+        // A string cut off after an escape ends the search, no panic.
+        for cut in [r#"{"x":"\"#, r#"{"x":"\u"#, r#"{"x":""#, "-", "1e"] {
+            assert!(parse(cut).is_none(), "{cut}");
         }
         assert!(
             parse_whole(b"{\"choices\":\"\xff\"}").is_none(),
