@@ -100,7 +100,7 @@ async fn send(
         let f = got
             .finished
             .unwrap_or_else(|| panic!("turn {i}: {:?}\n{}", got.status, sy.logs()));
-        served.push(f.served_by.unwrap().provider);
+        served.push(f.served_by.unwrap().provider.into());
     }
     served
 }

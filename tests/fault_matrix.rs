@@ -189,7 +189,7 @@ fn failed(got: &Collected) -> tonic::Status {
 }
 
 fn served_by(f: &proto::Finished) -> String {
-    f.served_by.as_ref().unwrap().provider.clone()
+    f.served_by.as_ref().unwrap().provider.to_string()
 }
 
 fn retry_delay(s: &tonic::Status) -> Option<Duration> {

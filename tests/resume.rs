@@ -88,7 +88,7 @@ async fn read_then_drop(
         let ev = s.message().await.unwrap().expect("an event");
         out.seqs.push(ev.seq);
         match ev.event {
-            Some(Event::Started(st)) => out.token = st.resume_token,
+            Some(Event::Started(st)) => out.token = st.resume_token.into(),
             Some(Event::Delta(d)) => out.text.push_str(&d.text),
             other => panic!("unexpected {other:?}"),
         }
@@ -578,7 +578,7 @@ async fn until_end_or_moved(
     loop {
         match s.message().await {
             Ok(Some(ev)) => match ev.event {
-                Some(Event::Started(st)) => token = st.resume_token,
+                Some(Event::Started(st)) => token = st.resume_token.into(),
                 Some(Event::Delta(d)) => text.push_str(&d.text),
                 Some(Event::Moved(m)) => {
                     assert_eq!(m.resume_token, token);

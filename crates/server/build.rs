@@ -16,10 +16,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Media bytes as `Bytes`: a request's images are shared, not copied,
     // by every attempt that sends them.
     // `Delta` (every streamed token) is hand-written, its text held inline
-    // (src/proto_delta.rs).
+    // (src/proto_delta.rs); `Started` and `ServedBy` share the request's
+    // names (src/proto_names.rs).
     tonic_prost_build::configure()
         .codec_path("crate::api::codec::SmallBufferCodec")
         .extern_path(".switchyard.v1.Delta", "crate::proto_delta::Delta")
+        .extern_path(".switchyard.v1.Started", "crate::proto_names::Started")
+        .extern_path(".switchyard.v1.ServedBy", "crate::proto_names::ServedBy")
         .bytes(".switchyard.v1.ImagePart.data")
         .bytes(".switchyard.v1.DocumentPart.data")
         .compile_fds(fds)?;

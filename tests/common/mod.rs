@@ -562,7 +562,7 @@ impl Rig {
             let f = got
                 .finished
                 .unwrap_or_else(|| panic!("not served: {:?}", got.status));
-            out.push(f.served_by.map(|s| s.provider).unwrap_or_default());
+            out.push(f.served_by.map(|s| s.provider.into()).unwrap_or_default());
         }
         out
     }

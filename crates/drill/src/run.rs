@@ -332,7 +332,7 @@ fn finished(r: &mut RequestResult, f: &proto::Finished) {
     r.served_by = f
         .served_by
         .as_ref()
-        .map(|s| (s.provider.clone(), s.model.clone()));
+        .map(|s| (s.provider.to_string(), s.model.to_string()));
     r.tier = Some(tier_name(f.tier));
     r.attempts = f.attempts;
     r.tokens = f.usage.as_ref().map_or(0, |u| u.output_tokens);
@@ -347,7 +347,7 @@ async fn unary(
         Ok(resp) => {
             let c = resp.into_inner();
             r.ok = true;
-            r.served_by = c.served_by.map(|s| (s.provider, s.model));
+            r.served_by = c.served_by.map(|s| (s.provider.into(), s.model.into()));
             r.tier = Some(tier_name(c.tier));
             r.attempts = c.attempts;
             r.tokens = c.usage.map_or(0, |u| u.output_tokens);

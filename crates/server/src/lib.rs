@@ -34,6 +34,7 @@ pub mod error;
 pub mod job;
 pub mod policy;
 pub mod proto_delta;
+pub mod proto_names;
 pub mod rare;
 pub mod reload;
 pub mod request;
@@ -50,6 +51,7 @@ pub mod proto {
     #![allow(clippy::all, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     tonic::include_proto!("switchyard.v1");
     pub use crate::proto_delta::Delta;
+    pub use crate::proto_names::{ServedBy, Started};
     /// Encoded descriptor set for server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         tonic::include_file_descriptor_set!("switchyard_descriptor");

@@ -12,6 +12,7 @@ use prost::encoding::{self, DecodeContext, WireType};
 use prost::DecodeError;
 
 use crate::proto::ToolCallDelta;
+use crate::proto_names::{encode_name, name_len};
 
 /// `Delta { text = 1; repeated ToolCallDelta tool_calls = 2; reasoning = 3 }`.
 #[derive(Clone, PartialEq, Default, Debug)]
@@ -28,11 +29,7 @@ const REASONING: u32 = 3;
 
 impl prost::Message for Delta {
     fn encode_raw(&self, buf: &mut impl BufMut) {
-        if !self.text.is_empty() {
-            encoding::encode_key(TEXT, WireType::LengthDelimited, buf);
-            encoding::encode_varint(self.text.len() as u64, buf);
-            buf.put_slice(self.text.as_bytes());
-        }
+        encode_name(TEXT, &self.text, buf);
         for call in &self.tool_calls {
             encoding::message::encode(TOOL_CALLS, call, buf);
         }
@@ -64,13 +61,7 @@ impl prost::Message for Delta {
     }
 
     fn encoded_len(&self) -> usize {
-        let text = if self.text.is_empty() {
-            0
-        } else {
-            encoding::key_len(TEXT)
-                + encoding::encoded_len_varint(self.text.len() as u64)
-                + self.text.len()
-        };
+        let text = name_len(TEXT, &self.text);
         let reasoning = if self.reasoning.is_empty() {
             0
         } else {

@@ -263,6 +263,36 @@ pub struct EventSink {
 /// The most items held for one journal write; more are written at once.
 const MAX_HELD: usize = 64;
 
+/// Spare held-item lists kept per thread.
+const POOLED_HELD: usize = 8;
+
+thread_local! {
+    /// Lists for held items, lent to a sink from [`EventSink::hold`] until
+    /// it releases them: a stream holds one only while a read's items are
+    /// journaled, so lists are reused across streams (none grows per
+    /// stream) and a slow stream keeps none between its reads.
+    static HELD: std::cell::RefCell<Vec<Vec<(u64, Item)>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An empty list for held items: a spare one when this thread has one.
+fn lend_held() -> Vec<(u64, Item)> {
+    HELD.with_borrow_mut(Vec::pop).unwrap_or_default()
+}
+
+/// Takes back a list [`lend_held`] lent, emptied, unless enough are spare.
+fn return_held(mut held: Vec<(u64, Item)>) {
+    held.clear();
+    if held.capacity() == 0 || held.capacity() > MAX_HELD {
+        return;
+    }
+    HELD.with_borrow_mut(|spare| {
+        if spare.len() < POOLED_HELD {
+            spare.push(held);
+        }
+    });
+}
+
 /// Stores a finished answer (idempotency record, response cache).
 pub type FinishHook =
     Box<dyn FnOnce(Vec<Event>) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
@@ -406,13 +436,13 @@ pub enum Delivery {
     Final,
 }
 
-/// Appends a token's text to the answer so far, growing it fourfold from
-/// 64 bytes while it is short (a 16-token answer grows twice instead of
-/// five times), by doubling after 1 KB.
+/// Appends a token's text to the answer so far: room for 256 bytes at
+/// first (a short answer, such as 16 tokens, is allocated once), growing
+/// fourfold while it is short, by doubling after 1 KB.
 fn push_growing(answer: &mut String, text: &str) {
     let need = answer.len() + text.len();
     if need > answer.capacity() && need <= 1024 {
-        answer.reserve_exact((need * 4).max(64) - answer.len());
+        answer.reserve_exact((need * 4).max(256) - answer.len());
     }
     answer.push_str(text);
 }
@@ -532,6 +562,9 @@ impl EventSink {
     /// `MAX_HELD` are held; more are written at once.
     pub fn hold(&mut self) {
         self.holding = self.tee.is_some();
+        if self.holding && self.held.capacity() == 0 {
+            self.held = lend_held();
+        }
     }
 
     /// Journals the held items in one write and hands them to the caller.
@@ -542,9 +575,11 @@ impl EventSink {
 
     async fn flush_held(&mut self) -> Result<(), ClientGone> {
         if self.held.is_empty() {
+            if !self.holding && self.held.capacity() != 0 {
+                return_held(std::mem::take(&mut self.held));
+            }
             return Ok(());
         }
-        // The buffer is kept for the next batch (one allocation a stream).
         let mut held = std::mem::take(&mut self.held);
         if let Some(tee) = &mut self.tee {
             tee.write_batch(&held).await;
@@ -555,7 +590,12 @@ impl EventSink {
                 result = self.deliver(seq, item).await;
             }
         }
-        self.held = held;
+        // Kept while it holds on; lent back to the thread once released.
+        if self.holding {
+            self.held = held;
+        } else {
+            return_held(held);
+        }
         result
     }
 
@@ -982,20 +1022,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_answer_so_far_grows_fourfold_while_short() {
+    fn the_answer_so_far_starts_at_256_bytes_and_grows_fourfold_while_short() {
+        // How many times `n` five-byte tokens grew the answer.
+        let grow = |answer: &mut String, n: usize| {
+            (0..n)
+                .filter(|_| {
+                    let before = answer.capacity();
+                    push_growing(answer, "hello");
+                    answer.capacity() != before
+                })
+                .count()
+        };
         let mut answer = String::new();
-        let mut growths = 0;
-        for _ in 0..16 {
-            let before = answer.capacity();
-            push_growing(&mut answer, "hello");
-            growths += usize::from(answer.capacity() != before);
-        }
+        assert_eq!(grow(&mut answer, 16), 1, "256 bytes, once");
         assert_eq!(answer.len(), 80);
-        assert_eq!(growths, 2, "64 bytes, then 4 x 68");
+        assert_eq!(grow(&mut answer, 40), 1, "then 4 x 260");
+        assert_eq!((answer.len(), answer.capacity()), (280, 4 * 260));
         push_growing(&mut answer, &"x".repeat(2000));
-        assert_eq!(answer.len(), 2080);
+        assert_eq!(answer.len(), 2280);
         assert!(
-            answer.capacity() < 2 * 2080,
+            answer.capacity() < 2 * 2280,
             "doubling past 1 KB: {}",
             answer.capacity()
         );
@@ -1395,6 +1441,45 @@ mod tests {
             sink.chunk(Chunk::Text("e".into())).await.unwrap();
         }
         assert_eq!(batches.lock().unwrap().last().map(Vec::len), Some(MAX_HELD));
+    }
+
+    /// A current-thread runtime: every sink below borrows from one
+    /// thread's spare lists.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_held_list_is_lent_by_the_thread_and_given_back_on_release() {
+        HELD.with_borrow_mut(Vec::clear);
+        let spare = || HELD.with_borrow(Vec::len);
+        let (mut first, mut events) = channel(SendLimits::default(), Delivery::Final);
+        tokio::spawn(async move { while events.recv().await.is_some() {} });
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        first.set_tee(Box::new(Batches(batches.clone())), false);
+        first.begin_attempt(started(1));
+        first.hold();
+        for t in ["a", "b", "c"] {
+            first.chunk(Chunk::Text(t.into())).await.unwrap();
+        }
+        let grown = first.held.as_ptr();
+        first.release().await.unwrap();
+        assert_eq!(first.held.capacity(), 0, "a released sink keeps no list");
+        assert_eq!(spare(), 1);
+        // The next stream's hold gets that list, grown, with no allocation.
+        let (mut second, mut events) = channel(SendLimits::default(), Delivery::Final);
+        tokio::spawn(async move { while events.recv().await.is_some() {} });
+        second.set_tee(Box::new(Batches(batches.clone())), false);
+        second.begin_attempt(started(1));
+        second.hold();
+        assert_eq!(spare(), 0);
+        assert_eq!(second.held.as_ptr(), grown);
+        assert!(second.held.capacity() >= 4);
+        // A hold with nothing to write gives it back too.
+        second.release().await.unwrap();
+        assert_eq!((second.held.capacity(), spare()), (0, 1));
+        // The thread keeps a bounded number of spares.
+        for _ in 0..POOLED_HELD + 3 {
+            return_held(Vec::with_capacity(4));
+        }
+        assert_eq!(spare(), POOLED_HELD);
+        HELD.with_borrow_mut(Vec::clear);
     }
 
     #[tokio::test]

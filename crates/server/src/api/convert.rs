@@ -342,31 +342,28 @@ pub fn finish_reason(f: FinishReason) -> proto::FinishReason {
     }
 }
 
+/// Its names shared with the request, not copied.
 fn started(s: Started) -> proto::Started {
     proto::Started {
-        provider: s.provider.to_string(),
-        model: s.model.to_string(),
+        provider: s.provider.into(),
+        model: s.model.into(),
         attempt: s.attempt,
         tier: tier(s.tier) as i32,
-        request_id: s.request_id.to_string(),
+        request_id: s.request_id.into(),
         dropped: s.dropped,
-        resume_token: s
-            .resume_token
-            .as_deref()
-            .map(str::to_string)
-            .unwrap_or_default(),
+        resume_token: s.resume_token.map(Into::into).unwrap_or_default(),
     }
 }
 
-/// Moved, not copied, but for the names the event shares with the request
-/// (the proto's strings are owned).
+/// Moved, not copied; the names in `served_by` shared with the request,
+/// `request_id` copied (the generated message's strings are owned).
 fn finished(f: Finished) -> proto::Finished {
     proto::Finished {
         finish_reason: finish_reason(f.finish_reason) as i32,
         usage: Some(content::usage_proto(&f.usage, f.usage_estimated)),
         served_by: Some(proto::ServedBy {
-            provider: f.provider.to_string(),
-            model: f.model.to_string(),
+            provider: f.provider.into(),
+            model: f.model.into(),
         }),
         tier: tier(f.tier) as i32,
         attempts: f.attempts,

@@ -66,8 +66,8 @@ pub fn response(e: Embedded, request_id: String) -> proto::EmbedResponse {
             .map(|values| proto::Embedding { values })
             .collect(),
         served_by: Some(proto::ServedBy {
-            provider: e.provider,
-            model: e.model,
+            provider: e.provider.into(),
+            model: e.model.into(),
         }),
         tier: crate::api::convert::tier(e.tier) as i32,
         attempts: e.attempts,

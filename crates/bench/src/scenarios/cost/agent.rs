@@ -349,7 +349,7 @@ async fn one_turn(
     };
     let outcome = match tokio::time::timeout(TIMEOUT, collect(&mut client, req)).await {
         Ok(Ok((text, finished))) => {
-            let target = finished.served_by.as_ref().map(|t| t.provider.clone());
+            let target = finished.served_by.as_ref().map(|t| t.provider.to_string());
             let same_target = s.last_target.is_some() && s.last_target == target;
             s.last_target = target;
             // The history keeps the turns unmarked: the marker moves to

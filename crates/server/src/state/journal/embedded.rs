@@ -59,7 +59,7 @@ impl Drop for Hold {
     }
 }
 
-/// Room for this many events when a journal's first comes.
+/// Room for at least this many events when a journal's first batch comes.
 const FIRST_EVENTS: usize = 8;
 
 /// The in-process journals; share behind an `Arc`.
@@ -101,14 +101,20 @@ impl EmbeddedJournal {
 
     /// Appends events numbered on from the journal's last, under one lock:
     /// up to the first that is not stored.
-    pub fn append_many(
+    pub fn append_many<I>(
         &self,
         token: &ResumeToken,
         owner: &Owner,
-        events: impl IntoIterator<Item = (u64, Bytes)>,
-    ) -> Result<Appended, JournalError> {
+        events: I,
+    ) -> Result<Appended, JournalError>
+    where
+        I: IntoIterator<Item = (u64, Bytes)>,
+        I::IntoIter: ExactSizeIterator,
+    {
         let now = Instant::now();
         let mut book = self.book();
+        let events = events.into_iter();
+        book.make_room(token, owner, events.len());
         for (seq, event) in events {
             match book.append(token, owner, seq, event, now)? {
                 Appended::Stored => {}
@@ -252,6 +258,24 @@ impl Stream {
 }
 
 impl Book {
+    /// Room in `token`'s list for `n` more events, made at once: a stream's
+    /// first batch (its `Started` and a burst of tokens) gets room for
+    /// itself and the `Finished` that follows it, so a short stream's list
+    /// is allocated once; later batches grow it as a list grows.
+    fn make_room(&mut self, token: &ResumeToken, owner: &Owner, n: usize) {
+        let Ok(stream) = self.owned(token, owner) else {
+            return;
+        };
+        if stream.finished || stream.dropped.is_some() {
+            return;
+        }
+        if stream.events.capacity() == 0 {
+            stream.events.reserve_exact(FIRST_EVENTS.max(n + 1));
+        } else {
+            stream.events.reserve(n);
+        }
+    }
+
     fn new(bounds: Bounds) -> Book {
         Book {
             bounds,
@@ -402,11 +426,6 @@ impl Book {
             self.touch(token, now);
             return Ok(Appended::NotResumable(bound));
         }
-        if stream.events.capacity() == 0 {
-            // Growing from 4, as a list does, would take one more allocation
-            // before a stream's first tokens are in.
-            stream.events.reserve_exact(FIRST_EVENTS);
-        }
         stream.events.push(Entry { seq, event });
         stream.bytes += size;
         stream.changed();
@@ -424,8 +443,12 @@ impl Book {
         self.purge(now);
         let stream = self.owned(token, owner)?;
         stream.finished = true;
-        // It grows no more: its list holds what `held` counts, no spare room.
-        stream.events.shrink_to_fit();
+        // It grows no more. A list at most twice its length is within what
+        // `ENTRY_OVERHEAD` counts for each event; one with more spare room
+        // (a short stream in its first room) gives it back.
+        if stream.events.capacity() > 2 * stream.events.len() {
+            stream.events.shrink_to_fit();
+        }
         stream.changed();
         self.touch(token, now);
         Ok(())
@@ -568,6 +591,42 @@ mod tests {
             JournalError::Finished
         );
         assert_eq!(j.total_bytes(), OVERHEAD + 10 + 5 * ENTRY_OVERHEAD);
+    }
+
+    fn capacity(j: &EmbeddedJournal, t: &ResumeToken, o: &Owner) -> usize {
+        j.book().owned(t, o).unwrap().events.capacity()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_batch_gets_room_for_itself_and_the_finished_event_once() {
+        let j = journal(100_000, 1_000_000);
+        let o = Owner::generate();
+        let t = ResumeToken::generate();
+        j.open("a", &t, &o).unwrap();
+        // `Started`, 16 tokens, usage: one list of 19, kept at finish.
+        j.append_many(&t, &o, (1..=18).map(|seq| (seq, ev(8))).collect::<Vec<_>>())
+            .unwrap();
+        assert_eq!(capacity(&j, &t, &o), 19);
+        j.append_many(&t, &o, [(19, ev(8))]).unwrap();
+        j.finish(&t, &o).unwrap();
+        assert_eq!(capacity(&j, &t, &o), 19);
+        // A later batch grows it as a list grows; what is spare at finish
+        // stays within twice its length.
+        let t = ResumeToken::generate();
+        j.open("a", &t, &o).unwrap();
+        j.append_many(&t, &o, [(1, ev(8))]).unwrap();
+        assert_eq!(capacity(&j, &t, &o), FIRST_EVENTS);
+        j.append_many(&t, &o, (2..=9).map(|seq| (seq, ev(8))).collect::<Vec<_>>())
+            .unwrap();
+        assert_eq!(capacity(&j, &t, &o), 16);
+        j.finish(&t, &o).unwrap();
+        assert_eq!(capacity(&j, &t, &o), 16);
+        // A stream far shorter than its first room gives the rest back.
+        let t = ResumeToken::generate();
+        j.open("a", &t, &o).unwrap();
+        j.append_many(&t, &o, [(1, ev(8))]).unwrap();
+        j.finish(&t, &o).unwrap();
+        assert_eq!(capacity(&j, &t, &o), 1);
     }
 
     #[tokio::test(start_paused = true)]
