@@ -13,14 +13,16 @@ use futures_util::{FutureExt, StreamExt};
 use http_body_util::BodyExt;
 use tokio::time::{timeout_at, Instant};
 
-use crate::chat::FinishReason;
+use crate::chat::{Chunk, FinishReason};
 use crate::policy::outcome::{Failure, OutcomeClass};
 use crate::policy::rate_window::Reported;
 use crate::sink::{ClientGone, EventSink};
+use crate::spares::{Lent, Spares};
 use crate::upstream::client::{json_body, read_capped, Error, Response};
 use crate::upstream::endpoint::{Endpoint, Secret};
 use crate::upstream::keys::Lease;
 use crate::upstream::pool::StreamSlot;
+use crate::upstream::sse::SseEvent;
 use crate::upstream::wire::{Body, Call, Refused, Wire};
 use crate::upstream::{classify, ratelimit, ChatRequest, Completion, Dropped};
 
@@ -566,8 +568,8 @@ async fn stream_body(
     let mut body = response.into_body().into_data_stream();
     let mut parser = wire.framer();
     let mut decoder = wire.decoder();
-    let mut events = Vec::new();
-    let mut chunks = Vec::new();
+    let mut events = Lent::from(&EVENTS);
+    let mut chunks = Lent::from(&CHUNKS);
     let mut last_activity = Instant::now();
     // One timer for the whole stream, moved as the limit moves.
     let timer = tokio::time::sleep_until(first_limit);
@@ -640,6 +642,13 @@ async fn stream_body(
 /// Reads already waiting that join one batch at most (its events go out,
 /// and are journaled, together).
 const MAX_READS_PER_BATCH: usize = 16;
+
+thread_local! {
+    /// A stream's lists for one read's events and their decoded chunks,
+    /// lent for the stream by the thread it starts on (`spares`).
+    static EVENTS: Spares<Vec<SseEvent>> = const { Spares::new(8, 64) };
+    static CHUNKS: Spares<Vec<Chunk>> = const { Spares::new(8, 64) };
+}
 
 /// What one read of an upstream stream left to do.
 enum Step {

@@ -40,6 +40,7 @@ pub mod reload;
 pub mod request;
 pub mod semantic;
 pub mod sink;
+pub mod spares;
 pub mod state;
 pub mod task;
 pub mod telemetry;

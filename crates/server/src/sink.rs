@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use crate::chat::{Chunk, FinishReason, Usage};
 use crate::error::RequestError;
 use crate::policy::continuation::Seam;
+use crate::spares::{self, Spares};
 
 /// Which rung of the degradation ladder served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -271,26 +272,7 @@ thread_local! {
     /// it releases them: a stream holds one only while a read's items are
     /// journaled, so lists are reused across streams (none grows per
     /// stream) and a slow stream keeps none between its reads.
-    static HELD: std::cell::RefCell<Vec<Vec<(u64, Item)>>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// An empty list for held items: a spare one when this thread has one.
-fn lend_held() -> Vec<(u64, Item)> {
-    HELD.with_borrow_mut(Vec::pop).unwrap_or_default()
-}
-
-/// Takes back a list [`lend_held`] lent, emptied, unless enough are spare.
-fn return_held(mut held: Vec<(u64, Item)>) {
-    held.clear();
-    if held.capacity() == 0 || held.capacity() > MAX_HELD {
-        return;
-    }
-    HELD.with_borrow_mut(|spare| {
-        if spare.len() < POOLED_HELD {
-            spare.push(held);
-        }
-    });
+    static HELD: Spares<Vec<(u64, Item)>> = const { Spares::new(POOLED_HELD, MAX_HELD) };
 }
 
 /// Stores a finished answer (idempotency record, response cache).
@@ -563,7 +545,7 @@ impl EventSink {
     pub fn hold(&mut self) {
         self.holding = self.tee.is_some();
         if self.holding && self.held.capacity() == 0 {
-            self.held = lend_held();
+            self.held = spares::take(&HELD);
         }
     }
 
@@ -576,7 +558,7 @@ impl EventSink {
     async fn flush_held(&mut self) -> Result<(), ClientGone> {
         if self.held.is_empty() {
             if !self.holding && self.held.capacity() != 0 {
-                return_held(std::mem::take(&mut self.held));
+                spares::give(&HELD, std::mem::take(&mut self.held));
             }
             return Ok(());
         }
@@ -594,7 +576,7 @@ impl EventSink {
         if self.holding {
             self.held = held;
         } else {
-            return_held(held);
+            spares::give(&HELD, held);
         }
         result
     }
@@ -1447,8 +1429,9 @@ mod tests {
     /// thread's spare lists.
     #[tokio::test(flavor = "current_thread")]
     async fn a_held_list_is_lent_by_the_thread_and_given_back_on_release() {
-        HELD.with_borrow_mut(Vec::clear);
-        let spare = || HELD.with_borrow(Vec::len);
+        let spare = || HELD.with(Spares::len);
+        let clear = || HELD.with(|s| (0..s.len()).for_each(|_| drop(s.take())));
+        clear();
         let (mut first, mut events) = channel(SendLimits::default(), Delivery::Final);
         tokio::spawn(async move { while events.recv().await.is_some() {} });
         let batches = Arc::new(Mutex::new(Vec::new()));
@@ -1476,10 +1459,10 @@ mod tests {
         assert_eq!((second.held.capacity(), spare()), (0, 1));
         // The thread keeps a bounded number of spares.
         for _ in 0..POOLED_HELD + 3 {
-            return_held(Vec::with_capacity(4));
+            spares::give(&HELD, Vec::with_capacity(4));
         }
         assert_eq!(spare(), POOLED_HELD);
-        HELD.with_borrow_mut(Vec::clear);
+        clear();
     }
 
     #[tokio::test]

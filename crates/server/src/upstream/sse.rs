@@ -6,6 +6,8 @@
 //! size: a line or an event larger than its bound (an upstream that never
 //! sends a newline must not grow memory without end).
 
+use crate::spares::{self, Spares};
+
 /// One dispatched SSE event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SseEvent {
@@ -55,15 +57,19 @@ pub struct SseParser {
     first_line: bool,
     /// Fields of the event being built.
     pending: Pending,
-    /// Emptied strings of events handed back ([`SseParser::recycle`]), for
-    /// the next events' `data` and `event` fields.
-    spare: Vec<String>,
 }
 
-/// Strings kept for reuse, and the largest one kept (a few events a read;
-/// one huge event must not pin memory).
-const KEPT_SPARES: usize = 8;
+/// Strings kept for reuse per thread, and the largest one kept (a few
+/// events a read; one huge event must not pin memory).
+const KEPT_SPARES: usize = 16;
 const KEPT_SPARE_CAPACITY: usize = 4096;
+
+thread_local! {
+    /// Emptied strings of events handed back ([`SseParser::recycle`]), for
+    /// the next events' `data` and `event` fields, whichever stream on this
+    /// thread parses them.
+    static SPARE: Spares<String> = const { Spares::new(KEPT_SPARES, KEPT_SPARE_CAPACITY) };
+}
 
 /// The event under construction.
 #[derive(Debug, Default)]
@@ -102,25 +108,21 @@ impl Pending {
 
 /// Appends `value` to a multi-line buffer, joining lines with `\n`; a new
 /// buffer is a spare one when there is one.
-fn append_line(buf: &mut Option<String>, value: &str, spare: &mut Vec<String>) {
+fn append_line(buf: &mut Option<String>, value: &str) {
     match buf {
         Some(existing) => {
             existing.push('\n');
             existing.push_str(value);
         }
-        None => *buf = Some(owned(value, spare)),
+        None => *buf = Some(owned(value)),
     }
 }
 
 /// `value` in a spare string when there is one.
-fn owned(value: &str, spare: &mut Vec<String>) -> String {
-    match spare.pop() {
-        Some(mut s) => {
-            s.push_str(value);
-            s
-        }
-        None => value.to_owned(),
-    }
+fn owned(value: &str) -> String {
+    let mut s = spares::take(&SPARE);
+    s.push_str(value);
+    s
 }
 
 impl SseParser {
@@ -141,11 +143,8 @@ impl SseParser {
     /// Takes back an event's strings once it has been read, so that the
     /// next events reuse them instead of allocating.
     pub fn recycle(&mut self, event: SseEvent) {
-        for mut s in [Some(event.data), event.event].into_iter().flatten() {
-            if self.spare.len() < KEPT_SPARES && (1..=KEPT_SPARE_CAPACITY).contains(&s.capacity()) {
-                s.clear();
-                self.spare.push(s);
-            }
+        for s in [Some(event.data), event.event].into_iter().flatten() {
+            spares::give(&SPARE, s);
         }
     }
 
@@ -283,15 +282,15 @@ impl SseParser {
     fn apply_field(&mut self, field: &str, value: &str) {
         let p = &mut self.pending;
         match field {
-            "event" => p.event = Some(owned(value, &mut self.spare)),
-            "data" => append_line(&mut p.data, value, &mut self.spare),
+            "event" => p.event = Some(owned(value)),
+            "data" => append_line(&mut p.data, value),
             "id" if !value.contains('\0') => p.id = Some(value.to_owned()),
             "retry" if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) => {
                 if let Ok(ms) = value.parse() {
                     p.retry = Some(ms);
                 }
             }
-            "error" => append_line(&mut p.error, value, &mut self.spare),
+            "error" => append_line(&mut p.error, value),
             _ => {}
         }
     }
@@ -397,16 +396,19 @@ mod tests {
     /// large one is not kept.
     #[test]
     fn recycled_events_lend_their_buffers_to_the_next_ones() {
+        let spare = || SPARE.with(Spares::len);
         let mut p = SseParser::new();
         let mut out = Vec::new();
         p.feed(b"event: a\ndata: first one\n\n", &mut out).unwrap();
         let first = out.pop().unwrap();
         let (data_ptr, event_ptr) = (first.data.as_ptr(), first.event.as_ref().unwrap().as_ptr());
         p.recycle(first);
-        assert_eq!(p.spare.len(), 2, "both strings are kept");
+        assert_eq!(spare(), 2, "both strings are kept");
+        // By the thread: another stream's parser takes them.
+        let mut p = SseParser::new();
         p.feed(b"event: bb\ndata: 2\ndata: x\n\n", &mut out)
             .unwrap();
-        assert!(p.spare.is_empty(), "and both are taken again");
+        assert_eq!(spare(), 0, "and both are taken again");
         let second = out.pop().unwrap();
         assert_eq!(second.event.as_deref(), Some("bb"));
         assert_eq!(second.data, "2\nx");
@@ -421,7 +423,7 @@ mod tests {
             data: "x".repeat(KEPT_SPARE_CAPACITY + 1),
             ..SseEvent::default()
         });
-        assert!(p.spare.is_empty());
+        assert_eq!(spare(), 0);
         p.feed(b"data: 3\n\n", &mut out).unwrap();
         assert_eq!(out.pop().unwrap().data, "3");
     }
