@@ -275,51 +275,81 @@ fn object(raw: &str) -> Option<&str> {
 /// Whether `json` may hold what a `serde_json::Value` refuses and the
 /// in-place reading would skip unchecked (serde skips an unknown key's
 /// value, and a `RawValue`, without reading it as a number or a string):
-/// a number past `f64` (`4E94967296`, or 400 digits), or a `\u` escape
-/// of a surrogate (one may be lone). Such a frame or body takes the
-/// general path, so both paths decide it alike. Strings are skipped to
-/// their next quote or backslash; a false alarm (a number just under the
-/// bound, a surrogate pair) only costs the general path.
+/// a number past `f64` (`4E94967296`, or 400 digits), or a `\u` escape of
+/// a surrogate (one may be lone). Such a frame or body takes the general
+/// path, so both paths decide it alike. Looked for without walking the
+/// frame byte by byte (it runs on every frame): backslashes and `e`s are
+/// found with `memchr`, digit runs by sampling. A false alarm (a surrogate
+/// pair, a string that reads like a huge number) only costs the general
+/// path.
 fn may_be_refused_by_the_tree(json: &str) -> bool {
     let bytes = json.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'"' => loop {
-                // In a string: on to its end, looking at each escape.
-                let rest = bytes.get(i + 1..).unwrap_or_default();
-                let Some(at) = memchr::memchr2(b'"', b'\\', rest) else {
-                    return false;
-                };
-                i += 1 + at;
-                if bytes[i] == b'"' {
-                    break;
-                }
-                if let Some([b'u', b'd' | b'D', b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F', ..]) =
-                    bytes.get(i + 1..)
-                {
-                    return true;
-                }
-                i += 1;
-            },
-            b'-' | b'0'..=b'9' => {
-                let start = i;
-                while let Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') = bytes.get(i) {
-                    i += 1;
-                }
-                let number = &json[start..i];
-                if (number.len() > 300 || number.contains(['e', 'E']))
-                    && !number.parse::<f64>().is_ok_and(|n| n.abs() < 1e308)
-                {
-                    return true;
-                }
-                continue;
-            }
-            _ => {}
-        }
-        i += 1;
+    // A backslash is in a string, always.
+    let surrogate = memchr::memchr_iter(b'\\', bytes).any(|at| {
+        matches!(
+            bytes.get(at + 1..at + 4),
+            Some([b'u', b'd' | b'D', b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F'])
+        )
+    });
+    surrogate
+        || memchr::memchr2_iter(b'e', b'E', bytes).any(|at| exponent_past_f64(json, at))
+        || long_digit_run(bytes)
+}
+
+/// Whether the `e` at `at` is the exponent of a number token past `f64`.
+fn exponent_past_f64(json: &str, at: usize) -> bool {
+    let bytes = json.as_bytes();
+    let in_number = |c: &u8| matches!(c, b'0'..=b'9' | b'.' | b'+' | b'-' | b'e' | b'E');
+    let exponent = at > 0
+        && bytes[at - 1].is_ascii_digit()
+        && matches!(bytes.get(at + 1), Some(b'0'..=b'9' | b'+' | b'-'));
+    if !exponent {
+        return false;
     }
-    false
+    let start = bytes[..at]
+        .iter()
+        .rposition(|c| !in_number(c))
+        .map_or(0, |p| p + 1);
+    let end = bytes[at..]
+        .iter()
+        .position(|c| !in_number(c))
+        .map_or(bytes.len(), |p| at + p);
+    // A token, not letters in a string ("fp_3e2b"): a value starts after
+    // `:`, `,` or `[` (or the frame's start).
+    let before = bytes[..start]
+        .iter()
+        .rev()
+        .find(|c| !c.is_ascii_whitespace());
+    matches!(before, None | Some(b':' | b',' | b'['))
+        && !json[start..end]
+            .parse::<f64>()
+            .is_ok_and(|n| n.abs() < 1e308)
+}
+
+/// Digits in a row past which a number may be past `f64` (one of 310 digits
+/// is).
+const LONG_DIGIT_RUN: usize = 300;
+
+/// Whether `bytes` holds a run of more than [`LONG_DIGIT_RUN`] digits:
+/// such a run covers two bytes half of it apart at every multiple of half
+/// of it, so only those are looked at first.
+fn long_digit_run(bytes: &[u8]) -> bool {
+    let half = LONG_DIGIT_RUN / 2;
+    (half..bytes.len()).step_by(half).any(|at| {
+        if !(bytes[at].is_ascii_digit() && bytes[at - half].is_ascii_digit()) {
+            return false;
+        }
+        let left = bytes[..at]
+            .iter()
+            .rev()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+        let right = bytes[at..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+        left + right > LONG_DIGIT_RUN
+    })
 }
 
 /// `data` (trimmed) read in the common shape, or `None` for the general path.
@@ -597,6 +627,16 @@ mod tests {
         for body in [
             r#"{"choices":[],"x":1e3,"y":-2.5E-7,"z":1.5}"#,
             r#"{"choices":[],"x":"1e999 \u00e9 \"1e999\" \\"}"#,
+        ] {
+            assert!(parse_whole(body.as_bytes()).is_some(), "{body}");
+        }
+        // Letters and digits in a string, a run of digits under the bound:
+        // read in place.
+        let under = format!(r#"{{"choices":[],"x":{}}}"#, "9".repeat(LONG_DIGIT_RUN));
+        for body in [
+            r#"{"choices":[],"system_fingerprint":"fp_3e2b9e-1"}"#,
+            r#"{"choices":[],"x":"a 1e999"}"#,
+            &under,
         ] {
             assert!(parse_whole(body.as_bytes()).is_some(), "{body}");
         }
