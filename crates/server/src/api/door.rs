@@ -547,11 +547,18 @@ pub async fn assemble(rx: &mut Events) -> Result<Unary, Option<RequestError>> {
 
 /// The headers of every streamed answer.
 pub fn sse_headers(h: &mut HeaderMap, served: Option<Served>, request_id: &str) {
+    // Room for all of them at once: a map grown past its first 6 allocates
+    // its two tables again.
+    h.reserve(SSE_HEADERS);
     insert_static(h, "content-type", "text/event-stream");
     insert_static(h, "cache-control", "no-cache");
     insert_static(h, "x-accel-buffering", "no");
     served_headers(h, served, request_id);
 }
+
+/// The most headers a stream's response has: three of its own, up to six of
+/// [`served_headers`], and room for what the door adds.
+const SSE_HEADERS: usize = 12;
 
 /// `retry-after` (seconds, rounded up) and `retry-after-ms`.
 pub fn retry_after(h: &mut HeaderMap, delay: Option<std::time::Duration>) {
