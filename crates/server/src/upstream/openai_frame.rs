@@ -276,36 +276,58 @@ fn object(raw: &str) -> Option<&str> {
 /// in-place reading would skip unchecked (serde skips an unknown key's
 /// value, and a `RawValue`, without reading it as a number or a string):
 /// a number past `f64` (`4E94967296`, or 400 digits), or a `\u` escape of
-/// a surrogate (one may be lone). Such a frame or body takes the general
-/// path, so both paths decide it alike. Looked for without walking the
-/// frame byte by byte (it runs on every frame): backslashes and `e`s are
-/// found with `memchr`, digit runs by sampling. A false alarm (a surrogate
-/// pair, a string that reads like a huge number) only costs the general
-/// path.
+/// a lone surrogate. Such a frame or body takes the general path, so both
+/// paths decide it alike. Looked for without walking the frame byte by
+/// byte (it runs on every frame): backslashes and `e`s are found with
+/// `memchr`, digit runs by sampling, and a number found is read by
+/// serde_json itself. A false alarm (an escaped backslash before `ud800`,
+/// a string that reads like a huge number after a `:`) only costs the
+/// general path.
 fn may_be_refused_by_the_tree(json: &str) -> bool {
     let bytes = json.as_bytes();
     // A backslash is in a string, always.
-    let surrogate = memchr::memchr_iter(b'\\', bytes).any(|at| {
-        matches!(
-            bytes.get(at + 1..at + 4),
-            Some([b'u', b'd' | b'D', b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F'])
-        )
+    let lone = memchr::memchr_iter(b'\\', bytes).any(|at| match surrogate(bytes, at) {
+        Some(High) => surrogate(bytes, at + 6) != Some(Low),
+        Some(Low) => at < 6 || surrogate(bytes, at - 6) != Some(High),
+        None => false,
     });
-    surrogate
-        || memchr::memchr2_iter(b'e', b'E', bytes).any(|at| exponent_past_f64(json, at))
-        || long_digit_run(bytes)
+    lone || memchr::memchr2_iter(b'e', b'E', bytes).any(|at| exponent_past_f64(json, at))
+        || long_digit_run(json)
 }
 
-/// Whether the `e` at `at` is the exponent of a number token past `f64`.
+/// The half of a UTF-16 surrogate pair a `\u` escape is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Half {
+    High,
+    Low,
+}
+use Half::{High, Low};
+
+/// The surrogate half escaped at `at` (`\ud800` to `\udfff`), if any.
+fn surrogate(bytes: &[u8], at: usize) -> Option<Half> {
+    match bytes.get(at..at + 4)? {
+        [b'\\', b'u', b'd' | b'D', b'8'..=b'9' | b'a' | b'b' | b'A' | b'B'] => Some(High),
+        [b'\\', b'u', b'd' | b'D', b'c'..=b'f' | b'C'..=b'F'] => Some(Low),
+        _ => None,
+    }
+}
+
+/// Whether the `e` at `at` is the exponent of a number the tree refuses.
 fn exponent_past_f64(json: &str, at: usize) -> bool {
     let bytes = json.as_bytes();
-    let in_number = |c: &u8| matches!(c, b'0'..=b'9' | b'.' | b'+' | b'-' | b'e' | b'E');
     let exponent = at > 0
         && bytes[at - 1].is_ascii_digit()
         && matches!(bytes.get(at + 1), Some(b'0'..=b'9' | b'+' | b'-'));
-    if !exponent {
-        return false;
-    }
+    exponent && refused_number(json, at)
+}
+
+/// Whether the number token around `at` is one a `serde_json::Value`
+/// refuses (past `f64`), read by serde_json itself so the two agree on
+/// every number. Letters and digits in a string ("fp_3e2b") are not a
+/// token: a value starts after `:`, `,` or `[` (or the frame's start).
+fn refused_number(json: &str, at: usize) -> bool {
+    let bytes = json.as_bytes();
+    let in_number = |c: &u8| matches!(c, b'0'..=b'9' | b'.' | b'+' | b'-' | b'e' | b'E');
     let start = bytes[..at]
         .iter()
         .rposition(|c| !in_number(c))
@@ -314,26 +336,24 @@ fn exponent_past_f64(json: &str, at: usize) -> bool {
         .iter()
         .position(|c| !in_number(c))
         .map_or(bytes.len(), |p| at + p);
-    // A token, not letters in a string ("fp_3e2b"): a value starts after
-    // `:`, `,` or `[` (or the frame's start).
     let before = bytes[..start]
         .iter()
         .rev()
         .find(|c| !c.is_ascii_whitespace());
     matches!(before, None | Some(b':' | b',' | b'['))
-        && !json[start..end]
-            .parse::<f64>()
-            .is_ok_and(|n| n.abs() < 1e308)
+        && serde_json::from_str::<serde_json::Value>(&json[start..end]).is_err()
 }
 
 /// Digits in a row past which a number may be past `f64` (one of 310 digits
 /// is).
 const LONG_DIGIT_RUN: usize = 300;
 
-/// Whether `bytes` holds a run of more than [`LONG_DIGIT_RUN`] digits:
-/// such a run covers two bytes half of it apart at every multiple of half
-/// of it, so only those are looked at first.
-fn long_digit_run(bytes: &[u8]) -> bool {
+/// Whether `json` holds a number of more than [`LONG_DIGIT_RUN`] digits in
+/// a row that the tree refuses. Such a run covers two bytes half of it
+/// apart at every multiple of half of it, so only those are looked at
+/// first.
+fn long_digit_run(json: &str) -> bool {
+    let bytes = json.as_bytes();
     let half = LONG_DIGIT_RUN / 2;
     (half..bytes.len()).step_by(half).any(|at| {
         if !(bytes[at].is_ascii_digit() && bytes[at - half].is_ascii_digit()) {
@@ -348,7 +368,7 @@ fn long_digit_run(bytes: &[u8]) -> bool {
             .iter()
             .take_while(|c| c.is_ascii_digit())
             .count();
-        left + right > LONG_DIGIT_RUN
+        left + right > LONG_DIGIT_RUN && refused_number(json, at)
     })
 }
 
@@ -616,27 +636,33 @@ mod tests {
             r#"{"choices":[],"usage":{"output_tokens":4E94967296}}"#,
             r#"{"choices":[],"x":1e999}"#,
             r#"{"choices":[],"x":"\ud800"}"#,
+            r#"{"choices":[],"x":"\udc00\ud800"}"#,
+            r#"{"choices":[],"x":"a\ud83d"}"#,
             &past,
         ] {
             assert!(serde_json::from_str::<serde_json::Value>(body).is_err());
             assert!(parse_whole(body.as_bytes()).is_none(), "{body}");
             assert!(parse(body).is_none(), "{body}");
         }
-        // A number in range, an exponent or `\u00e9` in a string, an
-        // escaped quote before one: read in place.
+        // A number in range (`f64::MAX` too), an exponent or `\u00e9` in a
+        // string, an escaped quote before one, a surrogate pair: read in
+        // place.
         for body in [
             r#"{"choices":[],"x":1e3,"y":-2.5E-7,"z":1.5}"#,
             r#"{"choices":[],"x":"1e999 \u00e9 \"1e999\" \\"}"#,
+            r#"{"choices":[],"x":"\ud83d\ude00","y":1.7976931348623157e308}"#,
         ] {
             assert!(parse_whole(body.as_bytes()).is_some(), "{body}");
         }
         // Letters and digits in a string, a run of digits under the bound:
         // read in place.
         let under = format!(r#"{{"choices":[],"x":{}}}"#, "9".repeat(LONG_DIGIT_RUN));
+        let long = format!(r#"{{"choices":[],"x":{}}}"#, "9".repeat(305));
         for body in [
             r#"{"choices":[],"system_fingerprint":"fp_3e2b9e-1"}"#,
             r#"{"choices":[],"x":"a 1e999"}"#,
             &under,
+            &long,
         ] {
             assert!(parse_whole(body.as_bytes()).is_some(), "{body}");
         }
