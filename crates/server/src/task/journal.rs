@@ -68,42 +68,32 @@ pub fn encode(item: &Item, reason: Reason) -> Result<Bytes, serde_json::Error> {
     })
 }
 
-/// The stored form of each of `items`, under its number: written one
-/// after another into this thread's buffer, copied out once, and each
-/// item's bytes a slice of that copy: two allocations a batch (the copy,
-/// and its sharing), not one an item; one for a batch of one. The list is
-/// inline up to 32 items (`Appends`).
+/// The stored form of each of `items`, numbered on from the first's
+/// number: written one after another, each after its length, into this
+/// thread's buffer and copied out once (`Appends`): one allocation a
+/// batch, whatever its size; a batch of one is that item's encoding.
 pub fn encode_batch(items: &[(u64, Item)], reason: Reason) -> Result<Appends, serde_json::Error> {
+    if let [(seq, item)] = items {
+        return encode(item, reason).map(|bytes| Appends::one(*seq, bytes));
+    }
     SCRATCH.with_borrow_mut(|buf| {
         buf.clear();
-        let mut ends: smallvec::SmallVec<[usize; 32]> = smallvec::SmallVec::new();
         for (_, item) in items {
-            if let Err(e) = serde_json::to_writer(&mut *buf, &record(item, reason)) {
+            let written = Appends::write(buf, |out| {
+                serde_json::to_writer(&mut *out, &record(item, reason))
+            });
+            if let Err(e) = written {
                 buf.clear();
                 return Err(e);
             }
-            ends.push(buf.len());
         }
         let all = Bytes::copy_from_slice(buf);
         if buf.capacity() > MAX_SCRATCH {
             *buf = Vec::new();
         }
-        // One item (a slow stream's every token) is the copy itself: a
-        // slice would make the copy shared, one more allocation that every
-        // stored item would keep.
-        if let [(seq, _)] = items {
-            return Ok(smallvec::smallvec![(*seq, all)]);
-        }
-        let mut start = 0;
-        Ok(items
-            .iter()
-            .zip(ends)
-            .map(|((seq, _), end)| {
-                let bytes = all.slice(start..end);
-                start = end;
-                (*seq, bytes)
-            })
-            .collect())
+        let first = items.first().map_or(0, |(seq, _)| *seq);
+        let count = u32::try_from(items.len()).unwrap_or(u32::MAX);
+        Ok(Appends::framed(first, count, all))
     })
 }
 
@@ -289,7 +279,7 @@ impl Tee for JournalTee {
         if !self.whole {
             return Box::pin(Done);
         }
-        let events = encode(item, self.reason).map(|bytes| smallvec::smallvec![(seq, bytes)]);
+        let events = encode(item, self.reason).map(|bytes| Appends::one(seq, bytes));
         self.put(events, ends(item))
     }
 
@@ -426,14 +416,20 @@ mod tests {
             (6, Err(RequestError::DeadlineExceeded { attempts: 2 })),
         ];
         let batch = encode_batch(&items, reason).unwrap();
-        let seqs: Vec<u64> = batch.iter().map(|(seq, _)| *seq).collect();
+        let seqs: Vec<u64> = batch.events().map(|(seq, _)| seq).collect();
         assert_eq!(seqs, [4, 5, 6]);
-        for ((_, item), (_, bytes)) in items.iter().zip(&batch) {
-            assert_eq!(bytes, &encode(item, reason).unwrap());
+        for ((_, item), (_, bytes)) in items.iter().zip(batch.events()) {
+            assert_eq!(bytes, &encode(item, reason).unwrap()[..]);
         }
+        let own: u64 = items
+            .iter()
+            .map(|(_, item)| encode(item, reason).unwrap().len() as u64)
+            .sum();
+        assert_eq!(batch.event_bytes(), own, "their own bytes, not the lengths");
         assert!(encode_batch(&[], reason).unwrap().is_empty());
+        // One item is its encoding alone.
         let one = encode_batch(&items[..1], reason).unwrap();
-        assert_eq!(one[..], [(4, encode(&items[0].1, reason).unwrap())]);
+        assert_eq!(one, Appends::one(4, encode(&items[0].1, reason).unwrap()));
     }
 
     #[tokio::test]

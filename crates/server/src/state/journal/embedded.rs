@@ -3,9 +3,10 @@
 //! per journal (made for its first reader) that wakes its readers on an
 //! append, a finish, a drop or its writer's end. A writer's lease is held
 //! while the writer lives (`Hold`), not renewed: the journal dies with the
-//! process anyway.
-//! Every journal counts `OVERHEAD` bytes plus its events, each with the
-//! `ENTRY_OVERHEAD` of its slot, against `resume.max_total_bytes` (so
+//! process anyway. A journal keeps each batch the tee wrote whole (one
+//! buffer, as `Appends` framed it) and cuts events out of it for a reader.
+//! Every journal counts `OVERHEAD` bytes plus its events, each with an
+//! `ENTRY_OVERHEAD`, against `resume.max_total_bytes` (so
 //! tombstones of expired ones are bounded too, and the bound is the memory
 //! held, not only the bytes written); nothing here awaits while holding the
 //! lock.
@@ -18,7 +19,8 @@ use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 use super::{
-    Appended, Batch, Bound, Bounds, Claim, Entry, JournalError, Owner, ResumeToken, Tail, MAX_BATCH,
+    events_in, Appended, Appends, Batch, Bound, Bounds, Claim, Entry, JournalError, Owner,
+    ResumeToken, Tail, MAX_BATCH,
 };
 
 /// Bytes a journal costs before its events: its entry in the map and the
@@ -29,11 +31,12 @@ use super::{
 /// the journals take (it counted 256 before).
 pub const OVERHEAD: u64 = 2048;
 
-/// Bytes an event costs beside its own: its slot in the journal's list (40)
+/// Bytes an event costs beside its own: a slot in the journal's list (40;
+/// a batch of events shares one, and writes a 4-byte length before each)
 /// and, measured like [`OVERHEAD`], as much again in the allocator's size
-/// classes and the list's growth (with 64-token streams the journals held
-/// 1.37x the bound when only the slot was counted). A token event is about
-/// as small as this.
+/// classes and the list's growth (with 64-token streams, one event a
+/// batch, the journals held 1.37x the bound when only the slot was
+/// counted). A token event is about as small as this.
 pub const ENTRY_OVERHEAD: u64 = 80;
 
 /// An owner's lease held by its live writer (`EmbeddedJournal::hold`);
@@ -59,8 +62,8 @@ impl Drop for Hold {
     }
 }
 
-/// Room for at least this many events when a journal's first batch comes.
-const FIRST_EVENTS: usize = 8;
+/// Room for this many batches when a journal's first comes.
+const FIRST_BATCHES: usize = 8;
 
 /// The in-process journals; share behind an `Arc`.
 pub struct EmbeddedJournal {
@@ -96,32 +99,18 @@ impl EmbeddedJournal {
         seq: u64,
         event: Bytes,
     ) -> Result<Appended, JournalError> {
-        self.book().append(token, owner, seq, event, Instant::now())
+        self.append_many(token, owner, Appends::one(seq, event))
     }
 
-    /// Appends events numbered on from the journal's last, under one lock:
-    /// up to the first that is not stored.
-    pub fn append_many<I>(
+    /// Appends a batch numbered on from the journal's last, under one lock,
+    /// kept whole as the tee wrote it.
+    pub fn append_many(
         &self,
         token: &ResumeToken,
         owner: &Owner,
-        events: I,
-    ) -> Result<Appended, JournalError>
-    where
-        I: IntoIterator<Item = (u64, Bytes)>,
-        I::IntoIter: ExactSizeIterator,
-    {
-        let now = Instant::now();
-        let mut book = self.book();
-        let events = events.into_iter();
-        book.make_room(token, owner, events.len());
-        for (seq, event) in events {
-            match book.append(token, owner, seq, event, now)? {
-                Appended::Stored => {}
-                refused => return Ok(refused),
-            }
-        }
-        Ok(Appended::Stored)
+        events: Appends,
+    ) -> Result<Appended, JournalError> {
+        self.book().append(token, owner, events, Instant::now())
     }
 
     pub fn finish(&self, token: &ResumeToken, owner: &Owner) -> Result<(), JournalError> {
@@ -226,8 +215,9 @@ struct Stream {
     finished: bool,
     /// The bound passed, once the journal is not resumable (and empty).
     dropped: Option<Bound>,
-    /// `events[i].seq == i + 1`.
-    events: Vec<Entry>,
+    /// Its batches as the tee wrote them, each with the number of its last
+    /// event (the first is the previous batch's last plus one, or 1).
+    batches: Vec<Stored>,
     /// The events' own bytes (what `max_bytes_per_stream` bounds).
     bytes: u64,
     /// Bumped on every change, waking readers; made when the first reader
@@ -235,7 +225,38 @@ struct Stream {
     changes: Option<watch::Sender<u64>>,
 }
 
+/// One batch as the tee wrote it ([`Appends`]).
+struct Stored {
+    last_seq: u64,
+    bytes: Bytes,
+}
+
 impl Stream {
+    /// Events `from + 1` to `to`, each a slice of its batch.
+    fn entries(&self, from: u64, to: u64) -> Vec<Entry> {
+        let mut entries = Vec::with_capacity(to.saturating_sub(from) as usize);
+        let at = self.batches.partition_point(|b| b.last_seq <= from);
+        let mut first = at
+            .checked_sub(1)
+            .map_or(1, |before| self.batches[before].last_seq + 1);
+        for batch in &self.batches[at..] {
+            if first > to {
+                break;
+            }
+            let count = u32::try_from(batch.last_seq + 1 - first).unwrap_or(u32::MAX);
+            for (seq, event) in events_in(first, count, &batch.bytes) {
+                if seq > from && seq <= to {
+                    entries.push(Entry {
+                        seq,
+                        event: batch.bytes.slice_ref(event),
+                    });
+                }
+            }
+            first = batch.last_seq + 1;
+        }
+        entries
+    }
+
     /// Its owner holds the lease: more events may come.
     fn live(&self, now: Instant) -> bool {
         self.held || self.lease_until > now
@@ -248,34 +269,16 @@ impl Stream {
     }
 
     fn last_seq(&self) -> u64 {
-        self.events.len() as u64
+        self.batches.last().map_or(0, |b| b.last_seq)
     }
 
     /// What the events count against `max_total_bytes`.
     fn held(&self) -> u64 {
-        self.bytes + self.events.len() as u64 * ENTRY_OVERHEAD
+        self.bytes + self.last_seq() * ENTRY_OVERHEAD
     }
 }
 
 impl Book {
-    /// Room in `token`'s list for `n` more events, made at once: a stream's
-    /// first batch (its `Started` and a burst of tokens) gets room for
-    /// itself and the `Finished` that follows it, so a short stream's list
-    /// is allocated once; later batches grow it as a list grows.
-    fn make_room(&mut self, token: &ResumeToken, owner: &Owner, n: usize) {
-        let Ok(stream) = self.owned(token, owner) else {
-            return;
-        };
-        if stream.finished || stream.dropped.is_some() {
-            return;
-        }
-        if stream.events.capacity() == 0 {
-            stream.events.reserve_exact(FIRST_EVENTS.max(n + 1));
-        } else {
-            stream.events.reserve(n);
-        }
-    }
-
     fn new(bounds: Bounds) -> Book {
         Book {
             bounds,
@@ -342,7 +345,7 @@ impl Book {
             held: false,
             finished: false,
             dropped: None,
-            events: Vec::new(),
+            batches: Vec::new(),
             bytes: 0,
             changes: None,
         };
@@ -387,8 +390,7 @@ impl Book {
         &mut self,
         token: &ResumeToken,
         owner: &Owner,
-        seq: u64,
-        event: Bytes,
+        batch: Appends,
         now: Instant,
     ) -> Result<Appended, JournalError> {
         self.purge(now);
@@ -404,21 +406,27 @@ impl Book {
         if let Some(bound) = stream.dropped {
             return Ok(Appended::NotResumable(bound));
         }
-        let expected = stream.last_seq() + 1;
-        if seq != expected {
-            return Err(JournalError::OutOfOrder { expected, got: seq });
+        if batch.is_empty() {
+            return Ok(Appended::Stored);
         }
-        let size = event.len() as u64;
+        let expected = stream.last_seq() + 1;
+        if batch.first_seq() != expected {
+            return Err(JournalError::OutOfOrder {
+                expected,
+                got: batch.first_seq(),
+            });
+        }
+        let (size, count) = (batch.event_bytes(), batch.len() as u64);
         let passed = if stream.bytes + size > per_stream {
             Some(Bound::PerStream)
-        } else if total + size + ENTRY_OVERHEAD > max_total {
+        } else if total + size + count * ENTRY_OVERHEAD > max_total {
             Some(Bound::Total)
         } else {
             None
         };
         if let Some(bound) = passed {
             let freed = stream.held();
-            stream.events = Vec::new();
+            stream.batches = Vec::new();
             stream.bytes = 0;
             stream.dropped = Some(bound);
             stream.changed();
@@ -426,10 +434,18 @@ impl Book {
             self.touch(token, now);
             return Ok(Appended::NotResumable(bound));
         }
-        stream.events.push(Entry { seq, event });
+        if stream.batches.capacity() == 0 {
+            // Growing from 4, as a list does, would take one more
+            // allocation before a stream's first tokens are in.
+            stream.batches.reserve_exact(FIRST_BATCHES);
+        }
+        stream.batches.push(Stored {
+            last_seq: expected + count - 1,
+            bytes: batch.into_bytes(),
+        });
         stream.bytes += size;
         stream.changed();
-        self.total += size + ENTRY_OVERHEAD;
+        self.total += size + count * ENTRY_OVERHEAD;
         self.touch(token, now);
         Ok(Appended::Stored)
     }
@@ -443,11 +459,12 @@ impl Book {
         self.purge(now);
         let stream = self.owned(token, owner)?;
         stream.finished = true;
-        // It grows no more. A list at most twice its length is within what
-        // `ENTRY_OVERHEAD` counts for each event; one with more spare room
-        // (a short stream in its first room) gives it back.
-        if stream.events.capacity() > 2 * stream.events.len() {
-            stream.events.shrink_to_fit();
+        // It grows no more. Its list's slots (40 bytes each) within twice
+        // its events are within what `ENTRY_OVERHEAD` counts for each; a
+        // list with more spare room (a short stream in its first room)
+        // gives it back.
+        if stream.batches.capacity() as u64 > 2 * stream.last_seq() {
+            stream.batches.shrink_to_fit();
         }
         stream.changed();
         self.touch(token, now);
@@ -510,8 +527,9 @@ impl Book {
             .changes
             .get_or_insert_with(|| watch::channel(0).0)
             .subscribe();
-        let from = (after_seq as usize).min(stream.events.len());
-        let to = (from + MAX_BATCH).min(stream.events.len());
+        let last_seq = stream.last_seq();
+        let from = after_seq.min(last_seq);
+        let to = (from + MAX_BATCH as u64).min(last_seq);
         let tail = if stream.finished {
             Tail::Finished
         } else if !stream.live(now) {
@@ -520,9 +538,9 @@ impl Book {
             Tail::Live
         };
         let batch = Batch {
-            events: stream.events[from..to].to_vec(),
+            events: stream.entries(from, to),
             tail,
-            last_seq: stream.last_seq(),
+            last_seq,
         };
         Ok((batch, changes))
     }
@@ -594,37 +612,73 @@ mod tests {
     }
 
     fn capacity(j: &EmbeddedJournal, t: &ResumeToken, o: &Owner) -> usize {
-        j.book().owned(t, o).unwrap().events.capacity()
+        j.book().owned(t, o).unwrap().batches.capacity()
+    }
+
+    fn batch(from: u64, to: u64) -> Appends {
+        let events: Vec<(u64, Bytes)> = (from..=to)
+            .map(|seq| (seq, Bytes::from(format!("e{seq}"))))
+            .collect();
+        Appends::of(&events)
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_first_batch_gets_room_for_itself_and_the_finished_event_once() {
+    async fn batches_are_kept_whole_and_read_back_event_by_event_from_any_position() {
         let j = journal(100_000, 1_000_000);
         let o = Owner::generate();
         let t = ResumeToken::generate();
         j.open("a", &t, &o).unwrap();
-        // `Started`, 16 tokens, usage: one list of 19, kept at finish.
-        j.append_many(&t, &o, (1..=18).map(|seq| (seq, ev(8))).collect::<Vec<_>>())
-            .unwrap();
-        assert_eq!(capacity(&j, &t, &o), 19);
-        j.append_many(&t, &o, [(19, ev(8))]).unwrap();
-        j.finish(&t, &o).unwrap();
-        assert_eq!(capacity(&j, &t, &o), 19);
-        // A later batch grows it as a list grows; what is spare at finish
-        // stays within twice its length.
+        // `Started` and 17 tokens, one token alone, usage and `Finished`.
+        for b in [batch(1, 18), batch(19, 19), batch(20, 21)] {
+            assert_eq!(j.append_many(&t, &o, b).unwrap(), Appended::Stored);
+        }
+        assert_eq!(capacity(&j, &t, &o), FIRST_BATCHES, "one list, no growth");
+        for after in [0, 1, 17, 18, 19, 20, 21, 30] {
+            let b = all(&j, "a", &t, after).await;
+            let want: Vec<(u64, Bytes)> = (after + 1..=21)
+                .map(|seq| (seq, Bytes::from(format!("e{seq}"))))
+                .collect();
+            let got: Vec<(u64, Bytes)> = b.events.into_iter().map(|e| (e.seq, e.event)).collect();
+            assert_eq!(got, want, "after {after}");
+            assert_eq!(b.last_seq, 21);
+        }
+        // Counted as events: their own bytes and an entry each.
+        let own: u64 = (1..=21).map(|seq| format!("e{seq}").len() as u64).sum();
+        assert_eq!(j.total_bytes(), OVERHEAD + own + 21 * ENTRY_OVERHEAD);
+        // A batch must start right after the last event.
+        assert_eq!(
+            j.append_many(&t, &o, batch(23, 24)).unwrap_err(),
+            JournalError::OutOfOrder {
+                expected: 22,
+                got: 23
+            }
+        );
+        // At most MAX_BATCH events a read.
         let t = ResumeToken::generate();
         j.open("a", &t, &o).unwrap();
-        j.append_many(&t, &o, [(1, ev(8))]).unwrap();
-        assert_eq!(capacity(&j, &t, &o), FIRST_EVENTS);
-        j.append_many(&t, &o, (2..=9).map(|seq| (seq, ev(8))).collect::<Vec<_>>())
-            .unwrap();
-        assert_eq!(capacity(&j, &t, &o), 16);
-        j.finish(&t, &o).unwrap();
-        assert_eq!(capacity(&j, &t, &o), 16);
-        // A stream far shorter than its first room gives the rest back.
+        let n = MAX_BATCH as u64 + 5;
+        j.append_many(&t, &o, batch(1, n)).unwrap();
+        let b = all(&j, "a", &t, 3).await;
+        assert_eq!(b.events.len(), MAX_BATCH);
+        assert_eq!((b.events[0].seq, b.last_seq), (4, n));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_list_keeps_its_room_within_what_its_events_count() {
+        let j = journal(100_000, 1_000_000);
+        let o = Owner::generate();
+        // Four batches of 19 events in a room for 8: kept.
         let t = ResumeToken::generate();
         j.open("a", &t, &o).unwrap();
-        j.append_many(&t, &o, [(1, ev(8))]).unwrap();
+        for b in [batch(1, 16), batch(17, 17), batch(18, 18), batch(19, 19)] {
+            j.append_many(&t, &o, b).unwrap();
+        }
+        j.finish(&t, &o).unwrap();
+        assert_eq!(capacity(&j, &t, &o), FIRST_BATCHES);
+        // One event in a room for 8: given back.
+        let t = ResumeToken::generate();
+        j.open("a", &t, &o).unwrap();
+        j.append_many(&t, &o, batch(1, 1)).unwrap();
         j.finish(&t, &o).unwrap();
         assert_eq!(capacity(&j, &t, &o), 1);
     }

@@ -242,9 +242,123 @@ pub enum JournalError {
     Unavailable(#[from] StateError),
 }
 
-/// Events to append, numbered, as the tee encoded them: a stream's
-/// batches are short, and held inline.
-pub type Appends = smallvec::SmallVec<[(u64, Bytes); 32]>;
+/// Events that were ready together, numbered on from `first_seq`, as the
+/// tee encoded them, in one buffer: one event is its encoding alone; more
+/// are each written after their length (4 bytes, little-endian). A batch
+/// is one allocation whatever its size (a slice of a shared buffer per
+/// event would cost one more), and the in-process journal keeps it whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appends {
+    first_seq: u64,
+    count: u32,
+    bytes: Bytes,
+}
+
+/// The length written before each event of a batch of more than one.
+pub const LENGTH_BYTES: usize = 4;
+
+impl Appends {
+    /// One event.
+    pub fn one(seq: u64, event: Bytes) -> Appends {
+        Appends {
+            first_seq: seq,
+            count: 1,
+            bytes: event,
+        }
+    }
+
+    /// `count` events from `first_seq`, written by [`Self::write`] into
+    /// `bytes` (one event: its encoding alone).
+    pub fn framed(first_seq: u64, count: u32, bytes: Bytes) -> Appends {
+        Appends {
+            first_seq,
+            count,
+            bytes,
+        }
+    }
+
+    /// Writes one event of a batch of more than one into `out`: its
+    /// length, then what `encode` writes.
+    pub fn write<E>(
+        out: &mut Vec<u8>,
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let at = out.len();
+        out.extend_from_slice(&[0; LENGTH_BYTES]);
+        encode(out)?;
+        let len = u32::try_from(out.len() - at - LENGTH_BYTES).unwrap_or(u32::MAX);
+        out[at..at + LENGTH_BYTES].copy_from_slice(&len.to_le_bytes());
+        Ok(())
+    }
+
+    /// Events numbered on from the first of `events`, which follow one
+    /// another (tests, and callers that hold separate encodings).
+    pub fn of(events: &[(u64, Bytes)]) -> Appends {
+        match events {
+            [(seq, event)] => Appends::one(*seq, event.clone()),
+            _ => {
+                let mut out = Vec::new();
+                for (_, event) in events {
+                    let _ = Appends::write(&mut out, |o| {
+                        o.extend_from_slice(event);
+                        Ok::<(), std::convert::Infallible>(())
+                    });
+                }
+                Appends::framed(
+                    events.first().map_or(0, |(seq, _)| *seq),
+                    u32::try_from(events.len()).unwrap_or(u32::MAX),
+                    Bytes::from(out),
+                )
+            }
+        }
+    }
+
+    pub fn first_seq(&self) -> u64 {
+        self.first_seq
+    }
+
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The buffer as written (what the in-process journal keeps).
+    pub fn into_bytes(self) -> Bytes {
+        self.bytes
+    }
+
+    /// The events' own bytes, without their lengths.
+    pub fn event_bytes(&self) -> u64 {
+        if self.count == 1 {
+            self.bytes.len() as u64
+        } else {
+            self.events().map(|(_, e)| e.len() as u64).sum()
+        }
+    }
+
+    /// Each event, numbered, borrowed from the buffer.
+    pub fn events(&self) -> impl Iterator<Item = (u64, &[u8])> + '_ {
+        events_in(self.first_seq, self.count, &self.bytes)
+    }
+}
+
+/// The `count` events numbered on from `first_seq` in `bytes`, as
+/// [`Appends`] wrote them; a buffer cut short yields what it holds whole.
+pub fn events_in(first_seq: u64, count: u32, bytes: &[u8]) -> impl Iterator<Item = (u64, &[u8])> {
+    let mut rest = bytes;
+    (first_seq..first_seq + u64::from(count)).map_while(move |seq| {
+        if count == 1 {
+            return Some((seq, std::mem::take(&mut rest)));
+        }
+        let (len, tail) = rest.split_first_chunk::<LENGTH_BYTES>()?;
+        let event = tail.get(..u32::from_le_bytes(*len) as usize)?;
+        rest = &tail[event.len()..];
+        Some((seq, event))
+    })
+}
 
 /// A writer's lease, kept while this lives (`Journal::keep`).
 pub enum Kept {
@@ -321,8 +435,7 @@ impl Journal {
         match self {
             Journal::Embedded(j) => j.append_many(token, owner, events),
             Journal::Redis { journal, faults } => {
-                let borrowed: Vec<(u64, &[u8])> =
-                    events.iter().map(|(seq, e)| (*seq, e.as_ref())).collect();
+                let borrowed: Vec<(u64, &[u8])> = events.events().collect();
                 journal
                     .append_many(token, owner, &borrowed)
                     .await
@@ -501,6 +614,33 @@ impl Reader {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_is_one_buffer_whose_events_read_back_in_order() {
+        let events: Vec<(u64, Bytes)> = vec![
+            (7, Bytes::from_static(b"{\"a\":1}")),
+            (8, Bytes::new()),
+            (9, Bytes::from(vec![b'x'; 300])),
+        ];
+        let batch = Appends::of(&events);
+        assert_eq!((batch.first_seq(), batch.len()), (7, 3));
+        let got: Vec<(u64, &[u8])> = batch.events().collect();
+        let want: Vec<(u64, &[u8])> = events.iter().map(|(s, e)| (*s, &e[..])).collect();
+        assert_eq!(got, want);
+        assert_eq!(batch.event_bytes(), 7 + 300);
+        let bytes = batch.into_bytes();
+        assert_eq!(bytes.len(), 3 * LENGTH_BYTES + 7 + 300);
+        // One event is its bytes alone, with no length.
+        let one = Appends::of(&events[..1]);
+        assert_eq!(one.clone().into_bytes(), events[0].1);
+        assert_eq!(one.events().collect::<Vec<_>>(), [(7, &events[0].1[..])]);
+        // A buffer cut short yields the events it holds whole, no more.
+        let cut: Vec<u64> = events_in(7, 3, &bytes[..bytes.len() - 1])
+            .map(|(seq, _)| seq)
+            .collect();
+        assert_eq!(cut, [7, 8]);
+        assert_eq!(events_in(7, 3, &bytes[..2]).count(), 0);
+    }
 
     #[test]
     fn tokens_are_128_random_url_safe_bits_and_parse_back() {
