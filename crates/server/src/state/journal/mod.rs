@@ -278,7 +278,8 @@ impl Appends {
     }
 
     /// Writes one event of a batch of more than one into `out`: its
-    /// length, then what `encode` writes.
+    /// length, then what `encode` writes. An event is far under 4 GiB (an
+    /// attempt's output is cut at 8 MiB: docs/limits.md).
     pub fn write<E>(
         out: &mut Vec<u8>,
         encode: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
