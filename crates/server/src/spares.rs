@@ -79,7 +79,8 @@ impl<T: Reusable> Spares<T> {
     }
 }
 
-/// A spare from `home`, lent for as long as this lives.
+/// A spare from this thread's `home`, or a new empty buffer; hand it back
+/// with [`give`].
 pub fn take<T: Reusable>(home: &'static LocalKey<Spares<T>>) -> T {
     home.with(Spares::take)
 }

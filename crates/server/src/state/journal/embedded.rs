@@ -244,14 +244,13 @@ impl Stream {
                 break;
             }
             let count = u32::try_from(batch.last_seq + 1 - first).unwrap_or(u32::MAX);
-            for (seq, event) in events_in(first, count, &batch.bytes) {
-                if seq > from && seq <= to {
-                    entries.push(Entry {
-                        seq,
-                        event: batch.bytes.slice_ref(event),
-                    });
-                }
-            }
+            let wanted = events_in(first, count, &batch.bytes)
+                .skip_while(|(seq, _)| *seq <= from)
+                .take_while(|(seq, _)| *seq <= to);
+            entries.extend(wanted.map(|(seq, event)| Entry {
+                seq,
+                event: batch.bytes.slice_ref(event),
+            }));
             first = batch.last_seq + 1;
         }
         entries

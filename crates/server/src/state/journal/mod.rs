@@ -293,7 +293,8 @@ impl Appends {
     }
 
     /// Events numbered on from the first of `events`, which follow one
-    /// another (tests, and callers that hold separate encodings).
+    /// another, framed as the tee frames them.
+    #[cfg(test)]
     pub fn of(events: &[(u64, Bytes)]) -> Appends {
         match events {
             [(seq, event)] => Appends::one(*seq, event.clone()),
