@@ -167,10 +167,7 @@ impl Actors {
             let Some(entry) = self.registry.provider(provider) else {
                 return Admission::Unreachable;
             };
-            if let Some(permit) = entry
-                .runtime
-                .admit_through_gate(&entry.actor, model, traffic)
-            {
+            if let Some(permit) = entry.runtime.admit_through_gate(model, traffic) {
                 self.calls.gate.inc();
                 return Admission::Granted(entry, permit);
             }

@@ -4,12 +4,18 @@
 //! the stream, takes one outcome report per attempt, and publishes a snapshot
 //! on a `watch` so the router never has to ask. It never awaits I/O in
 //! `handle`: attempts (and synthetic probes) run in their own tasks.
+//!
+//! Reports reach it through its [`Inbox`]: the report that finds the inbox
+//! empty casts one message, and every report that arrives before the actor
+//! handles it rides on that message, folded in the order sent and published
+//! once. Nothing waits longer than a cast of its own would have.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -127,6 +133,55 @@ pub struct ProviderRuntime {
     incarnations: AtomicU64,
     /// Each model's admission gate, set by the actor on every publish.
     gates: HashMap<String, Gate>,
+    /// The running incarnation's inbox (set as it starts): where a permit
+    /// taken through a gate reports.
+    inbox: ArcSwapOption<Inbox>,
+}
+
+/// Outcome reports on their way to one incarnation of the provider's actor.
+/// A report that finds the inbox empty casts [`ProviderMsg::Reports`]; the
+/// ones that arrive before the actor handles it wait here and ride on it, so
+/// a busy actor takes many reports per message and publishes once. Past
+/// [`INBOX_MAX`] waiting, a report is cast on its own. Reports to an
+/// incarnation that has stopped are lost with it, as its breaker is.
+#[derive(Debug)]
+pub struct Inbox {
+    actor: ActorRef<ProviderMsg>,
+    waiting: Mutex<Vec<OutcomeReport>>,
+}
+
+/// Reports an inbox holds before a report is cast on its own.
+pub const INBOX_MAX: usize = 1024;
+
+impl Inbox {
+    fn new(actor: ActorRef<ProviderMsg>) -> Self {
+        Inbox {
+            actor,
+            waiting: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Hands one report to the actor.
+    pub(crate) fn push(&self, report: OutcomeReport) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if waiting.len() >= INBOX_MAX {
+            drop(waiting);
+            let _ = self.actor.cast(ProviderMsg::Report(report));
+            return;
+        }
+        waiting.push(report);
+        let first = waiting.len() == 1;
+        drop(waiting);
+        if first {
+            let _ = self.actor.cast(ProviderMsg::Reports);
+        }
+    }
+
+    /// Swaps the waiting reports into `into` (empty, keeping its room).
+    fn take(&self, into: &mut Vec<OutcomeReport>) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        std::mem::swap(&mut *waiting, into);
+    }
 }
 
 /// One model's admission gate: while the actor keeps it open (the breaker
@@ -179,7 +234,14 @@ impl ProviderRuntime {
                 .iter()
                 .map(|m| (m.name.clone(), Gate::default()))
                 .collect(),
+            inbox: ArcSwapOption::empty(),
         })
+    }
+
+    /// The running incarnation's inbox.
+    #[cfg(test)]
+    pub(crate) fn inbox(&self) -> Option<Arc<Inbox>> {
+        self.inbox.load_full()
     }
 
     pub fn model(&self, name: &str) -> Option<&ModelConfig> {
@@ -215,16 +277,12 @@ impl ProviderRuntime {
     /// A permit for one attempt without asking the actor, when `model`'s
     /// gate is open and the ceilings have room; `None` sends the request to
     /// the actor ([`ProviderMsg::Admit`]), which refuses or admits it.
-    pub fn admit_through_gate(
-        &self,
-        actor: &ActorRef<ProviderMsg>,
-        model: &Arc<str>,
-        class: TrafficClass,
-    ) -> Option<Permit> {
+    pub fn admit_through_gate(&self, model: &Arc<str>, class: TrafficClass) -> Option<Permit> {
         let gate = self.gates.get(&**model)?;
         let generation = gate.open()?;
+        let inbox = self.inbox.load_full()?;
         // A stopped incarnation's successor publishes its own gate.
-        if actor.get_status() != ractor::ActorStatus::Running {
+        if inbox.actor.get_status() != ractor::ActorStatus::Running {
             return None;
         }
         let (total, failover) = self.try_acquire(class)?;
@@ -234,7 +292,7 @@ impl ProviderRuntime {
         }
         Some(
             Permit::new(total, failover, class, Ticket::through_gate(generation))
-                .home(actor.clone(), model.clone()),
+                .home(inbox, model.clone()),
         )
     }
 
@@ -263,8 +321,8 @@ pub struct Permit {
     _failover: Option<OwnedSemaphorePermit>,
     pub class: TrafficClass,
     ticket: Option<Ticket>,
-    /// The admitting incarnation and the model, once handed out.
-    home: Option<(ActorRef<ProviderMsg>, Arc<str>)>,
+    /// The admitting incarnation's inbox and the model, once handed out.
+    home: Option<(Arc<Inbox>, Arc<str>)>,
     /// The attempt went upstream: a drop before its report still counts it.
     sent: bool,
     reported: bool,
@@ -289,8 +347,8 @@ impl Permit {
     }
 
     /// Where the outcome (or the drop) is reported.
-    fn home(mut self, actor: ActorRef<ProviderMsg>, model: Arc<str>) -> Self {
-        self.home = Some((actor, model));
+    fn home(mut self, inbox: Arc<Inbox>, model: Arc<str>) -> Self {
+        self.home = Some((inbox, model));
         self
     }
 
@@ -307,16 +365,16 @@ impl Permit {
     }
 
     fn send(&mut self, outcome: Outcome, dropped_in_flight: bool) {
-        let Some((actor, model)) = self.home.take() else {
+        let Some((inbox, model)) = self.home.take() else {
             return;
         };
-        let _ = actor.cast(ProviderMsg::Report(OutcomeReport {
+        inbox.push(OutcomeReport {
             model,
             ticket: self.ticket.take(),
             outcome,
             traffic: self.class,
             dropped_in_flight,
-        }));
+        });
     }
 }
 
@@ -434,8 +492,11 @@ pub enum ProviderMsg {
         class: TrafficClass,
         reply: RpcReplyPort<Result<Permit, Refusal>>,
     },
-    /// The outcome of an attempt this actor admitted.
+    /// The outcome of an attempt this actor admitted (a synthetic probe's,
+    /// or one past a full inbox).
     Report(OutcomeReport),
+    /// Reports wait in the inbox.
+    Reports,
     /// Admin: force a target's breaker open or closed, or clear the force.
     SetBreaker {
         model: String,
@@ -485,8 +546,13 @@ pub struct ProviderState {
     /// The map of the snapshot published before the last one, cleared and
     /// filled by the next publish (one after every message: no allocation).
     spare: HashMap<Arc<str>, TargetSnapshot>,
-    /// `switchyard_actor_calls_total{actor="provider",message="report"}`.
+    /// `switchyard_actor_calls_total{actor="provider",message="report"}`:
+    /// messages that brought reports.
     reports: prometheus_client::metrics::counter::Counter,
+    /// Where permits this incarnation hands out report.
+    inbox: Arc<Inbox>,
+    /// The list the inbox's reports are swapped into, kept for its room.
+    taken: Vec<OutcomeReport>,
 }
 
 impl ProviderState {
@@ -732,8 +798,12 @@ impl Actor for ProviderActor {
         if restarted {
             tracing::warn!(provider = %runtime.id, "provider actor restarted: its breakers start half-open");
         }
+        let inbox = Arc::new(Inbox::new(myself.clone()));
+        runtime.inbox.store(Some(inbox.clone()));
         let mut state = ProviderState {
             runtime,
+            inbox,
+            taken: Vec::new(),
             reports: args.metrics.actor_calls().report,
             metrics: args.metrics,
             registry: args.registry,
@@ -764,26 +834,23 @@ impl Actor for ProviderActor {
             } => {
                 let answer = state
                     .admit(&model, class, now)
-                    .map(|permit| permit.home(myself.clone(), model));
+                    .map(|permit| permit.home(state.inbox.clone(), model));
                 // The requester may have given up: the dropped permit reports
                 // itself cancelled, returning its ticket.
                 let _ = reply.send(answer);
             }
             ProviderMsg::Report(report) => {
                 state.reports.inc();
-                let model = report.model.clone();
-                if let Some(t) = state.report(report, now) {
-                    state.on_transition(&model, &t);
-                    schedule_probe(state, &myself, &model, &t);
-                    if t.to == Phase::Closed {
-                        if let Some(recovery) = state.registry.recovery() {
-                            let _ = recovery.cast(RecoveryMsg::BreakerClosed {
-                                provider: state.runtime.id.clone(),
-                                model: model.to_string(),
-                            });
-                        }
-                    }
+                fold(state, &myself, report, now);
+            }
+            ProviderMsg::Reports => {
+                state.reports.inc();
+                let mut taken = std::mem::take(&mut state.taken);
+                state.inbox.take(&mut taken);
+                for report in taken.drain(..) {
+                    fold(state, &myself, report, now);
                 }
+                state.taken = taken;
             }
             ProviderMsg::SetBreaker {
                 model,
@@ -816,6 +883,29 @@ impl Actor for ProviderActor {
         }
         state.publish(now);
         Ok(())
+    }
+}
+
+/// Folds one report in, and acts on the transition it causes.
+fn fold(
+    state: &mut ProviderState,
+    myself: &ActorRef<ProviderMsg>,
+    report: OutcomeReport,
+    now: Instant,
+) {
+    let model = report.model.clone();
+    let Some(t) = state.report(report, now) else {
+        return;
+    };
+    state.on_transition(&model, &t);
+    schedule_probe(state, myself, &model, &t);
+    if t.to == Phase::Closed {
+        if let Some(recovery) = state.registry.recovery() {
+            let _ = recovery.cast(RecoveryMsg::BreakerClosed {
+                provider: state.runtime.id.clone(),
+                model: model.to_string(),
+            });
+        }
     }
 }
 

@@ -372,7 +372,7 @@ impl Actor for Supervisor {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::actors::provider::{ProviderMsg, TrafficClass};
+    use crate::actors::provider::{OutcomeReport, ProviderMsg, TrafficClass};
     use ractor::rpc::CallResult;
 
     fn config() -> Arc<Config> {
@@ -397,6 +397,10 @@ targets = ["a/m"]
     }
 
     async fn start() -> (ActorRef<SupervisorMsg>, Arc<Registry>) {
+        start_with(Arc::new(Metrics::new())).await
+    }
+
+    async fn start_with(metrics: Arc<Metrics>) -> (ActorRef<SupervisorMsg>, Arc<Registry>) {
         let config = config();
         let registry = Arc::new(Registry::default());
         let runtimes = config
@@ -411,7 +415,7 @@ targets = ["a/m"]
                 config,
                 registry: registry.clone(),
                 runtimes,
-                metrics: Arc::new(Metrics::new()),
+                metrics,
                 recovery: None,
             },
         )
@@ -535,9 +539,7 @@ targets = ["a/m"]
         class: TrafficClass,
     ) -> Option<crate::actors::provider::Permit> {
         let entry = registry.provider("a").unwrap();
-        entry
-            .runtime
-            .admit_through_gate(&entry.actor, &"m".into(), class)
+        entry.runtime.admit_through_gate(&"m".into(), class)
     }
 
     fn outcome(class: crate::policy::outcome::OutcomeClass) -> crate::actors::provider::Outcome {
@@ -630,6 +632,73 @@ targets = ["a/m"]
             through_gate(&registry, TrafficClass::Own).is_some(),
             "closed again: the gate is open"
         );
+        sup.stop(None);
+    }
+
+    /// A report through the inbox, as a permit through the gate sends it.
+    fn gate_report(class: crate::policy::outcome::OutcomeClass) -> OutcomeReport {
+        OutcomeReport {
+            model: "m".into(),
+            ticket: Some(crate::policy::breaker::Ticket::through_gate(0)),
+            outcome: outcome(class),
+            traffic: TrafficClass::Own,
+            dropped_in_flight: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn reports_sent_before_the_actor_runs_ride_on_one_message_in_order() {
+        use crate::policy::outcome::OutcomeClass;
+        let metrics = Arc::new(Metrics::new());
+        let (sup, registry) = start_with(metrics.clone()).await;
+        settled(&registry).await;
+        let runtime = registry.provider("a").unwrap().runtime.clone();
+        let inbox = runtime.inbox().expect("the running incarnation's inbox");
+        let messages = || metrics.actor_calls().report.get();
+        // This test's runtime has one thread: the actor runs only once the
+        // test awaits, so all five wait in the inbox.
+        inbox.push(gate_report(OutcomeClass::Ok));
+        for _ in 0..4 {
+            inbox.push(gate_report(OutcomeClass::ServerError));
+        }
+        settled(&registry).await;
+        assert_eq!(messages(), 1, "five reports, one message");
+        assert_eq!(runtime.snapshot().models["m"].calls, 5);
+        assert!(
+            through_gate(&registry, TrafficClass::Own).is_some(),
+            "four failures in a row: still closed"
+        );
+        // A fifth failure in a row trips it only if the success was folded
+        // first, as it was sent.
+        inbox.push(gate_report(OutcomeClass::ServerError));
+        settled(&registry).await;
+        assert_eq!(messages(), 2);
+        assert!(
+            through_gate(&registry, TrafficClass::Own).is_none(),
+            "five failures in a row after the success: open"
+        );
+        sup.stop(None);
+    }
+
+    #[tokio::test]
+    async fn past_a_full_inbox_a_report_is_cast_on_its_own_and_none_is_lost() {
+        use crate::actors::provider::INBOX_MAX;
+        use crate::policy::outcome::OutcomeClass;
+        let metrics = Arc::new(Metrics::new());
+        let (sup, registry) = start_with(metrics.clone()).await;
+        settled(&registry).await;
+        let runtime = registry.provider("a").unwrap().runtime.clone();
+        let inbox = runtime.inbox().expect("the running incarnation's inbox");
+        for _ in 0..INBOX_MAX + 3 {
+            inbox.push(gate_report(OutcomeClass::Ok));
+        }
+        settled(&registry).await;
+        assert_eq!(
+            metrics.actor_calls().report.get(),
+            4,
+            "one message for the full inbox, one for each report past it"
+        );
+        assert_eq!(runtime.snapshot().models["m"].calls, (INBOX_MAX + 3) as u64);
         sup.stop(None);
     }
 
