@@ -3,7 +3,9 @@
 //! per-request layers (its URL parsed three times, its retry and redirect
 //! policies, its `Pending` future), and, for the provider's own origin when
 //! it speaks HTTP/2, a connection of its own ([`H2Conn`]) on which the
-//! attempt's task opens the stream and reads the answer itself. A request
+//! attempt's task opens the stream and reads the answer itself; when it is
+//! a plain `http://` origin reached without a proxy, HTTP/1.1 connections
+//! of its own ([`H1Conns`]), each driven by the attempt holding it. A request
 //! is a URI parsed once, its headers and its body's bytes; the answer is
 //! its head and its body ([`Body`]) read as it arrives.
 //!
@@ -37,6 +39,7 @@ use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
+use super::h1_conn::{H1Body, H1Conns};
 use super::h2_conn::{ConnectFailed, H2Conn};
 
 /// An upstream's answer: its status, headers, and body as it arrives.
@@ -93,6 +96,10 @@ pub enum Error {
     /// An HTTP/2 stream of our own failed before its answer's head.
     #[error("{}", chain(.0))]
     Stream(h2::Error),
+    /// An HTTP/1.1 exchange on a connection of our own failed before its
+    /// answer's head.
+    #[error("{}", chain(.0))]
+    Exchange(hyper::Error),
     /// The answer's body broke off.
     #[error("{}", chain(.0))]
     Body(hyper::Error),
@@ -133,7 +140,7 @@ impl Error {
                     .map_or(e.as_ref() as _, ConnectFailed::error),
             ),
             Error::Stream(e) | Error::BodyStream(e) => Some(e),
-            Error::Body(e) => Some(e),
+            Error::Body(e) | Error::Exchange(e) => Some(e),
         };
         while let Some(err) = source {
             if let Some(h) = err.downcast_ref::<hyper::Error>() {
@@ -175,12 +182,14 @@ pub enum BodyError {
     H2(h2::Error),
 }
 
-/// An answer's body: from hyper's client, or from an HTTP/2 stream of our
-/// own ([`H2Conn`]).
+/// An answer's body: from hyper's client, from an HTTP/2 stream of our
+/// own ([`H2Conn`]), or from an HTTP/1.1 connection of our own
+/// ([`H1Conns`]).
 #[derive(Debug)]
 pub enum Body {
     Hyper(hyper::body::Incoming),
     H2(h2::RecvStream),
+    H1(H1Body),
 }
 
 impl http_body::Body for Body {
@@ -194,6 +203,7 @@ impl http_body::Body for Body {
         match self.get_mut() {
             Body::Hyper(body) => Pin::new(body).poll_frame(cx).map_err(BodyError::Hyper),
             Body::H2(stream) => super::h2_conn::poll_frame(stream, cx).map_err(BodyError::H2),
+            Body::H1(body) => body.poll_frame(cx).map_err(BodyError::Hyper),
         }
     }
 
@@ -201,6 +211,7 @@ impl http_body::Body for Body {
         match self {
             Body::Hyper(body) => body.is_end_stream(),
             Body::H2(stream) => stream.is_end_stream(),
+            Body::H1(body) => body.is_end_stream(),
         }
     }
 }
@@ -234,6 +245,8 @@ pub struct Client {
     connector: Connector,
     /// The HTTP/2 connection to the provider's origin ([`Client::with_origin`]).
     h2: Option<Arc<H2Conn>>,
+    /// The HTTP/1.1 connections to the provider's plain `http` origin.
+    h1: Option<Arc<H1Conns>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -290,15 +303,22 @@ impl Client {
             forwarding: proxies.filter(|_| !options.http2_prior_knowledge),
             connector: h2_connector,
             h2: None,
+            h1: None,
         }
     }
 
     /// This client, sending requests to `base_url`'s origin on an HTTP/2
     /// connection of its own ([`H2Conn`]) when that origin speaks HTTP/2:
-    /// `https` (as ALPN decides) or h2c by prior knowledge. Other origins,
-    /// and an `https` one that chooses HTTP/1.1, go through hyper's pool.
+    /// `https` (as ALPN decides) or h2c by prior knowledge; on HTTP/1.1
+    /// connections of its own ([`H1Conns`]) when it is a plain `http`
+    /// origin reached without a proxy. An `https` origin that chooses
+    /// HTTP/1.1, one behind a proxy, and other origins go through hyper's
+    /// pool.
     pub fn with_origin(mut self, base_url: &str) -> Self {
         let Ok(uri) = base_url.parse::<Uri>() else {
+            return self;
+        };
+        let (Some(scheme), Some(authority)) = (uri.scheme(), uri.authority()) else {
             return self;
         };
         let h2 = match uri.scheme_str() {
@@ -306,8 +326,14 @@ impl Client {
             Some("http") => self.connector.h2c(),
             _ => false,
         };
-        if let (true, Some(scheme), Some(authority)) = (h2, uri.scheme(), uri.authority()) {
+        if h2 {
             self.h2 = Some(Arc::new(H2Conn::new(
+                self.connector.clone(),
+                scheme.clone(),
+                authority.clone(),
+            )));
+        } else if uri.scheme_str() == Some("http") && !self.connector.proxied(&uri) {
+            self.h1 = Some(Arc::new(H1Conns::new(
                 self.connector.clone(),
                 scheme.clone(),
                 authority.clone(),
@@ -320,6 +346,12 @@ impl Client {
     #[cfg(test)]
     pub(super) fn h2_conn(&self) -> Option<&H2Conn> {
         self.h2.as_deref()
+    }
+
+    /// Its HTTP/1.1 connections, if it has them.
+    #[cfg(test)]
+    pub(super) fn h1_conns(&self) -> Option<&H1Conns> {
+        self.h1.as_deref()
     }
 
     /// POSTs `body` to `url` with `headers` (see [`Client::send`]).
@@ -360,6 +392,12 @@ impl Client {
                 let answer = H2Conn::start(sender, request(uri, headers), body)?;
                 return Ok(answer.await.map_err(Error::Stream)?.map(Body::H2));
             }
+        }
+        if let Some(h1) = self.h1.as_ref().filter(|h1| h1.serves(&uri)) {
+            // Boxed until the answer's head is in (the request and hyper's
+            // sending future are some 900 bytes): an open stream's future
+            // then holds only its body.
+            return Box::pin(h1.send(uri, headers, body)).await;
         }
         let request = request(uri, headers).map(|()| Full::new(body));
         Ok(self.inner.request(request).await?.map(Body::Hyper))
@@ -484,6 +522,13 @@ impl Connector {
     /// Whether it speaks HTTP/2 by prior knowledge.
     pub(super) fn h2c(&self) -> bool {
         self.h2c
+    }
+
+    /// Whether a connection to `uri` goes through a proxy.
+    fn proxied(&self, uri: &Uri) -> bool {
+        self.proxies
+            .as_ref()
+            .is_some_and(|m| m.intercept(uri).is_some())
     }
 }
 

@@ -16,6 +16,7 @@ pub mod endpoint;
 #[cfg(test)]
 pub(crate) mod fuzz;
 pub mod gemini;
+mod h1_conn;
 mod h2_conn;
 pub mod keys;
 pub mod openai;
