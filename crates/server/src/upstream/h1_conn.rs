@@ -287,16 +287,26 @@ impl H1Body {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        if let Some(held) = self.held.as_mut() {
-            held.drive(cx);
-        }
-        let polled = http_body::Body::poll_frame(Pin::new(&mut self.body), cx);
-        if let Poll::Ready(None) = polled {
-            if let Some(held) = self.held.take().filter(|held| !held.done) {
-                self.home.give_back(held);
+        // Twice at most: asking the body for more is what lets hyper read
+        // the next chunk off the socket, so a body found empty gets the
+        // connection driven once more at once, rather than after the
+        // wake-up that asking sent to this very task.
+        for _ in 0..2 {
+            if let Some(held) = self.held.as_mut() {
+                held.drive(cx);
+            }
+            match http_body::Body::poll_frame(Pin::new(&mut self.body), cx) {
+                Poll::Pending => continue,
+                Poll::Ready(None) => {
+                    if let Some(held) = self.held.take().filter(|held| !held.done) {
+                        self.home.give_back(held);
+                    }
+                    return Poll::Ready(None);
+                }
+                ready => return ready,
             }
         }
-        polled
+        Poll::Pending
     }
 
     pub fn is_end_stream(&self) -> bool {
