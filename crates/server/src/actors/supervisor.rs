@@ -646,14 +646,27 @@ targets = ["a/m"]
         }
     }
 
-    #[tokio::test]
-    async fn reports_sent_before_the_actor_runs_ride_on_one_message_in_order() {
-        use crate::policy::outcome::OutcomeClass;
+    /// A started provider, settled, with its metrics, runtime and the
+    /// running incarnation's inbox.
+    async fn started_with_inbox() -> (
+        ActorRef<SupervisorMsg>,
+        Arc<Registry>,
+        Arc<Metrics>,
+        Arc<ProviderRuntime>,
+        Arc<crate::actors::provider::Inbox>,
+    ) {
         let metrics = Arc::new(Metrics::new());
         let (sup, registry) = start_with(metrics.clone()).await;
         settled(&registry).await;
         let runtime = registry.provider("a").unwrap().runtime.clone();
         let inbox = runtime.inbox().expect("the running incarnation's inbox");
+        (sup, registry, metrics, runtime, inbox)
+    }
+
+    #[tokio::test]
+    async fn reports_sent_before_the_actor_runs_ride_on_one_message_in_order() {
+        use crate::policy::outcome::OutcomeClass;
+        let (sup, registry, metrics, runtime, inbox) = started_with_inbox().await;
         let messages = || metrics.actor_calls().report.get();
         // This test's runtime has one thread: the actor runs only once the
         // test awaits, so all five wait in the inbox.
@@ -684,11 +697,7 @@ targets = ["a/m"]
     async fn past_a_full_inbox_a_report_is_cast_on_its_own_and_none_is_lost() {
         use crate::actors::provider::INBOX_MAX;
         use crate::policy::outcome::OutcomeClass;
-        let metrics = Arc::new(Metrics::new());
-        let (sup, registry) = start_with(metrics.clone()).await;
-        settled(&registry).await;
-        let runtime = registry.provider("a").unwrap().runtime.clone();
-        let inbox = runtime.inbox().expect("the running incarnation's inbox");
+        let (sup, registry, metrics, runtime, inbox) = started_with_inbox().await;
         for _ in 0..INBOX_MAX + 3 {
             inbox.push(gate_report(OutcomeClass::Ok));
         }

@@ -429,7 +429,7 @@ impl Client {
 }
 
 /// A `POST` to `uri` with `headers`, its body to come.
-fn request(uri: Uri, headers: HeaderMap) -> http::Request<()> {
+pub(super) fn request(uri: Uri, headers: HeaderMap) -> http::Request<()> {
     let mut request = http::Request::new(());
     *request.method_mut() = Method::POST;
     *request.uri_mut() = uri;

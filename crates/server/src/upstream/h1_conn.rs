@@ -28,14 +28,14 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::HOST;
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderMap, HeaderValue, Method, Uri};
+use http::{HeaderMap, HeaderValue, Uri};
 use http_body::Frame;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper::client::conn::TrySendError;
 
-use super::client::{Body, Conn, Connector, Error};
+use super::client::{request, Body, Conn, Connector, Error, Response};
 use super::h2_conn::IDLE_TIMEOUT;
 
 /// Idle connections kept per origin at most.
@@ -128,14 +128,11 @@ impl H1Conns {
         uri: Uri,
         mut headers: HeaderMap,
         body: Bytes,
-    ) -> Result<crate::upstream::client::Response, Error> {
+    ) -> Result<Response, Error> {
         if !headers.contains_key(HOST) {
             headers.insert(HOST, self.host.clone());
         }
-        let mut request = http::Request::new(Full::new(body));
-        *request.method_mut() = Method::POST;
-        *request.uri_mut() = origin_form(uri);
-        *request.headers_mut() = headers;
+        let mut request = request(origin_form(uri), headers).map(|()| Full::new(body));
         loop {
             let (mut held, reused) = match self.take_idle() {
                 Some(held) => (held, true),
