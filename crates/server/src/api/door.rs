@@ -672,6 +672,14 @@ const COALESCE_BYTES: usize = 16 * 1024;
 /// about once, not once a token.
 const FRAME_BUFFER: usize = 512;
 
+/// Room made at once when frames ready together (a burst: an upstream read
+/// that held many tokens, a reconnect's catch-up) have outgrown
+/// [`FRAME_BUFFER`], so the burst does not grow the buffer by doubling (512
+/// bytes, 1, 2, 4, 8 KB: five allocations and four copies for a 16-token
+/// answer read at once). A stream whose frames come one or two at a time
+/// never makes it.
+const BURST_BUFFER: usize = 4 * 1024;
+
 /// An answer's frames as the response body. Frames already there when one is
 /// sent go out with it (one write instead of one per token); none waits for
 /// another.
@@ -693,6 +701,9 @@ pub fn sse_body(frames: impl SseFrames) -> Body {
             match f.next_frames(&mut out).now_or_never() {
                 Some(true) => number(&mut out, start, f.events(), &mut last),
                 _ => break,
+            }
+            if out.len() >= FRAME_BUFFER && out.capacity() - out.len() < FRAME_BUFFER {
+                out.reserve(BURST_BUFFER);
             }
         }
         let chunk = out.split().freeze();
