@@ -676,8 +676,8 @@ const FRAME_BUFFER: usize = 512;
 /// that held many tokens, a reconnect's catch-up) have outgrown
 /// [`FRAME_BUFFER`], so the burst does not grow the buffer by doubling (512
 /// bytes, 1, 2, 4, 8 KB: five allocations and four copies for a 16-token
-/// answer read at once). A stream whose frames come one or two at a time
-/// never makes it.
+/// answer read at once). A stream whose frames ready together stay within
+/// [`FRAME_BUFFER`] (a slow stream's token or two) never makes it.
 const BURST_BUFFER: usize = 4 * 1024;
 
 /// An answer's frames as the response body. Frames already there when one is
